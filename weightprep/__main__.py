@@ -1,0 +1,5 @@
+"""``python -m weightprep`` (and ``torchrun -m weightprep`` / ``accelerate launch -m weightprep``)."""
+
+from weightprep.cli import main
+
+main()

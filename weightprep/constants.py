@@ -1,0 +1,44 @@
+"""Names and numbers shared by the build pipeline, the shards and the trainer.
+
+One place for the ignore index, the column names and the shard format version, so that
+no module spells ``-100`` or ``"weights"`` on its own.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "IGNORE_INDEX",
+    "FORMAT_NAME",
+    "FORMAT_VERSION",
+    "INPUT_IDS",
+    "LABELS",
+    "WEIGHTS",
+    "POSITION_IDS",
+    "SEQ_LENGTHS",
+    "ATTENTION_MASK",
+    "PACKED_COLUMNS",
+    "UNPACKED_COLUMNS",
+    "MANIFEST_NAME",
+]
+
+#: Label value that PyTorch's cross-entropy (and every HF model) ignores.
+IGNORE_INDEX = -100
+
+#: Written into the manifest; the trainer refuses shards of another format.
+FORMAT_NAME = "weightprep-shards"
+FORMAT_VERSION = 1
+
+INPUT_IDS = "input_ids"
+LABELS = "labels"
+WEIGHTS = "weights"
+POSITION_IDS = "position_ids"
+SEQ_LENGTHS = "seq_lengths"
+ATTENTION_MASK = "attention_mask"
+
+#: Columns of a packed row, in the order they are written.
+PACKED_COLUMNS = (INPUT_IDS, LABELS, WEIGHTS, POSITION_IDS, SEQ_LENGTHS)
+#: Unpacked rows carry the same columns plus a 0/1 attention mask.
+UNPACKED_COLUMNS = (*PACKED_COLUMNS, ATTENTION_MASK)
+
+#: File beside the shards that records what the build did.
+MANIFEST_NAME = "weightprep_manifest.json"
