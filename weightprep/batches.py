@@ -1,0 +1,129 @@
+"""The columnar batches that flow between stages.
+
+Every stage takes one of these and returns the next; all are flat NumPy arrays plus offsets
+(CSR layout), so a batch of 10k documents is a handful of arrays, not 10k Python lists.
+
+``Block`` (read) -> ``Records`` (validate) -> ``Documents`` (tokenize + assemble, mask, filter)
+-> ``Rows`` (pack) -> Arrow shards (write).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["Block", "Records", "Documents", "Rows"]
+
+
+@dataclass(frozen=True)
+class Block:
+    """Whole lines of one input file: ``data`` holds lines ``first_line .. first_line + n_lines - 1``."""
+
+    path: str
+    first_line: int
+    n_lines: int
+    data: bytes
+
+
+@dataclass(frozen=True)
+class Records:
+    """Validated records: piece ``p`` of record ``r`` is ``texts[piece_offsets[r] + p]``."""
+
+    path: str
+    lines: np.ndarray  # int64[R], 1-based line of each record in ``path``
+    texts: list[str]  # [P] piece texts, records' pieces in order
+    piece_weights: np.ndarray  # float64[P]
+    piece_offsets: np.ndarray  # int64[R + 1]
+
+    def __len__(self) -> int:
+        return len(self.lines)
+
+
+@dataclass(frozen=True)
+class Documents:
+    """Token-level documents: document ``d`` is ``input_ids[offsets[d]:offsets[d + 1]]``.
+
+    ``labels`` is None until the mask stage has run.
+    """
+
+    input_ids: np.ndarray  # int32[N]
+    weights: np.ndarray  # float32[N]
+    offsets: np.ndarray  # int64[D + 1]
+    lines: np.ndarray  # int64[D], line of the record each document came from
+    labels: np.ndarray | None = None  # int32[N]
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return np.diff(self.offsets)
+
+    def take(self, index: np.ndarray) -> Documents:
+        """The documents at ``index`` (in that order), as a new batch."""
+        index = np.asarray(index, dtype=np.int64)
+        return self.segments(self.offsets[index], self.lengths[index], self.lines[index])
+
+    def segments(self, starts: np.ndarray, lengths: np.ndarray, lines: np.ndarray) -> Documents:
+        """A new batch whose document ``i`` is tokens ``starts[i] : starts[i] + lengths[i]`` of this one."""
+        offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        gather = _ranges(np.asarray(starts, dtype=np.int64), np.asarray(lengths, dtype=np.int64))
+        return Documents(
+            input_ids=self.input_ids[gather],
+            weights=self.weights[gather],
+            offsets=offsets,
+            lines=np.asarray(lines, dtype=np.int64),
+            labels=None if self.labels is None else self.labels[gather],
+        )
+
+    @staticmethod
+    def concat(parts: list[Documents]) -> Documents:
+        """One batch holding ``parts``' documents in order."""
+        if len(parts) == 1:
+            return parts[0]
+        lengths = np.concatenate([p.lengths for p in parts])
+        offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        has_labels = all(p.labels is not None for p in parts)
+        return Documents(
+            input_ids=np.concatenate([p.input_ids for p in parts]),
+            weights=np.concatenate([p.weights for p in parts]),
+            offsets=offsets,
+            lines=np.concatenate([p.lines for p in parts]),
+            labels=np.concatenate([p.labels for p in parts]) if has_labels else None,  # type: ignore[misc]
+        )
+
+
+def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Concatenation of ``arange(s, s + n)`` for each (s, n), without a Python loop."""
+    total = int(lengths.sum())
+    if total == 0:
+        return np.zeros(0, dtype=np.int64)
+    ends = np.cumsum(lengths)
+    step = np.ones(total, dtype=np.int64)
+    nonempty = lengths > 0
+    first = (ends - lengths)[nonempty]
+    # at each range's first slot, jump from the previous range's last value to this start
+    prev_last = np.concatenate([[0], (starts + lengths - 1)[nonempty][:-1]])
+    step[first] = starts[nonempty] - prev_last
+    step[0] = starts[nonempty][0]
+    return np.cumsum(step)
+
+
+@dataclass(frozen=True)
+class Rows:
+    """Fixed-length output rows (``[n, seq_len]`` arrays) and each row's segment lengths."""
+
+    input_ids: np.ndarray  # int32[n, L]
+    labels: np.ndarray  # int32[n, L]
+    weights: np.ndarray  # float32[n, L]
+    position_ids: np.ndarray  # int32[n, L]
+    seq_lengths: list[np.ndarray]  # n arrays of int32, each summing to L
+    real_tokens: np.ndarray  # int64[n], tokens before the pad tail
+    documents: np.ndarray  # int64[n], documents in each row
+    attention_mask: np.ndarray | None = None  # int8[n, L], unpacked rows only
+
+    def __len__(self) -> int:
+        return len(self.input_ids)

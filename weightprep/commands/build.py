@@ -1,0 +1,109 @@
+"""``weightprep build``: JSONL pieces -> packed (or padded) Arrow shards, with a summary of what was done."""
+
+from __future__ import annotations
+
+import glob
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import click
+
+from weightprep.commands._errors import reports_errors
+from weightprep.config import load_config
+from weightprep.tokenizer import SAMPLE_TOKENIZER_DIR
+
+__all__ = ["build", "format_summary"]
+
+
+def _expand(patterns: tuple[str, ...]) -> list[str]:
+    """Expand quoted globs (``'data/*.jsonl'``); plain paths pass through, missing ones are reported later."""
+    paths: list[str] = []
+    for p in patterns:
+        matches = sorted(glob.glob(p)) if any(ch in p for ch in "*?[") else []
+        paths.extend(matches or [p])
+    return paths
+
+
+def format_summary(manifest: dict[str, Any], out: str) -> str:
+    """The few lines printed after a build (also used by ``inspect``)."""
+    c = manifest["counts"]
+    cfg = manifest["config"]
+    shards = manifest.get("shards", [])
+    size = sum(s["bytes"] for s in shards)
+    mode = "packed" if cfg["pack"]["enabled"] else "unpacked"
+    dropped = ", ".join(f"{k} {v:,}" for k, v in c["dropped"].items() if v) or "none"
+    lines = [
+        f"wrote {out}/: {len(shards)} shard(s), {c['rows']:,} {mode} rows of {cfg['pack']['seq_len']} tokens, {size / 1e6:.1f} MB",
+        f"  records {c['records']:,} -> documents {c['documents']:,} -> written {c['documents_written']:,}",
+        f"  tokens {c['tokens']:,} (supervised {c['supervised_tokens']:,}, total weight {c['total_weight']:,.1f}), "
+        f"pad {c['pad_tokens']:,}, fill {100 * c['fill_ratio']:.2f}%",
+        f"  dropped: {dropped}; truncated {c['truncated']:,}; split {c['split']:,} into {c['split_parts']:,} parts",
+        f"  tokenizer {manifest['tokenizer']['name_or_path']} (fingerprint {manifest['tokenizer']['fingerprint'][:12]})",
+    ]
+    return "\n".join(lines)
+
+
+@click.command("build")
+@click.argument("inputs", nargs=-1, required=True)
+@click.option("--out", "-o", default="shards", show_default=True, help="Output directory for the shards.")
+@click.option("--pipeline", "pipeline_file", type=click.Path(dir_okay=False), help="Pipeline YAML (pipelines/*.yaml).")
+@click.option("--tokenizer", help="Tokenizer directory or hub id (default: the bundled sample tokenizer).")
+@click.option("--seq-len", type=int, help="Row length in tokens [pack.seq_len, default 2048].")
+@click.option("--packed/--unpacked", default=None, help="Pack documents into rows, or one padded document per row.")
+@click.option("--overlong", type=click.Choice(["drop", "truncate", "split"]), help="Policy for documents over max length.")
+@click.option("--max-length", type=int, help="Longest document kept whole [filter.max_length, default seq-len].")
+@click.option("--eos-weight", type=float, help="Weight of each document's EOS token [default 1.0].")
+@click.option("--add-bos", type=click.Choice(["auto", "always", "never"]), help="Prepend BOS [default auto].")
+@click.option("--window", type=int, help="Documents per best-fit-decreasing packing window.")
+@click.option("--max-shard-bytes", type=int, help="Upper bound on one shard's size in bytes.")
+@click.option("--trust-remote-code", is_flag=True, default=None, help="Allow custom tokenizer code from the hub.")
+@click.option("--overwrite", is_flag=True, help="Replace the output directory if it exists.")
+@reports_errors
+def build(inputs: tuple[str, ...], out: str, pipeline_file: str | None, overwrite: bool, **flags: Any) -> None:
+    """Tokenize, weight, mask, pack and write INPUTS (JSONL or .jsonl.gz files) as Arrow shards."""
+    from rich.console import Console
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from weightprep.pipeline import build as run_build
+
+    overrides = {
+        "tokenizer.name": flags["tokenizer"],
+        "tokenizer.add_bos": flags["add_bos"],
+        "tokenizer.trust_remote_code": flags["trust_remote_code"],
+        "pack.seq_len": flags["seq_len"],
+        "pack.enabled": flags["packed"],
+        "pack.window": flags["window"],
+        "filter.overlong": flags["overlong"],
+        "filter.max_length": flags["max_length"],
+        "assemble.eos_weight": flags["eos_weight"],
+        "write.max_shard_bytes": flags["max_shard_bytes"],
+    }
+    cfg = load_config(pipeline_file, overrides)
+    paths = _expand(inputs)
+    err = Console(stderr=True)
+    if cfg.tokenizer.name is None:
+        click.echo(
+            f"note: no --tokenizer given: using the bundled sample tokenizer ({SAMPLE_TOKENIZER_DIR}),\n"
+            "      a small byte-level BPE for trying weightprep out. For training, pass your model's tokenizer:\n"
+            "      --tokenizer meta-llama/Llama-3.2-1B (a hub id) or --tokenizer /path/to/model_dir",
+            err=True,
+        )
+    total = sum(Path(p).stat().st_size for p in paths if Path(p).is_file())
+    with Progress(
+        TextColumn("building"),
+        BarColumn(),
+        DownloadColumn(),
+        TextColumn("{task.fields[records]:,} records"),
+        TimeRemainingColumn(),
+        console=err,
+        disable=not err.is_terminal,
+        transient=True,
+    ) as bar:
+        task = bar.add_task("build", total=total, records=0)
+
+        def progress(consumed: int, counts: Counter) -> None:
+            bar.update(task, completed=consumed, records=counts["records"])
+
+        manifest = run_build(paths, out, cfg, overwrite=overwrite, progress=progress)
+    click.echo(format_summary(manifest, out.rstrip("/")))

@@ -1,0 +1,214 @@
+"""Build configuration: frozen dataclasses, one per stage, loaded from YAML and CLI overrides.
+
+A pipeline file mirrors the dataclasses (``pipelines/packed.yaml``)::
+
+    tokenizer: {name: null, add_bos: auto}
+    assemble:  {eos_weight: 1.0}
+    filter:    {overlong: drop, max_length: null}
+    pack:      {enabled: true, seq_len: 2048, window: 20000}
+    write:     {max_shard_bytes: 268435456}
+
+Unknown keys and wrong types are errors; every problem is collected and reported together,
+each naming its dotted path (``pack.seq_len: expected int, got str '2k'``). CLI flags are
+applied on top as dotted overrides (``{"pack.seq_len": 4096}``) and validated the same way.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import types
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
+
+import yaml
+
+from weightprep.errors import ConfigError
+
+__all__ = [
+    "TokenizerConfig",
+    "ReadConfig",
+    "AssembleConfig",
+    "FilterConfig",
+    "PackConfig",
+    "WriteConfig",
+    "BuildConfig",
+    "load_config",
+    "config_from_dict",
+    "config_to_dict",
+]
+
+
+@dataclass(frozen=True)
+class TokenizerConfig:
+    name: str | None = field(default=None, metadata={"help": "Local directory or hub id; null: the bundled sample tokenizer."})
+    add_bos: Literal["auto", "always", "never"] = field(
+        default="auto", metadata={"help": "auto: prepend BOS when the tokenizer has one."}
+    )
+    trust_remote_code: bool = field(default=False, metadata={"help": "Allow custom tokenizer code from the hub."})
+    batch_size: int = field(default=4096, metadata={"help": "Piece texts per call of the fast tokenizer."})
+
+
+@dataclass(frozen=True)
+class ReadConfig:
+    block_bytes: int = field(default=8 << 20, metadata={"help": "Bytes of JSONL parsed per block (bounds memory)."})
+
+
+@dataclass(frozen=True)
+class AssembleConfig:
+    eos_weight: float = field(default=1.0, metadata={"help": "Weight of the EOS token that ends each document."})
+
+
+@dataclass(frozen=True)
+class FilterConfig:
+    overlong: Literal["drop", "truncate", "split"] = field(
+        default="drop", metadata={"help": "What to do with documents longer than max_length."}
+    )
+    max_length: int | None = field(default=None, metadata={"help": "Longest document kept; null: pack.seq_len."})
+
+
+@dataclass(frozen=True)
+class PackConfig:
+    enabled: bool = field(default=True, metadata={"help": "Pack many documents per row; false: one padded document per row."})
+    seq_len: int = field(default=2048, metadata={"help": "Length of every output row, in tokens."})
+    window: int = field(default=20000, metadata={"help": "Documents per best-fit-decreasing window."})
+
+
+@dataclass(frozen=True)
+class WriteConfig:
+    max_shard_bytes: int = field(default=256 << 20, metadata={"help": "Upper bound on one Arrow shard's size."})
+
+
+@dataclass(frozen=True)
+class BuildConfig:
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    read: ReadConfig = field(default_factory=ReadConfig)
+    assemble: AssembleConfig = field(default_factory=AssembleConfig)
+    filter: FilterConfig = field(default_factory=FilterConfig)
+    pack: PackConfig = field(default_factory=PackConfig)
+    write: WriteConfig = field(default_factory=WriteConfig)
+
+    @property
+    def max_length(self) -> int:
+        """The longest document kept whole: ``filter.max_length`` or the row length."""
+        return self.filter.max_length if self.filter.max_length is not None else self.pack.seq_len
+
+
+def _describe(value: Any) -> str:
+    return f"{type(value).__name__} {value!r}"
+
+
+def _check_value(path: str, tp: Any, value: Any, problems: list[str]) -> Any:
+    """Return ``value`` converted to ``tp`` or append a problem naming ``path``."""
+    origin = get_origin(tp)
+    if origin in (Union, types.UnionType):
+        args = get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        (inner,) = [a for a in args if a is not type(None)]
+        return _check_value(path, inner, value, problems)
+    if origin is Literal:
+        choices = get_args(tp)
+        if value not in choices:
+            problems.append(f"{path}: expected one of {', '.join(map(repr, choices))}, got {_describe(value)}")
+        return value
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            problems.append(f"{path}: expected a mapping of {', '.join(f.name for f in dataclasses.fields(tp))}, got {_describe(value)}")
+            return tp()
+        return _build(tp, value, problems, path + ".")
+    if tp is bool:
+        if not isinstance(value, bool):
+            problems.append(f"{path}: expected true or false, got {_describe(value)}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            problems.append(f"{path}: expected an integer, got {_describe(value)}")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            problems.append(f"{path}: expected a number, got {_describe(value)}")
+            return value
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            problems.append(f"{path}: expected a string, got {_describe(value)}")
+        return value
+    raise TypeError(f"unsupported config type {tp!r} at {path}")  # a bug in this module, not user input
+
+
+def _build(cls: type, data: dict[str, Any], problems: list[str], prefix: str = "") -> Any:
+    hints = get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    for key in data:
+        if key not in names:
+            problems.append(f"{prefix}{key}: unknown key; expected one of {', '.join(sorted(names))}")
+    kwargs = {k: _check_value(prefix + k, hints[k], v, problems) for k, v in data.items() if k in names}
+    return cls(**kwargs)
+
+
+def _semantic_checks(cfg: BuildConfig, problems: list[str]) -> None:
+    if isinstance(cfg.pack.seq_len, int) and cfg.pack.seq_len < 2:
+        problems.append(f"pack.seq_len: must be at least 2, got {cfg.pack.seq_len}")
+    ml = cfg.filter.max_length
+    if isinstance(ml, int) and isinstance(cfg.pack.seq_len, int) and not 2 <= ml <= cfg.pack.seq_len:
+        problems.append(f"filter.max_length: must be between 2 and pack.seq_len ({cfg.pack.seq_len}), got {ml}")
+    w = cfg.assemble.eos_weight
+    if isinstance(w, float) and not (math.isfinite(w) and w >= 0):
+        problems.append(f"assemble.eos_weight: must be a finite number >= 0, got {w}")
+    for path, value, low in (
+        ("pack.window", cfg.pack.window, 1),
+        ("read.block_bytes", cfg.read.block_bytes, 1024),
+        ("write.max_shard_bytes", cfg.write.max_shard_bytes, 1024),
+        ("tokenizer.batch_size", cfg.tokenizer.batch_size, 1),
+    ):
+        if isinstance(value, int) and value < low:
+            problems.append(f"{path}: must be at least {low}, got {value}")
+
+
+def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
+    section, _, key = dotted.partition(".")
+    node = data.setdefault(section, {})
+    if isinstance(node, dict):
+        node[key] = value
+
+
+def config_from_dict(
+    data: dict[str, Any] | None, overrides: dict[str, Any] | None = None, *, source: str | None = None
+) -> BuildConfig:
+    """Validate ``data`` (a pipeline file's mapping) plus dotted ``overrides`` into a BuildConfig."""
+    problems: list[str] = []
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError([f"<top level>: expected a mapping of sections, got {_describe(data)}"], source)
+    merged = {k: dict(v) if isinstance(v, dict) else v for k, v in data.items()}
+    for dotted, value in (overrides or {}).items():
+        if value is not None:
+            _set_dotted(merged, dotted, value)
+    cfg = _build(BuildConfig, merged, problems)
+    if not problems:
+        _semantic_checks(cfg, problems)
+    if problems:
+        raise ConfigError(problems, source)
+    return cfg
+
+
+def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None) -> BuildConfig:
+    """Read a YAML pipeline file (or none: the defaults) and apply CLI overrides."""
+    if path is None:
+        return config_from_dict({}, overrides)
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError([f"pipeline file not found: {path}"]) from None
+    except yaml.YAMLError as exc:
+        raise ConfigError([f"not valid YAML: {exc}"], str(path)) from None
+    return config_from_dict(data, overrides, source=str(path))
+
+
+def config_to_dict(cfg: BuildConfig) -> dict[str, Any]:
+    """The resolved configuration as plain data (for the manifest)."""
+    return dataclasses.asdict(cfg)

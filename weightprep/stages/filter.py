@@ -1,0 +1,61 @@
+"""Stage 6 — filter: overlong documents (drop, truncate or split) and documents that teach nothing.
+
+A document longer than ``max_length`` tokens is, by ``overlong``:
+
+- ``drop`` (default): removed, counted as ``dropped_overlong``;
+- ``truncate``: cut to its first ``max_length`` tokens (its EOS is lost), counted as ``truncated``;
+- ``split``: cut into consecutive chunks of ``max_length`` tokens, each a document of its own whose
+  first token is unlabeled (nothing in the chunk predicts it), counted as ``split`` / ``split_parts``.
+
+Then any document with no positive weight left (a prompt-only record, or a chunk that held only
+prompt) is removed and counted as ``dropped_unsupervised``. Vectorized over the batch.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Literal
+
+import numpy as np
+
+from weightprep.batches import Documents
+from weightprep.stages.mask import unlabel_first_tokens
+
+__all__ = ["filter_documents"]
+
+
+def filter_documents(
+    docs: Documents, max_length: int, overlong: Literal["drop", "truncate", "split"]
+) -> tuple[Documents, Counter[str]]:
+    """Apply the overlong policy, then drop unsupervised documents; return the batch and the counts."""
+    counts: Counter[str] = Counter()
+    lengths = docs.lengths
+    long = lengths > max_length
+    n_long = int(long.sum())
+    if n_long:
+        starts = docs.offsets[:-1]
+        if overlong == "drop":
+            counts["dropped_overlong"] += n_long
+            docs = docs.take(np.flatnonzero(~long))
+        elif overlong == "truncate":
+            counts["truncated"] += n_long
+            docs = docs.segments(starts, np.minimum(lengths, max_length), docs.lines)
+        else:  # split
+            parts = np.where(long, -(-lengths // max_length), 1)
+            doc_of_part = np.repeat(np.arange(len(docs)), parts)
+            first_part = np.cumsum(parts) - parts
+            k = np.arange(len(doc_of_part)) - first_part[doc_of_part]  # chunk number within its document
+            part_starts = starts[doc_of_part] + k * max_length
+            part_lengths = np.minimum(max_length, lengths[doc_of_part] - k * max_length)
+            counts["split"] += n_long
+            counts["split_parts"] += int(parts[long].sum())
+            docs = docs.segments(part_starts, part_lengths, docs.lines[doc_of_part])
+            unlabel_first_tokens(docs)
+    supervised = np.add.reduceat(docs.weights > 0, docs.offsets[:-1]) if len(docs) else np.zeros(0, bool)
+    # reduceat on an empty document would read its neighbour; documents always hold EOS, so none is empty
+    unsupervised = supervised == 0
+    n_unsup = int(unsupervised.sum())
+    if n_unsup:
+        counts["dropped_unsupervised"] += n_unsup
+        docs = docs.take(np.flatnonzero(~unsupervised))
+    return docs, counts

@@ -1,0 +1,52 @@
+"""Stage 5 — mask: labels from weights, by position only.
+
+``labels[t] = input_ids[t]`` where ``weights[t] > 0``, else ``IGNORE_INDEX``; and the first token
+of every document gets weight 0 / label IGNORE_INDEX, because nothing before it in its document
+predicts it (in a packed row the previous document must not learn to predict it either).
+Ids are never compared with ``pad_token_id``: when pad == eos, EOS keeps its label.
+Labels are not shifted: like every HF causal LM, the loss shifts them.
+
+    input_ids  1  48  27  51  74   2
+    weights    0   0   0   1   1   1
+    labels  -100 -100 -100 51  74   2
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from weightprep.batches import Documents
+from weightprep.constants import IGNORE_INDEX
+
+__all__ = ["mask", "labels_from_weights", "unlabel_first_tokens"]
+
+
+def labels_from_weights(input_ids: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """``input_ids`` where the weight is positive, IGNORE_INDEX elsewhere (int32)."""
+    return np.where(weights > 0, input_ids, np.int32(IGNORE_INDEX)).astype(np.int32, copy=False)
+
+
+def unlabel_first_tokens(docs: Documents) -> None:
+    """In place: weight 0 and label IGNORE_INDEX on the first token of every non-empty document."""
+    starts = docs.offsets[:-1][docs.lengths > 0]
+    docs.weights[starts] = 0.0
+    if docs.labels is not None:
+        docs.labels[starts] = IGNORE_INDEX
+
+
+def mask(docs: Documents) -> Documents:
+    """Return ``docs`` with first tokens unweighted and labels filled in (see the module docstring)."""
+    out = Documents(
+        input_ids=docs.input_ids,
+        weights=docs.weights.copy(),
+        offsets=docs.offsets,
+        lines=docs.lines,
+    )
+    unlabel_first_tokens(out)
+    return Documents(
+        input_ids=out.input_ids,
+        weights=out.weights,
+        offsets=out.offsets,
+        lines=out.lines,
+        labels=labels_from_weights(out.input_ids, out.weights),
+    )

@@ -1,0 +1,180 @@
+"""Stage 8 — write: rows as Arrow shards that ``datasets`` opens as they are, plus the manifest.
+
+Layout of the output directory (the same as ``Dataset.save_to_disk``)::
+
+    out/data-00000-of-00003.arrow ...   Arrow IPC streams, fixed-size list columns
+    out/dataset_info.json, state.json   what ``datasets.load_from_disk`` reads
+    out/weightprep_manifest.json        what was done (config, tokenizer, inputs, counts)
+
+Everything is written into a hidden temporary directory beside ``out`` and moved into place only
+when the whole build has succeeded, so a failed or interrupted build leaves nothing at ``out``.
+Shards are capped at ``max_shard_bytes``; a rerun with the same inputs, configuration and
+tokenizer writes byte-identical files (no timestamps, no random fingerprints).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from weightprep.batches import Rows
+from weightprep.constants import (
+    ATTENTION_MASK,
+    INPUT_IDS,
+    LABELS,
+    MANIFEST_NAME,
+    PACKED_COLUMNS,
+    POSITION_IDS,
+    SEQ_LENGTHS,
+    UNPACKED_COLUMNS,
+    WEIGHTS,
+)
+from weightprep.errors import UsageError
+
+__all__ = ["features", "ShardWriter", "prepare_output"]
+
+_DTYPES = {INPUT_IDS: "int32", LABELS: "int32", WEIGHTS: "float32", POSITION_IDS: "int32", ATTENTION_MASK: "int8"}
+
+
+def features(seq_len: int, *, packed: bool) -> Any:
+    """The ``datasets.Features`` of the shards: fixed-size lists of ``seq_len``, ``seq_lengths`` a list."""
+    from datasets import Features, List, Value
+
+    cols = PACKED_COLUMNS if packed else UNPACKED_COLUMNS
+    return Features(
+        {
+            c: List(Value("int32")) if c == SEQ_LENGTHS else List(Value(_DTYPES[c]), length=seq_len)
+            for c in cols
+        }
+    )
+
+
+def prepare_output(out: str | Path, *, overwrite: bool) -> Path:
+    """Check that ``out`` can be written; return it as a Path. Fails before any work is done."""
+    out = Path(out)
+    if out.exists() and not overwrite:
+        raise UsageError(f"output path {out} already exists; pass --overwrite to replace it, or choose another --out")
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"output path {out} exists and is not a directory")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+class ShardWriter:
+    """Writes ``Rows`` into size-capped Arrow shards in a temporary directory; ``commit`` publishes."""
+
+    def __init__(self, out: Path, seq_len: int, *, packed: bool, max_shard_bytes: int) -> None:
+        self.out = out
+        self.tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+        if self.tmp.exists():
+            shutil.rmtree(self.tmp)
+        self.tmp.mkdir(parents=True)
+        self.seq_len = seq_len
+        self.packed = packed
+        self.features = features(seq_len, packed=packed)
+        self.schema = self.features.arrow_schema
+        self.columns = PACKED_COLUMNS if packed else UNPACKED_COLUMNS
+        per_token = sum(4 if _DTYPES[c] != "int8" else 1 for c in self.columns if c != SEQ_LENGTHS)
+        self.rows_per_shard = max(1, max_shard_bytes // (seq_len * per_token + 64))
+        self._shards: list[tuple[Path, int]] = []
+        self._writer: pa.ipc.RecordBatchStreamWriter | None = None
+        self._sink: Any = None
+        self._rows_in_shard = 0
+
+    def _open_next(self) -> None:
+        self._close_current()
+        path = self.tmp / f"part-{len(self._shards):05d}.arrow"
+        self._sink = pa.OSFile(str(path), "wb")
+        self._writer = pa.ipc.new_stream(self._sink, self.schema)
+        self._shards.append((path, 0))
+        self._rows_in_shard = 0
+
+    def _close_current(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._sink.close()
+            path, _ = self._shards[-1]
+            self._shards[-1] = (path, self._rows_in_shard)
+            self._writer = None
+
+    def _record_batch(self, rows: Rows) -> pa.RecordBatch:
+        arrays = []
+        for c in self.columns:
+            if c == SEQ_LENGTHS:
+                arrays.append(pa.array(rows.seq_lengths, type=pa.list_(pa.int32())))
+            else:
+                data = getattr(rows, c)
+                flat = pa.array(data.reshape(-1), type=self.schema.field(c).type.value_type)
+                arrays.append(pa.FixedSizeListArray.from_arrays(flat, self.seq_len))
+        return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
+
+    def write(self, rows: Rows) -> None:
+        batch = self._record_batch(rows)
+        start = 0
+        while start < batch.num_rows:
+            if self._writer is None or self._rows_in_shard >= self.rows_per_shard:
+                self._open_next()
+            take = min(batch.num_rows - start, self.rows_per_shard - self._rows_in_shard)
+            self._writer.write_batch(batch.slice(start, take))  # type: ignore[union-attr]
+            self._rows_in_shard += take
+            start += take
+
+    def commit(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        """Name the shards ``data-i-of-n``, write the metadata files, move the directory to ``out``."""
+        self._close_current()
+        if not self._shards:  # no rows at all: still a valid, empty dataset
+            self._open_next()
+            self._close_current()
+        n = len(self._shards)
+        shards = []
+        for i, (path, rows) in enumerate(self._shards):
+            final = self.tmp / f"data-{i:05d}-of-{n:05d}.arrow"
+            path.rename(final)
+            shards.append({"filename": final.name, "rows": rows, "bytes": final.stat().st_size})
+        manifest = {**manifest, "shards": shards}
+        manifest_text = json.dumps(manifest, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+        fingerprint = hashlib.sha256(manifest_text.encode()).hexdigest()[:16]
+        state = {
+            "_data_files": [{"filename": s["filename"]} for s in shards],
+            "_fingerprint": fingerprint,
+            "_format_columns": None,
+            "_format_kwargs": {},
+            "_format_type": None,
+            "_output_all_columns": False,
+            "_split": None,
+        }
+        info = {
+            "citation": "",
+            "description": "Token-weighted rows written by weightprep; see weightprep_manifest.json.",
+            "features": self.features.to_dict(),
+            "homepage": "",
+            "license": "",
+        }
+        (self.tmp / "state.json").write_text(json.dumps(state, indent=2, sort_keys=True) + "\n")
+        (self.tmp / "dataset_info.json").write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
+        (self.tmp / MANIFEST_NAME).write_text(manifest_text, encoding="utf-8")
+        if self.out.exists():
+            old = self.out.parent / f".{self.out.name}.old-{os.getpid()}"
+            self.out.rename(old)
+            self.tmp.rename(self.out)
+            shutil.rmtree(old)
+        else:
+            self.tmp.rename(self.out)
+        return manifest
+
+    def abort(self) -> None:
+        """Remove everything written so far (the output path is left untouched)."""
+        if self._writer is not None:
+            try:
+                self._writer.close()
+                self._sink.close()
+            except Exception:  # the shard is being thrown away anyway
+                pass
+            self._writer = None
+        shutil.rmtree(self.tmp, ignore_errors=True)
