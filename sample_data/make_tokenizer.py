@@ -15,7 +15,7 @@ fed in file order. Running the script twice gives a byte-identical ``tokenizer.j
 It ends with a self-check: loading, special tokens, exact round trip of every piece text, the token count.
 
 Usage: ``python sample_data/make_tokenizer.py [--raw sample_data/raw.jsonl] [--out sample_data/tokenizer]``
-(about ten seconds on one core).
+(a few seconds on one core).
 """
 
 from __future__ import annotations

@@ -1,0 +1,209 @@
+"""The output contract, end to end on the bundled sample data: columns, invariants, loaders, manifest."""
+
+from __future__ import annotations
+
+import glob
+import gzip
+import hashlib
+import json
+import shutil
+
+import numpy as np
+import pytest
+from conftest import SAMPLE_RAW, load_records
+from reference import (
+    check_rows,
+    reference_document,
+    reference_documents,
+    reference_policy,
+    rows_as_numpy,
+    same_documents,
+    supervised,
+)
+
+from weightprep.config import config_from_dict
+from weightprep.constants import MANIFEST_NAME
+from weightprep.pipeline import build
+
+SEQ = 2048
+
+
+@pytest.fixture(scope="module")
+def sample_build(tmp_path_factory, sample_tok):
+    out = tmp_path_factory.mktemp("b") / "shards"
+    manifest = build([str(SAMPLE_RAW)], out, config_from_dict({}), tokenizer=sample_tok)
+    return out, manifest
+
+
+def test_packed_rows_match_reference(sample_build, sample_tok):
+    import datasets
+
+    out, manifest = sample_build
+    ds = datasets.load_from_disk(str(out))
+    rows = rows_as_numpy(ds)
+    found = check_rows(rows, SEQ, sample_tok.pad_token_id, packed=True)
+    expected, dropped = reference_documents(sample_tok, load_records(SAMPLE_RAW), max_length=SEQ)
+    same_documents(found, expected)
+    counts = manifest["counts"]
+    assert counts["records"] == len(load_records(SAMPLE_RAW))
+    assert counts["dropped"]["overlong"] == dropped["overlong"] > 0  # the sample has overlong records
+    assert counts["documents_written"] == len(expected)
+    assert counts["tokens"] == sum(len(d[0]) for d in expected)
+    assert counts["supervised_tokens"] == sum(sum(w > 0 for w in d[1]) for d in expected)
+    assert counts["total_weight"] == pytest.approx(sum(sum(d[1]) for d in expected), rel=1e-6)
+    assert counts["rows"] == len(ds)
+    assert counts["fill_ratio"] == pytest.approx(counts["tokens"] / (len(ds) * SEQ))
+
+
+def test_fill_ratio_on_sample_data(sample_build):
+    _, manifest = sample_build
+    c = manifest["counts"]
+    # a lower bound for any packing: ceil(tokens / seq_len) rows; BFD should be within one row of it
+    assert c["rows"] <= -(-c["tokens"] // SEQ) + 1
+    assert c["fill_ratio"] > 0.95
+
+
+def test_features_and_loaders(sample_build):
+    import datasets
+    from datasets import List, Value
+
+    out, _ = sample_build
+    ds = datasets.load_from_disk(str(out))
+    expected = {
+        "input_ids": List(Value("int32"), length=SEQ),
+        "labels": List(Value("int32"), length=SEQ),
+        "weights": List(Value("float32"), length=SEQ),
+        "position_ids": List(Value("int32"), length=SEQ),
+        "seq_lengths": List(Value("int32")),
+    }
+    assert dict(ds.features) == expected
+    assert "attention_mask" not in ds.column_names
+    arrow = datasets.load_dataset("arrow", data_files=sorted(glob.glob(str(out / "*.arrow"))), split="train")
+    assert dict(arrow.features) == expected
+    assert arrow["input_ids"][:3] == ds["input_ids"][:3]
+
+
+def test_batch_converts_to_tensors_without_padding(sample_build):
+    import datasets
+    import torch
+
+    out, _ = sample_build
+    ds = datasets.load_from_disk(str(out)).with_format("torch", columns=["input_ids", "labels", "weights", "position_ids"])
+    batch = ds[:4]
+    assert isinstance(batch["input_ids"], torch.Tensor) and batch["input_ids"].shape == (4, SEQ)
+    assert batch["weights"].dtype == torch.float32
+    assert batch["position_ids"].shape == (4, SEQ)
+    # fixed-size lists come out as one 2-D array of the stored dtype: no per-row lists, no padding
+    import pyarrow as pa
+
+    col = datasets.load_from_disk(str(out)).with_format("arrow")[:4]["input_ids"].combine_chunks()
+    assert col.type == pa.list_(pa.int32(), SEQ)
+    flat = col.flatten().to_numpy(zero_copy_only=True)  # raises if a copy were needed
+    assert torch.as_tensor(flat.reshape(4, SEQ).copy()).dtype == torch.int32
+
+
+def test_manifest(sample_build, sample_tok):
+    from weightprep.tokenizer import tokenizer_fingerprint
+
+    out, manifest = sample_build
+    on_disk = json.loads((out / MANIFEST_NAME).read_text())
+    assert on_disk == manifest
+    assert manifest["format"] == "weightprep-shards" and manifest["format_version"] == 1
+    assert manifest["tokenizer"]["fingerprint"] == tokenizer_fingerprint(sample_tok)
+    assert manifest["config"]["pack"]["seq_len"] == SEQ
+    (inp,) = manifest["inputs"]
+    assert inp["bytes"] == SAMPLE_RAW.stat().st_size
+    assert inp["sha256"] == hashlib.sha256(SAMPLE_RAW.read_bytes()).hexdigest()
+    assert sum(s["rows"] for s in manifest["shards"]) == manifest["counts"]["rows"]
+
+
+def test_rerun_is_byte_identical(sample_build, sample_tok, tmp_path):
+    out, _ = sample_build
+    again = tmp_path / "again"
+    build([str(SAMPLE_RAW)], again, config_from_dict({}), tokenizer=sample_tok)
+    names = sorted(p.name for p in out.iterdir())
+    assert names == sorted(p.name for p in again.iterdir())
+    for name in names:
+        assert (out / name).read_bytes() == (again / name).read_bytes(), name
+
+
+def test_unpacked_rows(sample_tok, tmp_path):
+    import datasets
+
+    cfg = config_from_dict({"pack": {"enabled": False, "seq_len": 512}})
+    manifest = build([str(SAMPLE_RAW)], tmp_path / "u", cfg, tokenizer=sample_tok)
+    ds = datasets.load_from_disk(str(tmp_path / "u"))
+    assert ds.features["attention_mask"].feature.dtype == "int8"
+    rows = rows_as_numpy(ds)
+    found = check_rows(rows, 512, sample_tok.pad_token_id, packed=False)
+    expected, _ = reference_documents(sample_tok, load_records(SAMPLE_RAW), max_length=512)
+    assert [d[0] for d in found] == [d[0] for d in expected]  # input order kept, one per row
+    same_documents(found, expected)
+    assert manifest["counts"]["rows"] == len(expected)
+    assert (rows["attention_mask"].sum(1) == [len(d[0]) for d in expected]).all()
+
+
+def test_shards_are_size_capped_and_gzip_input_is_read(sample_tok, tmp_path):
+    import datasets
+
+    gz = tmp_path / "raw.jsonl.gz"
+    with gzip.open(gz, "wb") as f:
+        f.write(SAMPLE_RAW.read_bytes())
+    cfg = config_from_dict({"write": {"max_shard_bytes": 200_000}, "pack": {"seq_len": 1024}})
+    manifest = build([str(gz)], tmp_path / "s", cfg, tokenizer=sample_tok)
+    shards = manifest["shards"]
+    assert len(shards) > 3
+    assert all(s["bytes"] <= 200_000 for s in shards)
+    assert [s["filename"] for s in shards] == [f"data-{i:05d}-of-{len(shards):05d}.arrow" for i in range(len(shards))]
+    ds = datasets.load_from_disk(str(tmp_path / "s"))
+    assert len(ds) == manifest["counts"]["rows"]
+    assert manifest["inputs"][0]["sha256"] == hashlib.sha256(gz.read_bytes()).hexdigest()
+    assert manifest["counts"]["records"] == len(load_records(SAMPLE_RAW))
+
+
+@pytest.mark.parametrize("policy", ["truncate", "split"])
+def test_overlong_policies_match_reference(policy, sample_tok, tmp_path):
+    import datasets
+
+    cfg = config_from_dict({"filter": {"overlong": policy}, "pack": {"seq_len": 1024}})
+    manifest = build([str(SAMPLE_RAW)], tmp_path / policy, cfg, tokenizer=sample_tok)
+    rows = rows_as_numpy(datasets.load_from_disk(str(tmp_path / policy)))
+    found = check_rows(rows, 1024, sample_tok.pad_token_id, packed=True)
+    full = [reference_document(sample_tok, r["pieces"]) for r in load_records(SAMPLE_RAW)]
+    parts = [p for doc in full for p in reference_policy(doc, 1024, policy)]
+    expected = supervised(parts)
+    same_documents(found, expected)
+    c = manifest["counts"]
+    n_long = sum(len(d[0]) > 1024 for d in full)
+    assert n_long > 0 and c["dropped"]["overlong"] == 0
+    assert c["dropped"]["unsupervised"] == len(parts) - len(expected)
+    if policy == "truncate":
+        assert c["truncated"] == n_long
+    else:
+        assert c["split"] == n_long
+        assert c["split_parts"] == sum(-(-len(d[0]) // 1024) for d in full if len(d[0]) > 1024)
+
+
+def test_failed_build_leaves_nothing(sample_tok, tmp_path, write_jsonl):
+    bad = write_jsonl([{"pieces": [{"text": "ok", "weight": 1}]}, '{"pieces": [{"text": "x", "weight": -1}]}'])
+    out = tmp_path / "out"
+    with pytest.raises(Exception, match="weight"):
+        build([str(bad)], out, config_from_dict({}), tokenizer=sample_tok)
+    assert not out.exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["raw.jsonl"]
+
+
+def test_overwrite_replaces_only_on_success(sample_tok, tmp_path, write_jsonl):
+    from weightprep.errors import UsageError
+
+    good = write_jsonl([{"pieces": [{"text": "hello there", "weight": 1}]}])
+    out = tmp_path / "out"
+    build([str(good)], out, config_from_dict({}), tokenizer=sample_tok)
+    with pytest.raises(UsageError, match="already exists"):
+        build([str(good)], out, config_from_dict({}), tokenizer=sample_tok)
+    before = (out / MANIFEST_NAME).read_bytes()
+    bad = write_jsonl(['{"pieces": 3}'], "bad.jsonl")
+    with pytest.raises(Exception, match="pieces"):
+        build([str(bad)], out, config_from_dict({}), tokenizer=sample_tok, overwrite=True)
+    assert (out / MANIFEST_NAME).read_bytes() == before  # the old output survives a failed overwrite
+    shutil.rmtree(out)

@@ -1,0 +1,116 @@
+"""``weightprep inspect DIR``: the manifest's numbers, and one row decoded with its weights visible.
+
+In a terminal each span is coloured by weight (dim = 0, cyan < 1, green = 1, yellow/red > 1);
+otherwise (a pipe, a file, a test) every change of weight is marked inline as ``[w=0.5]``.
+Document boundaries are drawn as rules, the pad tail is summarized, not printed.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import click
+import numpy as np
+
+from weightprep.commands._errors import reports_errors
+from weightprep.commands.build import format_summary
+from weightprep.constants import MANIFEST_NAME, SEQ_LENGTHS
+from weightprep.errors import UsageError
+
+__all__ = ["inspect", "read_manifest", "read_row", "weight_spans"]
+
+
+def read_manifest(directory: Path) -> dict[str, Any]:
+    path = directory / MANIFEST_NAME
+    if not path.is_file():
+        raise UsageError(f"{directory} has no {MANIFEST_NAME}: not a directory written by `weightprep build`")
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def read_row(directory: Path, manifest: dict[str, Any], index: int) -> dict[str, Any]:
+    """Row ``index`` of the shards as a dict of NumPy arrays (reads only the batches it needs)."""
+    import pyarrow as pa
+
+    seen = 0
+    for shard in manifest["shards"]:
+        if index < seen + shard["rows"]:
+            with pa.memory_map(str(directory / shard["filename"])) as source:
+                table = pa.ipc.open_stream(source).read_all()
+            row = table.slice(index - seen, 1).to_pylist()[0]
+            return {k: np.asarray(v) for k, v in row.items()}
+        seen += shard["rows"]
+    raise UsageError(f"row {index} does not exist: {directory} has {seen} rows (0..{seen - 1})")
+
+
+def weight_spans(input_ids: np.ndarray, weights: np.ndarray) -> list[tuple[float, list[int]]]:
+    """Consecutive tokens of equal weight, as (weight, ids) runs."""
+    spans: list[tuple[float, list[int]]] = []
+    for tid, w in zip(input_ids.tolist(), weights.tolist()):
+        if spans and spans[-1][0] == w:
+            spans[-1][1].append(tid)
+        else:
+            spans.append((w, [tid]))
+    return spans
+
+
+def _style(w: float) -> str:
+    if w == 0:
+        return "dim"
+    if w < 1:
+        return "cyan"
+    if w == 1:
+        return "green"
+    return "bold yellow" if w <= 2 else "bold red"
+
+
+@click.command("inspect")
+@click.argument("directory", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--row", "row_index", type=int, default=0, show_default=True, help="Which row to render.")
+@click.option("--tokenizer", help="Tokenizer to decode with (default: the one recorded in the manifest).")
+@click.option("--max-tokens", type=int, default=300, show_default=True, help="Tokens shown per document.")
+@click.option("--color/--no-color", default=None, help="Colour spans by weight (default: when a terminal).")
+@reports_errors
+def inspect(directory: Path, row_index: int, tokenizer: str | None, max_tokens: int, color: bool | None) -> None:
+    """Show DIRECTORY's manifest numbers and one row decoded, with each token's weight visible."""
+    from rich.console import Console
+    from rich.text import Text
+
+    from weightprep.tokenizer import load_tokenizer, tokenizer_fingerprint
+
+    manifest = read_manifest(directory)
+    click.echo(format_summary(manifest, str(directory).rstrip("/")))
+    tok = load_tokenizer(tokenizer or manifest["tokenizer"]["name_or_path"])
+    if tokenizer_fingerprint(tok) != manifest["tokenizer"]["fingerprint"]:
+        click.echo("warning: this tokenizer's fingerprint differs from the one the shards were built with", err=True)
+    row = read_row(directory, manifest, row_index)
+    console = Console(force_terminal=color, no_color=color is False, highlight=False, soft_wrap=True)
+    plain = not console.is_terminal if color is None else not color
+    start = 0
+    n_segments = len(row[SEQ_LENGTHS])
+    click.echo(f"\nrow {row_index}: {len(row['input_ids'])} positions, segments {row[SEQ_LENGTHS].tolist()}")
+    if not plain:
+        legend = Text("weights: ")
+        for label, w in (("0", 0.0), ("<1", 0.5), ("1", 1.0), ("<=2", 2.0), (">2", 3.0)):
+            legend.append(f" {label} ", style=_style(w))
+        console.print(legend)
+    for k, length in enumerate(row[SEQ_LENGTHS].tolist()):
+        ids = row["input_ids"][start : start + length]
+        weights = row["weights"][start : start + length]
+        # every written document has a supervised token, so an unsupervised last segment is the pad tail
+        if k == n_segments - 1 and not (weights > 0).any():
+            click.echo(f"── padding: {length} positions (label -100, weight 0) ──")
+        else:
+            click.echo(f"── document {k + 1}: {length} tokens, {int((weights > 0).sum())} supervised ──")
+            text = Text()
+            for w, span in weight_spans(ids[:max_tokens], weights[:max_tokens]):
+                piece = tok.decode(span, skip_special_tokens=False)
+                if plain:
+                    text.append(f"[w={w:g}]{piece}")
+                else:
+                    text.append(piece, style=_style(w))
+            if length > max_tokens:
+                text.append(f" … ({length - max_tokens} more tokens; --max-tokens to see more)", style="italic")
+            console.print(text)
+        start += length

@@ -1,0 +1,86 @@
+"""Turn rows of weightprep shards into model-ready tensors: a stack, nothing else.
+
+Shard rows already have one fixed length ``L``, so a batch is ``np.stack`` of the rows and one
+``torch.as_tensor``: no padding, no truncation, no re-tokenizing, and labels are never touched (in particular
+never masked by comparing ids with the pad id, which would also mask EOS when ``pad == eos``).
+
+A packed batch of two rows, ``L = 6``, documents ``[5, 6, 7]`` and ``[8, 9]`` then one pad (id 2)::
+
+    input_ids     [[  0,    5,    6,    0,    8,    2], ...]
+    labels        [[-100,   5,    6, -100,    8, -100], ...]   # unshifted; first token of each doc unlabeled
+    weights       [[  0.,   1.,   1.,   0.,   2.,   0.], ...]
+    position_ids  [[  0,    1,    2,    0,    1,    0], ...]   # restarts mark the documents
+    (no attention_mask: transformers isolates the documents from position_ids)
+
+Unpacked rows (one document per row, right-padded) keep their ``attention_mask``. ``seq_lengths`` and any
+other column (metadata) are dropped: the model needs neither.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from weightprep.constants import ATTENTION_MASK, INPUT_IDS, LABELS, POSITION_IDS, WEIGHTS
+from weightprep.errors import UsageError
+
+__all__ = ["WeightedCollator"]
+
+_LONG = (INPUT_IDS, LABELS, POSITION_IDS)
+
+
+@dataclass(frozen=True)
+class WeightedCollator:
+    """Collate shard rows into ``input_ids``, ``labels``, ``position_ids`` (int64), ``weights`` (float32) and,
+    for unpacked rows, ``attention_mask`` (int64).
+
+    ``packed=None`` decides from the rows (an ``attention_mask`` column means unpacked); ``True`` drops any
+    attention mask so packed documents are isolated by their position ids; ``False`` requires one.
+    """
+
+    packed: bool | None = None
+
+    def __call__(self, rows: Sequence[Mapping[str, Any]]) -> dict[str, torch.Tensor]:
+        if not rows:
+            raise ValueError("WeightedCollator got an empty batch")
+        first = rows[0]
+        missing = [c for c in (INPUT_IDS, LABELS, WEIGHTS, POSITION_IDS) if c not in first]
+        if missing:
+            raise UsageError(
+                f"rows lack column(s) {', '.join(missing)} (have {', '.join(first)}); feed the collator rows of "
+                "weightprep shards (`weightprep build`), and keep the columns through column pruning "
+                "(WeightedSFTTrainer does; with a plain Trainer set remove_unused_columns=False)"
+            )
+        packed = self.packed if self.packed is not None else ATTENTION_MASK not in first
+        if not packed and ATTENTION_MASK not in first:
+            raise UsageError("unpacked rows need an attention_mask column; these rows have none")
+
+        batch: dict[str, torch.Tensor] = {}
+        columns = (INPUT_IDS, LABELS, WEIGHTS, POSITION_IDS) + (() if packed else (ATTENTION_MASK,))
+        for name in columns:
+            batch[name] = _stack(name, [row[name] for row in rows])
+        for name in (*_LONG, ATTENTION_MASK):
+            if name in batch:
+                batch[name] = batch[name].long()  # embedding lookups and gather want int64; int32 on disk
+        batch[WEIGHTS] = batch[WEIGHTS].float()
+        return batch
+
+
+def _stack(name: str, values: list[Any]) -> torch.Tensor:
+    if isinstance(values[0], torch.Tensor):
+        shapes = {tuple(v.shape) for v in values}
+        if len(shapes) == 1:
+            return torch.stack(values)
+    else:
+        arrays = [np.asarray(v) for v in values]
+        shapes = {a.shape for a in arrays}
+        if len(shapes) == 1 and arrays[0].ndim == 1:
+            return torch.as_tensor(np.stack(arrays))
+    raise UsageError(
+        f"column {name!r} has rows of different shapes {sorted(shapes)}; weightprep shards have one fixed "
+        "row length (rebuild them with `weightprep build`)"
+    )

@@ -1,0 +1,187 @@
+"""Open a weightprep shard directory for training, and refuse it clearly when it cannot train this model.
+
+Checks, each a :class:`~weightprep.errors.UsageError` naming what was found, what was expected and the fix:
+the manifest exists and is of this format and version; the columns a row needs are there with one row length;
+and, given the model, that its vocabulary covers the shards' tokenizer, that the tokenizer shipped with the model
+is the one the shards were built with (by fingerprint), and that the row length fits its position embeddings.
+Reading is memory-mapped Arrow (``datasets.load_from_disk``): nothing is loaded until a row is read.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from weightprep.constants import (
+    ATTENTION_MASK,
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    INPUT_IDS,
+    LABELS,
+    MANIFEST_NAME,
+    PACKED_COLUMNS,
+    POSITION_IDS,
+    WEIGHTS,
+)
+from weightprep.errors import UsageError
+
+__all__ = ["Shards", "check_model_compatibility", "load_shards", "read_manifest"]
+
+_REBUILD = "rebuild them with `weightprep build` from this version"
+
+
+@dataclass(frozen=True)
+class Shards:
+    """A validated shard directory: the dataset (rows of ``seq_len`` tokens) and its manifest."""
+
+    path: Path
+    dataset: Any  # datasets.Dataset
+    manifest: dict[str, Any]
+    seq_len: int
+    packed: bool
+    tokenizer: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def columns(self) -> list[str]:
+        """The columns a training row keeps: token columns, plus ``attention_mask`` when unpacked."""
+        return [*PACKED_COLUMNS, *(() if self.packed else (ATTENTION_MASK,))]
+
+
+def read_manifest(path: str | Path) -> dict[str, Any]:
+    """The manifest beside the shards, checked for this format and version."""
+    path = Path(path)
+    if not path.is_dir():
+        raise UsageError(f"shard directory {str(path)!r} does not exist; create it with `weightprep build`")
+    manifest_path = path / MANIFEST_NAME
+    if not manifest_path.is_file():
+        raise UsageError(
+            f"{path} has no {MANIFEST_NAME}: it is not a weightprep shard directory (or the build did not finish); "
+            "create it with `weightprep build INPUT.jsonl --out DIR`"
+        )
+    try:
+        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"{manifest_path}: unreadable manifest ({exc}); {_REBUILD}") from exc
+    if not isinstance(manifest, dict):
+        raise UsageError(f"{manifest_path}: manifest is not a JSON object; {_REBUILD}")
+    fmt, version = manifest.get("format"), manifest.get("format_version")
+    if fmt != FORMAT_NAME or version != FORMAT_VERSION:
+        raise UsageError(
+            f"{manifest_path}: shards of format {fmt!r} version {version!r}, expected {FORMAT_NAME!r} version "
+            f"{FORMAT_VERSION} (written by weightprep {manifest.get('weightprep_version', '?')}); {_REBUILD}"
+        )
+    return manifest
+
+
+def load_shards(
+    path: str | Path,
+    *,
+    model_config: Any = None,
+    tokenizer: Any = None,
+) -> Shards:
+    """Open and validate the shards at ``path``; with ``model_config`` (and the model's ``tokenizer``, if loaded)
+    also check that they can train that model.
+
+    >>> shards = load_shards("shards/", model_config=model.config)  # doctest: +SKIP
+    >>> trainer = WeightedSFTTrainer(model, train_dataset=shards.dataset, ...)  # doctest: +SKIP
+    """
+    import datasets
+
+    path = Path(path)
+    manifest = read_manifest(path)
+    try:
+        dataset = datasets.load_from_disk(str(path))
+    except Exception as exc:  # datasets raises FileNotFoundError/ValueError/... with useful text
+        raise UsageError(f"{path}: datasets.load_from_disk failed ({exc}); {_REBUILD}") from exc
+    if isinstance(dataset, datasets.DatasetDict):
+        if "train" not in dataset:
+            raise UsageError(f"{path}: a DatasetDict without a 'train' split ({', '.join(dataset)})")
+        dataset = dataset["train"]
+
+    config = manifest.get("config") or {}
+    packed = bool(config.get("packed", ATTENTION_MASK not in dataset.column_names))
+    needed = [*PACKED_COLUMNS, *(() if packed else (ATTENTION_MASK,))]
+    missing = [c for c in needed if c not in dataset.column_names]
+    if missing:
+        raise UsageError(
+            f"{path}: shards lack column(s) {', '.join(missing)} (have {', '.join(dataset.column_names)}); "
+            f"{'packed' if packed else 'unpacked'} rows need {', '.join(needed)}; {_REBUILD}"
+        )
+    seq_len = _row_length(path, dataset, config)
+    if len(dataset) == 0:
+        raise UsageError(f"{path}: the shards hold no rows; check the build's counts in {MANIFEST_NAME}")
+
+    shards = Shards(
+        path=path,
+        dataset=dataset,
+        manifest=manifest,
+        seq_len=seq_len,
+        packed=packed,
+        tokenizer=dict(manifest.get("tokenizer") or {}),
+    )
+    if model_config is not None:
+        check_model_compatibility(shards, model_config, tokenizer)
+    return shards
+
+
+def check_model_compatibility(shards: Shards, model_config: Any, tokenizer: Any = None) -> None:
+    """Refuse a model whose vocabulary, tokenizer or maximum length does not fit the shards."""
+    from weightprep.tokenizer import tokenizer_fingerprint
+
+    cfg = model_config.get_text_config() if hasattr(model_config, "get_text_config") else model_config
+    name = getattr(model_config, "_name_or_path", "") or type(model_config).__name__
+    tok = shards.tokenizer
+    vocab = getattr(cfg, "vocab_size", None)
+    needed = tok.get("vocab_size")
+    if vocab is not None and needed is not None and int(vocab) < int(needed):
+        raise UsageError(
+            f"model {name!r} has a vocabulary of {vocab} ids but the shards were tokenized with "
+            f"{tok.get('name_or_path', '?')!r} ({needed} ids): ids >= {vocab} would index past the embedding. "
+            "Train the model that goes with that tokenizer, rebuild the shards with the model's tokenizer "
+            "(`weightprep build --tokenizer MODEL`), or resize the embeddings (model.resize_token_embeddings)."
+        )
+    if tokenizer is not None and tok.get("fingerprint"):
+        fp = tokenizer_fingerprint(tokenizer)
+        if fp != tok["fingerprint"]:
+            raise UsageError(
+                f"tokenizer mismatch: the shards were built with {tok.get('name_or_path', '?')!r} "
+                f"(fingerprint {tok['fingerprint'][:16]}..., {needed} ids) but the model's tokenizer "
+                f"{getattr(tokenizer, 'name_or_path', '?')!r} has fingerprint {fp[:16]}... ({len(tokenizer)} ids): "
+                "the same text maps to different ids, so training would learn noise. Rebuild the shards with "
+                f"`weightprep build --tokenizer {getattr(tokenizer, 'name_or_path', 'MODEL')}`, or train the model "
+                "that goes with the shards' tokenizer."
+            )
+    max_pos = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None)
+    if max_pos is not None and shards.seq_len > int(max_pos):
+        raise UsageError(
+            f"rows of {shards.seq_len} tokens exceed model {name!r}'s max_position_embeddings = {max_pos}: "
+            f"rebuild the shards with `--seq-len {max_pos}` (or less), or use a model with a longer context"
+        )
+
+
+def _row_length(path: Path, dataset: Any, config: dict[str, Any]) -> int:
+    """The one row length of every token column: the fixed list size, checked against the manifest."""
+    lengths: dict[str, int] = {}
+    for name in (INPUT_IDS, LABELS, WEIGHTS, POSITION_IDS, ATTENTION_MASK):
+        feature = dataset.features.get(name)
+        if feature is None:
+            continue
+        length = getattr(feature, "length", -1)
+        if length is None or length < 0:  # a variable-length list: read the first row
+            length = len(dataset[0][name])
+        lengths[name] = int(length)
+    if len(set(lengths.values())) != 1:
+        raise UsageError(
+            f"{path}: token columns of different lengths {lengths}; every column of a row has length seq_len; "
+            f"{_REBUILD}"
+        )
+    seq_len = next(iter(lengths.values()))
+    declared = config.get("seq_len")
+    if declared is not None and int(declared) != seq_len:
+        raise UsageError(
+            f"{path}: rows have {seq_len} tokens but the manifest says seq_len = {declared}; the directory mixes "
+            f"builds; {_REBUILD}"
+        )
+    return seq_len

@@ -1,0 +1,215 @@
+"""``WeightedSFTTrainer``: TRL's ``SFTTrainer`` trained on weightprep shards with the weighted loss.
+
+What it changes, and why:
+
+- Data passes straight through. Shards are already tokenized, weighted, masked and packed, so dataset
+  preparation is skipped (``dataset_kwargs={"skip_prepare_dataset": True}``), column pruning keeps ``weights``,
+  ``position_ids`` and ``attention_mask`` (TRL keeps only ``input_ids``/``labels``/``seq_lengths``), and the
+  collator is :class:`~weightprep.train.collator.WeightedCollator` (a stack, no padding, no label masking).
+- The loss is :func:`~weightprep.train.loss.weighted_lm_loss`: one forward per micro-batch, ``use_cache=False``,
+  the decoder body plus a tiled LM-head projection of the supervised positions only; no full logits, no
+  second forward for metrics.
+- The denominator is exact for the optimizer step: before the step's first forward, :meth:`get_batch_samples`
+  (which the transformers loop calls with all the step's micro-batches) sums the supervised weights (or counts
+  the supervised tokens) over every micro-batch, then over every process with one all-gather. Each micro-batch
+  loss is ``world_size * nll_sum / denominator`` (DDP/FSDP average gradients over ranks), already scaled for
+  accumulation (``loss_is_scaled_for_ga = True``). Hence 8 x 1 == 1 x 8 accumulation == 2 ranks x 4.
+- Logs add ``tokens_per_second`` (positions processed, all ranks), ``supervised_tokens_per_second``,
+  ``weighted_tokens_per_second`` (sum of weights per second), ``supervised_tokens`` and ``peak_memory_gb``
+  (CUDA max allocated on GPU, peak RSS of this process on CPU).
+
+TRL's ``SFTTrainer`` is kept as the base (rather than transformers' ``Trainer``) so users keep its PEFT
+handling (``peft_config``, gradient checkpointing with adapters, QLoRA casting), its model-from-name loading
+and its config class; nothing of its dataset preparation or loss runs.
+"""
+
+from __future__ import annotations
+
+import resource
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from trl import SFTConfig, SFTTrainer
+
+from weightprep.constants import ATTENTION_MASK, INPUT_IDS, LABELS, PACKED_COLUMNS, WEIGHTS
+from weightprep.train.collator import WeightedCollator
+from weightprep.train.data import Shards
+from weightprep.train.loss import (
+    DEFAULT_VOCAB_CHUNK,
+    Normalize,
+    _check_normalize,
+    attach_weighted_head,
+    supervised_mask,
+    weighted_lm_loss,
+)
+
+__all__ = ["WeightedSFTTrainer", "peak_memory_gb", "prepare_args"]
+
+
+def prepare_args(args: SFTConfig | None, output_dir: str = "weightprep-run") -> SFTConfig:
+    """An ``SFTConfig`` that lets prepared shards through untouched (a copy; ``args`` is not modified)."""
+    if args is None:
+        args = SFTConfig(output_dir=output_dir)
+    elif not isinstance(args, SFTConfig):  # a plain TrainingArguments
+        args = SFTConfig(**{**args.to_dict(), "hub_token": getattr(args, "hub_token", None)})
+    dataset_kwargs = dict(args.dataset_kwargs or {})
+    dataset_kwargs["skip_prepare_dataset"] = True
+    args.dataset_kwargs = dataset_kwargs
+    # Rows are already packed and padded to one length: TRL must neither pack nor flatten them again
+    args.packing = False
+    args.padding_free = False
+    if args.gradient_checkpointing:
+        kwargs = dict(args.gradient_checkpointing_kwargs or {})
+        kwargs.setdefault("use_reentrant", False)  # reentrant checkpointing and DDP do not mix
+        args.gradient_checkpointing_kwargs = kwargs
+    return args
+
+
+def peak_memory_gb(device: torch.device | None = None) -> float:
+    """Peak memory so far: CUDA's max allocated on a GPU, else the peak resident set of this process."""
+    if device is not None and device.type == "cuda" and torch.cuda.is_available():
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+    return rss / (2**30 if sys.platform == "darwin" else 2**20)
+
+
+class WeightedSFTTrainer(SFTTrainer):
+    """``SFTTrainer`` for weightprep shards: weighted loss, exact normalization, no full logits.
+
+    >>> shards = load_shards("shards/", model_config=model.config)  # doctest: +SKIP
+    >>> trainer = WeightedSFTTrainer(model, args=SFTConfig("out", bf16=True), train_dataset=shards,
+    ...                              processing_class=tokenizer, normalize="weight")  # doctest: +SKIP
+    >>> trainer.train()  # doctest: +SKIP
+
+    ``train_dataset`` is a :class:`~weightprep.train.data.Shards` or a ``datasets.Dataset`` of shard rows.
+    ``normalize``: ``"weight"`` (default) or ``"tokens"``, see :mod:`weightprep.train.loss`. Other arguments are
+    ``SFTTrainer``'s (``peft_config=LoraConfig(...)`` for LoRA; ``lm_head`` must not be a LoRA target).
+    """
+
+    # compute_loss divides by the whole step's denominator already
+    loss_is_scaled_for_ga = True
+
+    def __init__(
+        self,
+        model: Any,
+        args: SFTConfig | None = None,
+        train_dataset: Any = None,
+        *,
+        normalize: Normalize = "weight",
+        vocab_chunk: int = DEFAULT_VOCAB_CHUNK,
+        data_collator: Any = None,
+        **kwargs: Any,
+    ) -> None:
+        _check_normalize(normalize)
+        self.normalize: Normalize = normalize
+        self.vocab_chunk = int(vocab_chunk)
+        packed = None
+        if isinstance(train_dataset, Shards):
+            packed = train_dataset.packed
+            train_dataset = train_dataset.dataset
+        eval_dataset = kwargs.get("eval_dataset")
+        if isinstance(eval_dataset, Shards):
+            kwargs["eval_dataset"] = eval_dataset.dataset
+        self._window = torch.zeros(3, dtype=torch.float64)  # positions, supervised tokens, weight, since last log
+        self._window_start: float | None = None
+        super().__init__(
+            model,
+            args=prepare_args(args),
+            train_dataset=train_dataset,
+            data_collator=data_collator if data_collator is not None else WeightedCollator(packed=packed),
+            **kwargs,
+        )
+        attach_weighted_head(self.model)
+
+    # -- data ---------------------------------------------------------------------------------------------------
+    def _set_signature_columns_if_needed(self) -> None:
+        # Column pruning keeps exactly what a shard row has for training; metadata columns go
+        if self._signature_columns is None:
+            self._signature_columns = [*PACKED_COLUMNS, ATTENTION_MASK]
+
+    # -- normalization ------------------------------------------------------------------------------------------
+    def _step_totals(self, batches: list[dict[str, Any]], device: torch.device) -> torch.Tensor:
+        """(denominator, positions, supervised tokens, weight) over ``batches``, summed over all processes."""
+        local = torch.zeros(4, dtype=torch.float64, device=device)
+        for batch in batches:
+            labels, weights = batch[LABELS], batch[WEIGHTS]
+            mask = supervised_mask(labels, weights)
+            sup = mask.sum().double()
+            wsum = weights[..., 1:][mask].double().sum()
+            positions = batch[ATTENTION_MASK].sum() if ATTENTION_MASK in batch else batch[INPUT_IDS].numel()
+            parts = [wsum if self.normalize == "weight" else sup, positions, sup, wsum]
+            local += torch.stack([torch.as_tensor(p, device=device).double() for p in parts])
+        if self.accelerator.num_processes > 1:
+            local = self.accelerator.gather(local.unsqueeze(0)).view(-1, 4).sum(0)
+        return local
+
+    def get_batch_samples(
+        self, epoch_iterator: Iterator, num_batches: int, device: torch.device
+    ) -> tuple[list, torch.Tensor | None]:
+        """The step's micro-batches and the denominator of its loss, taken over all of them and all ranks."""
+        batches = []
+        for _ in range(num_batches):
+            try:
+                batches.append(next(epoch_iterator))
+            except StopIteration:
+                break
+        if self._window_start is None:
+            self._window_start = time.perf_counter()
+        # Every rank takes part in the gather, even one whose iterator ran dry, so the collective never hangs
+        totals = self._step_totals(batches, device)
+        self._window += totals[1:].cpu()
+        return batches, (totals[0] if batches else None)
+
+    def _get_num_items_in_batch(self, batch_samples: list, device: torch.device) -> torch.Tensor | None:
+        # Evaluation path of transformers: the same denominator, over the batches given
+        if not batch_samples or LABELS not in batch_samples[0] or WEIGHTS not in batch_samples[0]:
+            return None
+        return self._step_totals(batch_samples, device)[0]
+
+    # -- loss ---------------------------------------------------------------------------------------------------
+    def compute_loss(
+        self,
+        model: torch.nn.Module,
+        inputs: dict[str, Any],
+        return_outputs: bool = False,
+        num_items_in_batch: torch.Tensor | None = None,
+    ) -> Any:
+        """``nll_sum / denominator``, times the number of processes when the denominator is global."""
+        out = weighted_lm_loss(
+            model,
+            inputs,
+            normalize=self.normalize,
+            denominator=num_items_in_batch,
+            vocab_chunk=self.vocab_chunk,
+        )
+        loss = out.loss
+        if num_items_in_batch is not None and self.accelerator.num_processes > 1:
+            loss = loss * self.accelerator.num_processes
+        return (loss, out) if return_outputs else loss
+
+    def prediction_step(
+        self, model: torch.nn.Module, inputs: dict[str, Any], prediction_loss_only: bool, ignore_keys: Any = None
+    ) -> tuple[torch.Tensor, None, None]:
+        """Evaluation loss only: the weighted loss of the batch (logits are never built)."""
+        inputs = self._prepare_inputs(inputs)
+        with torch.no_grad(), self.compute_loss_context_manager():
+            loss = self.compute_loss(model, inputs)
+        return loss.detach(), None, None
+
+    # -- logging ------------------------------------------------------------------------------------------------
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        """Add throughput (all ranks) and peak memory to the training logs."""
+        if "loss" in logs and self._window_start is not None:
+            elapsed = max(time.perf_counter() - self._window_start, 1e-9)
+            positions, supervised, weight = self._window.tolist()
+            logs["tokens_per_second"] = round(positions / elapsed, 1)
+            logs["supervised_tokens_per_second"] = round(supervised / elapsed, 1)
+            logs["weighted_tokens_per_second"] = round(weight / elapsed, 1)
+            logs["supervised_tokens"] = int(supervised)
+            logs["peak_memory_gb"] = round(peak_memory_gb(self.args.device), 3)
+            self._window.zero_()
+            self._window_start = time.perf_counter()
+        super().log(logs, start_time)
