@@ -30,7 +30,9 @@ from weightprep.constants import (
 BOS, EOS, PAD = 0, 1, 2
 
 
-def tiny_llama(vocab: int = 96, *, seed: int = 0, tie: bool = False, layers: int = 2, hidden: int = 32, **kw: Any):
+def tiny_llama(
+    vocab: int = 96, *, seed: int = 0, tie: bool = False, layers: int = 2, hidden: int = 32, **kw: Any
+):
     """A random LlamaForCausalLM small enough for exact float32 checks on CPU (sdpa attention)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -53,7 +55,9 @@ def tiny_llama(vocab: int = 96, *, seed: int = 0, tie: bool = False, layers: int
     return LlamaForCausalLM(cfg).eval()
 
 
-def make_document(rng: np.random.Generator, length: int, vocab: int, *, zero_frac: float = 0.3) -> dict[str, Any]:
+def make_document(
+    rng: np.random.Generator, length: int, vocab: int, *, zero_frac: float = 0.3
+) -> dict[str, Any]:
     """One document: BOS, random body, EOS; random weights in [0.25, 3] with a weight-0 prompt span."""
     body = rng.integers(3, vocab, size=length - 2)
     ids = np.concatenate([[BOS], body, [EOS]]).astype(np.int32)
@@ -64,7 +68,9 @@ def make_document(rng: np.random.Generator, length: int, vocab: int, *, zero_fra
     return {"ids": ids, "weights": weights}
 
 
-def pack_rows(docs: list[list[dict[str, Any]]], seq_len: int, *, packed: bool = True, pad: int = PAD) -> list[dict]:
+def pack_rows(
+    docs: list[list[dict[str, Any]]], seq_len: int, *, packed: bool = True, pad: int = PAD
+) -> list[dict]:
     """Shard rows per the contract: each inner list becomes one row (packed) or must hold one doc (unpacked)."""
     rows = []
     for group in docs:
@@ -102,7 +108,13 @@ def pack_rows(docs: list[list[dict[str, Any]]], seq_len: int, *, packed: bool = 
 
 
 def random_rows(
-    seed: int, n_rows: int, seq_len: int, vocab: int, *, packed: bool = True, docs_per_row: tuple[int, int] = (1, 4)
+    seed: int,
+    n_rows: int,
+    seq_len: int,
+    vocab: int,
+    *,
+    packed: bool = True,
+    docs_per_row: tuple[int, int] = (1, 4),
 ) -> list[dict]:
     """``n_rows`` rows of random documents, unequal in length, supervised count and weights."""
     rng = np.random.default_rng(seed)
@@ -121,7 +133,13 @@ def random_rows(
 
 
 def write_shards(
-    out: Path, rows: list[dict], seq_len: int, *, packed: bool = True, tokenizer: dict | None = None, **manifest: Any
+    out: Path,
+    rows: list[dict],
+    seq_len: int,
+    *,
+    packed: bool = True,
+    tokenizer: dict | None = None,
+    **manifest: Any,
 ) -> Path:
     """Write ``rows`` as a shard directory (datasets ``save_to_disk`` + manifest), fixed-size list features."""
     import datasets
@@ -142,7 +160,8 @@ def write_shards(
         "format_version": FORMAT_VERSION,
         "weightprep_version": "test",
         "config": {"seq_len": seq_len, "packed": packed},
-        "tokenizer": tokenizer or {"name_or_path": "test", "fingerprint": None, "vocab_size": 96, "eos_token_id": EOS},
+        "tokenizer": tokenizer
+        or {"name_or_path": "test", "fingerprint": None, "vocab_size": 96, "eos_token_id": EOS},
         "counts": {"rows": len(rows)},
     }
     body.update(manifest)

@@ -141,9 +141,13 @@ def _norm_bytes(shape: ModelShape, mode: str, c: int, weight_grad: bool, consume
         n_cons, cons_names = consumers, []
     else:
         n_cons, cons_names = len(consumers), consumers
+    # the output's dtype: fp32 in mixed precision, and for GPT-2 whenever autocast runs layer_norm in fp32
+    fp32_output_cast = mode == "mixed" or (shape.family == "gpt2" and mode != "fp32")
     if lora_targets is None:  # full fine-tune: every consumer saves its input
-        if n_cons:
-            out += (n_cons * c * w) if mode == "mixed" or shape.family == "gpt2" and mode != "fp32" else (4 if mode == "fp32" else c) * w
+        if n_cons and fp32_output_cast:
+            out += n_cons * c * w  # one autocast copy per consuming linear
+        elif n_cons:
+            out += (4 if mode == "fp32" else c) * w  # the output itself, shared
     else:
         adapted = [n for n in cons_names if n in lora_targets]
         if adapted:
@@ -196,7 +200,7 @@ def layer_activation_bytes_per_token(shape: ModelShape, *, dtype: str = "bf16", 
             attn += nh * seq_len * (2 * c + 1)
         elif mask_present:
             attn += seq_len * c
-        return ln1 + attn + ln2 + mlp + drop + lora_mid * 0 + (lora_mid if lora else 0)
+        return ln1 + attn + ln2 + mlp + drop + lora_mid
 
     attn_in = ["q_proj", "k_proj", "v_proj"]
     mlp_in = ["gate_proj", "up_proj"]

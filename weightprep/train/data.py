@@ -101,7 +101,10 @@ def load_shards(
         dataset = dataset["train"]
 
     config = manifest.get("config") or {}
-    packed = bool(config.get("packed", ATTENTION_MASK not in dataset.column_names))
+    packed = _declared(config, "packed", ("pack", "enabled"))
+    if packed is None:
+        packed = ATTENTION_MASK not in (manifest.get("columns") or dataset.column_names)
+    packed = bool(packed)
     needed = [*PACKED_COLUMNS, *(() if packed else (ATTENTION_MASK,))]
     missing = [c for c in needed if c not in dataset.column_names]
     if missing:
@@ -178,10 +181,18 @@ def _row_length(path: Path, dataset: Any, config: dict[str, Any]) -> int:
             f"{_REBUILD}"
         )
     seq_len = next(iter(lengths.values()))
-    declared = config.get("seq_len")
+    declared = _declared(config, "seq_len", ("pack", "seq_len"))
     if declared is not None and int(declared) != seq_len:
         raise UsageError(
             f"{path}: rows have {seq_len} tokens but the manifest says seq_len = {declared}; the directory mixes "
             f"builds; {_REBUILD}"
         )
     return seq_len
+
+
+def _declared(config: dict[str, Any], flat: str, nested: tuple[str, str]) -> Any:
+    """A build setting from the manifest's resolved configuration: ``config[flat]`` or ``config[a][b]``."""
+    if flat in config:
+        return config[flat]
+    section = config.get(nested[0])
+    return section.get(nested[1]) if isinstance(section, dict) else None

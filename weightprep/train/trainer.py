@@ -113,7 +113,8 @@ class WeightedSFTTrainer(SFTTrainer):
         eval_dataset = kwargs.get("eval_dataset")
         if isinstance(eval_dataset, Shards):
             kwargs["eval_dataset"] = eval_dataset.dataset
-        self._window = torch.zeros(3, dtype=torch.float64)  # positions, supervised tokens, weight, since last log
+        # positions, supervised tokens, weight: summed over all ranks since the last log
+        self._window = torch.zeros(3, dtype=torch.float64)
         self._window_start: float | None = None
         super().__init__(
             model,
@@ -191,7 +192,11 @@ class WeightedSFTTrainer(SFTTrainer):
         return (loss, out) if return_outputs else loss
 
     def prediction_step(
-        self, model: torch.nn.Module, inputs: dict[str, Any], prediction_loss_only: bool, ignore_keys: Any = None
+        self,
+        model: torch.nn.Module,
+        inputs: dict[str, Any],
+        prediction_loss_only: bool,
+        ignore_keys: Any = None,
     ) -> tuple[torch.Tensor, None, None]:
         """Evaluation loss only: the weighted loss of the batch (logits are never built)."""
         inputs = self._prepare_inputs(inputs)

@@ -1,0 +1,27 @@
+# The few commands a contributor needs. Everything installs into .venv from scratch.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+# The CPU wheel of torch 2.13.0 (a plain `torch` may pull a multi-GB CUDA build); override with TORCH=torch
+TORCH  ?= torch==2.13.0
+
+.PHONY: setup demo test lint bench
+
+$(BIN)/weightprep: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q "$(TORCH)"
+	$(BIN)/pip install -q -e ".[train,dev]"
+	touch $@
+
+setup: $(BIN)/weightprep
+
+demo: setup  ## build the bundled sample data into shards/ and show one row
+	$(BIN)/weightprep build sample_data/raw.jsonl --out shards --overwrite
+	$(BIN)/weightprep inspect shards --max-tokens 60
+
+test: setup  ## the whole offline, CPU-only test suite
+	$(BIN)/python -m pytest -q
+
+lint: setup
+	$(BIN)/ruff check weightprep tests benchmarks sample_data

@@ -1,0 +1,80 @@
+"""The command line: click's runner for build/inspect, and one real run of the installed console script."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+from click.testing import CliRunner
+from conftest import REPO, SAMPLE_RAW
+
+from weightprep.cli import main
+from weightprep.constants import MANIFEST_NAME
+
+
+def test_build_with_defaults_prints_summary_and_sample_note(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    shutil.copy(SAMPLE_RAW, tmp_path / "raw.jsonl")
+    result = CliRunner().invoke(main, ["build", "raw.jsonl"])
+    assert result.exit_code == 0, result.output
+    manifest = json.loads((tmp_path / "shards" / MANIFEST_NAME).read_text())
+    out = result.output
+    assert "wrote shards/" in out
+    assert f"records {manifest['counts']['records']:,}" in out
+    assert f"{100 * manifest['counts']['fill_ratio']:.2f}%" in out
+    assert "overlong" in out  # dropped by reason
+    assert "bundled sample tokenizer" in out and "--tokenizer" in out
+
+
+def test_flags_override_pipeline_file(tmp_path):
+    out = tmp_path / "o"
+    result = CliRunner().invoke(
+        main,
+        ["build", str(SAMPLE_RAW), "--pipeline", str(REPO / "pipelines" / "unpacked.yaml"), "--seq-len", "768", "--out", str(out)],
+    )
+    assert result.exit_code == 0, result.output
+    manifest = json.loads((out / MANIFEST_NAME).read_text())
+    assert manifest["config"]["pack"] == {"enabled": False, "seq_len": 768, "window": 20000}
+    assert manifest["config"]["filter"]["overlong"] == "truncate"
+    assert "attention_mask" in manifest["columns"]
+
+
+def test_every_pipeline_file_loads_and_opens_with_its_command():
+    from weightprep.config import load_config
+
+    for path in sorted((REPO / "pipelines").glob("*.yaml")):
+        first = path.read_text().splitlines()[0]
+        assert first.startswith("# weightprep ") and path.name in first, path
+        if path.name != "train.yaml":
+            load_config(path)
+
+
+def test_inspect_shows_counts_and_weights(tmp_path):
+    out = tmp_path / "s"
+    assert CliRunner().invoke(main, ["build", str(SAMPLE_RAW), "--out", str(out)]).exit_code == 0
+    result = CliRunner().invoke(main, ["inspect", str(out), "--row", "1", "--no-color"])
+    assert result.exit_code == 0, result.output
+    assert "fill" in result.output and "── document 1:" in result.output
+    assert "[w=0]" in result.output and "[w=1]" in result.output
+    result = CliRunner().invoke(main, ["inspect", str(out), "--row", "99999"])
+    assert result.exit_code == 2 and "does not exist" in result.output
+    result = CliRunner().invoke(main, ["inspect", str(tmp_path)])
+    assert result.exit_code == 2 and "weightprep_manifest.json" in result.output
+
+
+def test_console_script_subprocess(tmp_path):
+    exe = shutil.which("weightprep", path=os.path.dirname(sys.executable)) or shutil.which("weightprep")
+    assert exe, "the console script `weightprep` is not installed"
+    out = tmp_path / "shards"
+    proc = subprocess.run([exe, "build", str(SAMPLE_RAW), "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "wrote" in proc.stdout and (out / MANIFEST_NAME).is_file()
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"pieces": [{"text": "a", "weight": -1}]}\n')
+    proc = subprocess.run([exe, "build", str(bad), "--out", str(tmp_path / "b")], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2
+    assert f"{bad}:1: pieces[0].weight:" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "b").exists()

@@ -1,0 +1,392 @@
+"""``weightprep train``: parse options (flags over an optional YAML file), check, then hand over to the trainer.
+
+The same command runs on one CPU or GPU, and under ``torchrun --nproc-per-node N -m weightprep train ...`` or
+``accelerate launch -m weightprep train ...`` (DDP by default, FSDP with ``--strategy fsdp``; gloo on CPU).
+Checks that need no weights (shards, manifest, tokenizer fingerprint, vocabulary, length) run before the model
+loads, so a mismatch costs seconds, not a model download.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib.util
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import click
+from click.core import ParameterSource
+
+from weightprep.commands._errors import reports_errors
+from weightprep.errors import ConfigError, UsageError
+
+__all__ = ["train", "run_training", "TrainOptions"]
+
+TrainOptions = dict[str, Any]
+
+
+@click.command("train", context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
+@click.argument("shards", required=False, type=click.Path(file_okay=False, path_type=Path))
+@click.option("--model", "model", help="Model directory or hub id (a transformers causal LM).")
+@click.option(
+    "--output-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Where checkpoints, the final model (or LoRA adapter) and the tokenizer go.",
+)
+@click.option(
+    "--config",
+    "config_file",
+    type=click.Path(dir_okay=False, exists=True, path_type=Path),
+    help="YAML file with these options (keys as the flags, without --); flags given here override it.",
+)
+@click.option(
+    "--tokenizer", help="Tokenizer to save with the model [default: the model's, else the shards' tokenizer]."
+)
+@click.option(
+    "--normalize",
+    type=click.Choice(["weight", "tokens"]),
+    default="weight",
+    help="Loss denominator over the whole optimizer step: sum of weights (weighted mean) or number of supervised tokens.",
+)
+@click.option(
+    "--micro-batch-size", type=click.IntRange(min=1), default=4, help="Rows per device per forward."
+)
+@click.option("--grad-accum", type=click.IntRange(min=1), default=1, help="Micro-batches per optimizer step.")
+@click.option(
+    "--lr",
+    type=click.FloatRange(min=0),
+    default=None,
+    help="Peak learning rate [default: 2e-4 with LoRA, 2e-5 otherwise].",
+)
+@click.option(
+    "--lr-scheduler",
+    type=click.Choice(["cosine", "linear", "constant", "constant_with_warmup"]),
+    default="cosine",
+)
+@click.option("--warmup-ratio", type=click.FloatRange(min=0, max=1, max_open=True), default=0.03, help="Fraction of the steps spent warming up the learning rate.")
+@click.option("--weight-decay", type=click.FloatRange(min=0), default=0.0)
+@click.option(
+    "--max-grad-norm", type=click.FloatRange(min=0), default=1.0, help="Gradient clipping (0: off)."
+)
+@click.option("--max-steps", type=int, default=-1, help="Optimizer steps; overrides --epochs when > 0.")
+@click.option("--epochs", type=click.FloatRange(min=0), default=1.0)
+@click.option(
+    "--save-steps", type=click.IntRange(min=1), default=500, help="Checkpoint every N optimizer steps."
+)
+@click.option(
+    "--save-total-limit", type=click.IntRange(min=1), default=None, help="Keep only the last N checkpoints."
+)
+@click.option("--logging-steps", type=click.IntRange(min=1), default=10)
+@click.option(
+    "--resume",
+    is_flag=False,
+    flag_value="last",
+    default=None,
+    help="Continue from the last checkpoint in --output-dir (`--resume`) or from the given checkpoint directory.",
+)
+@click.option("--seed", type=int, default=42)
+@click.option("--lora-r", type=click.IntRange(min=0), default=0, help="LoRA rank; 0 trains all weights.")
+@click.option(
+    "--lora-alpha", type=click.FloatRange(min=0), default=None, help="LoRA alpha [default: 2 x rank]."
+)
+@click.option("--lora-dropout", type=click.FloatRange(min=0, max=1), default=0.05)
+@click.option(
+    "--lora-target-modules",
+    default="all-linear",
+    help="Comma-separated module names, or all-linear (never lm_head).",
+)
+@click.option(
+    "--gradient-checkpointing/--no-gradient-checkpointing",
+    default=None,
+    help="Recompute activations in the backward [default: on with a GPU, off on CPU].",
+)
+@click.option(
+    "--precision",
+    type=click.Choice(["auto", "bf16", "fp16", "fp32"]),
+    default="auto",
+    help="auto: bf16 where the GPU supports it, else fp16 with a loss scaler; fp32 on CPU.",
+)
+@click.option(
+    "--attn-implementation",
+    type=click.Choice(["auto", "flash_attention_2", "sdpa", "eager"]),
+    default="auto",
+    help="auto: flash_attention_2 when flash_attn is installed and a GPU is used, else sdpa.",
+)
+@click.option(
+    "--strategy",
+    type=click.Choice(["ddp", "fsdp"]),
+    default="ddp",
+    help="Multi-process strategy under torchrun/accelerate launch.",
+)
+@click.option(
+    "--vocab-chunk",
+    type=click.IntRange(min=256),
+    default=32768,
+    help="Vocabulary columns per LM-head tile of the loss.",
+)
+@click.option("--dataloader-workers", type=click.IntRange(min=0), default=0)
+@click.pass_context
+@reports_errors
+def train(ctx: click.Context, **options: Any) -> None:
+    """Train a causal LM on weightprep SHARDS with the weighted loss (never building the full logits)."""
+    run_training(resolve_options(ctx, options))
+
+
+def resolve_options(ctx: click.Context, options: dict[str, Any]) -> TrainOptions:
+    """Defaults < ``--config`` file < flags given on the command line; unknown or ill-typed keys are errors."""
+    config_file = options.pop("config_file", None)
+    merged = dict(options)
+    if config_file is not None:
+        params = {p.name: p for p in ctx.command.params if p.name and p.name != "config_file"}
+        from_file = _read_config(config_file, params, ctx)
+        for name, value in from_file.items():
+            if ctx.get_parameter_source(name) in (ParameterSource.DEFAULT, ParameterSource.DEFAULT_MAP, None):
+                merged[name] = value
+    missing = [
+        flag
+        for flag, key in (("SHARDS", "shards"), ("--model", "model"), ("--output-dir", "output_dir"))
+        if merged.get(key) in (None, "")
+    ]
+    if missing:
+        raise UsageError(f"missing {', '.join(missing)}: give them on the command line or in --config")
+    for key in ("shards", "output_dir"):
+        merged[key] = Path(merged[key])
+    return merged
+
+
+def _read_config(path: Path, params: dict[str, click.Parameter], ctx: click.Context) -> dict[str, Any]:
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as exc:
+        raise UsageError(f"{path}: cannot read YAML ({exc})") from exc
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(
+            [f"top level: expected a mapping of option: value, got {type(data).__name__}"], source=str(path)
+        )
+    problems, values = [], {}
+    for raw_key, value in data.items():
+        key = str(raw_key).replace("-", "_")
+        if key not in params:
+            close = difflib.get_close_matches(key, list(params), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            problems.append(f"{raw_key}: unknown key{hint}; known keys: {', '.join(sorted(params))}")
+            continue
+        param = params[key]
+        if value is None:
+            values[key] = None
+            continue
+        if isinstance(param, click.Option) and param.is_bool_flag and not isinstance(value, bool):
+            problems.append(f"{raw_key}: expected true or false, got {value!r}")
+            continue
+        try:
+            values[key] = param.type.convert(value, param, ctx)
+        except click.BadParameter as exc:
+            problems.append(f"{raw_key}: {exc.message}")
+    if problems:
+        raise ConfigError(problems, source=str(path))
+    return values
+
+
+def run_training(opts: TrainOptions) -> dict[str, Any]:
+    """Load, check, train, save. Returns a summary (steps, final loss, output dir)."""
+    # Before anything can initialize CUDA: fragmentation-tolerant allocator, unless the user chose otherwise
+    if "PYTORCH_CUDA_ALLOC_CONF" not in os.environ and "PYTORCH_ALLOC_CONF" not in os.environ:
+        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from weightprep.train.data import check_model_compatibility, load_shards
+    from weightprep.train.trainer import WeightedSFTTrainer
+
+    shards = load_shards(opts["shards"])
+    model_id = str(opts["model"])
+    try:
+        model_config = AutoConfig.from_pretrained(model_id)
+    except Exception as exc:
+        raise UsageError(f"could not load the config of model {model_id!r}: {exc}") from exc
+    tokenizer = _load_tokenizer(opts.get("tokenizer"), model_id, shards.tokenizer)
+    check_model_compatibility(shards, model_config, tokenizer)
+    lora = _lora_config(opts)
+
+    use_cuda = torch.cuda.is_available()
+    precision = _precision(opts["precision"], use_cuda)
+    attn = _attn_implementation(opts["attn_implementation"], use_cuda)
+    checkpointing = (
+        use_cuda if opts["gradient_checkpointing"] is None else bool(opts["gradient_checkpointing"])
+    )
+    # LoRA keeps the frozen base in bf16 on a GPU; full fine-tuning keeps fp32 master weights under autocast
+    load_dtype = torch.bfloat16 if (lora is not None and precision == "bf16") else torch.float32
+    try:
+        model = AutoModelForCausalLM.from_pretrained(model_id, dtype=load_dtype, attn_implementation=attn)
+    except Exception as exc:
+        raise UsageError(f"could not load model {model_id!r} (attn_implementation={attn}): {exc}") from exc
+    model.config.use_cache = False
+
+    args = _sft_config(opts, precision, checkpointing, use_cuda, model)
+    trainer = WeightedSFTTrainer(
+        model,
+        args=args,
+        train_dataset=shards,
+        processing_class=tokenizer,
+        peft_config=lora,
+        normalize=opts["normalize"],
+        vocab_chunk=opts["vocab_chunk"],
+    )
+    resume = _resume_target(opts.get("resume"), Path(opts["output_dir"]))
+    result = trainer.train(resume_from_checkpoint=resume)
+    trainer.save_model(str(opts["output_dir"]))  # the adapter only, with LoRA; the tokenizer goes with it
+    summary = {
+        "output_dir": str(opts["output_dir"]),
+        "global_step": trainer.state.global_step,
+        "train_loss": float(result.training_loss),
+        "normalize": opts["normalize"],
+        "precision": precision,
+        "attn_implementation": attn,
+        "gradient_checkpointing": checkpointing,
+        "lora_r": opts["lora_r"],
+        "processes": trainer.accelerator.num_processes,
+        "shards": str(shards.path),
+        "shards_tokenizer_fingerprint": shards.tokenizer.get("fingerprint"),
+    }
+    if trainer.is_world_process_zero():
+        Path(opts["output_dir"], "weightprep_train.json").write_text(json.dumps(summary, indent=2) + "\n")
+        click.echo(
+            f"trained {summary['global_step']} steps, loss {summary['train_loss']:.4f} ({opts['normalize']}-normalized), "
+            f"{precision}, {attn}, {summary['processes']} process(es); saved to {summary['output_dir']}"
+        )
+    return summary
+
+
+def _load_tokenizer(name: str | None, model_id: str, manifest_tok: dict[str, Any]) -> Any:
+    from weightprep.tokenizer import load_tokenizer
+
+    if name:
+        return load_tokenizer(name)
+    try:
+        return load_tokenizer(model_id)
+    except UsageError:
+        shards_tok = manifest_tok.get("name_or_path")
+        if not shards_tok:
+            raise UsageError(
+                f"model {model_id!r} has no tokenizer and the shards' manifest names none; pass --tokenizer"
+            ) from None
+        return load_tokenizer(shards_tok)
+
+
+def _lora_config(opts: TrainOptions) -> Any:
+    r = int(opts["lora_r"] or 0)
+    if r == 0:
+        return None
+    from peft import LoraConfig
+
+    targets_raw = str(opts["lora_target_modules"]).strip()
+    targets: Any = (
+        "all-linear"
+        if targets_raw == "all-linear"
+        else [t.strip() for t in targets_raw.split(",") if t.strip()]
+    )
+    if isinstance(targets, list) and "lm_head" in targets:
+        raise UsageError(
+            "--lora-target-modules must not include lm_head: the weighted loss reads lm_head.weight directly, so a "
+            "LoRA adapter there would never train"
+        )
+    alpha = opts["lora_alpha"] if opts["lora_alpha"] is not None else 2 * r
+    return LoraConfig(
+        r=r,
+        lora_alpha=alpha,
+        lora_dropout=float(opts["lora_dropout"]),
+        target_modules=targets,
+        task_type="CAUSAL_LM",
+    )
+
+
+def _precision(choice: str, use_cuda: bool) -> str:
+    import torch
+
+    if choice != "auto":
+        if choice in ("bf16", "fp16") and not use_cuda:
+            raise UsageError(
+                f"--precision {choice} needs a GPU; on CPU training runs in fp32 (--precision fp32)"
+            )
+        if choice == "bf16" and not torch.cuda.is_bf16_supported():
+            raise UsageError(
+                "this GPU does not support bf16; use --precision fp16 (with a loss scaler) or auto"
+            )
+        return choice
+    if not use_cuda:
+        return "fp32"
+    return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+
+
+def _attn_implementation(choice: str, use_cuda: bool) -> str:
+    if choice != "auto":
+        if choice == "flash_attention_2" and importlib.util.find_spec("flash_attn") is None:
+            raise UsageError(
+                "flash_attention_2 needs the flash_attn package: pip install flash-attn --no-build-isolation"
+            )
+        return choice
+    return "flash_attention_2" if use_cuda and importlib.util.find_spec("flash_attn") is not None else "sdpa"
+
+
+def _sft_config(opts: TrainOptions, precision: str, checkpointing: bool, use_cuda: bool, model: Any) -> Any:
+    from trl import SFTConfig
+
+    lr = opts["lr"] if opts["lr"] is not None else (2e-4 if opts["lora_r"] else 2e-5)
+    extra: dict[str, Any] = {}
+    if opts["strategy"] == "fsdp":
+        layer_classes = sorted(getattr(model, "_no_split_modules", None) or [])
+        extra["fsdp"] = "full_shard auto_wrap"
+        extra["fsdp_config"] = {
+            "version": 2,
+            "transformer_layer_cls_to_wrap": layer_classes,
+            "reshard_after_forward": True,
+        }
+    return SFTConfig(
+        output_dir=str(opts["output_dir"]),
+        per_device_train_batch_size=opts["micro_batch_size"],
+        gradient_accumulation_steps=opts["grad_accum"],
+        learning_rate=lr,
+        lr_scheduler_type=opts["lr_scheduler"],
+        warmup_steps=float(opts["warmup_ratio"]) if opts["warmup_ratio"] < 1 else 0,
+        weight_decay=opts["weight_decay"],
+        max_grad_norm=opts["max_grad_norm"],
+        max_steps=opts["max_steps"],
+        num_train_epochs=opts["epochs"],
+        save_strategy="steps",
+        save_steps=opts["save_steps"],
+        save_total_limit=opts["save_total_limit"],
+        logging_steps=opts["logging_steps"],
+        seed=opts["seed"],
+        data_seed=opts["seed"],
+        bf16=precision == "bf16",
+        fp16=precision == "fp16",
+        use_cpu=not use_cuda,
+        gradient_checkpointing=checkpointing,
+        report_to="none",
+        dataloader_num_workers=opts["dataloader_workers"],
+        ddp_find_unused_parameters=False,
+        **extra,
+    )
+
+
+def _resume_target(resume: str | None, output_dir: Path) -> str | bool | None:
+    if resume is None:
+        return None
+    if resume == "last":
+        from transformers.trainer_utils import get_last_checkpoint
+
+        last = get_last_checkpoint(str(output_dir)) if output_dir.is_dir() else None
+        if last is None:
+            raise UsageError(
+                f"--resume: no checkpoint-* directory in {output_dir}; train without --resume first"
+            )
+        return last
+    path = Path(resume)
+    if not (path / "trainer_state.json").is_file():
+        raise UsageError(f"--resume {resume}: not a checkpoint directory (no trainer_state.json)")
+    return str(path)
