@@ -20,6 +20,7 @@ import numpy as np
 from weightprep.batches import Documents, Records, Rows
 from weightprep.config import BuildConfig, config_to_dict
 from weightprep.constants import FORMAT_NAME, FORMAT_VERSION, IGNORE_INDEX, PACKED_COLUMNS, UNPACKED_COLUMNS
+from weightprep.overlap import BackgroundSink, background
 from weightprep.stages.assemble import assemble
 from weightprep.stages.filter import filter_documents
 from weightprep.stages.mask import mask
@@ -59,11 +60,12 @@ def _count_rows(rows: Rows, counts: Counter[str]) -> None:
     counts["total_weight"] += float(rows.weights.sum(dtype=np.float64))
 
 
-def _blocks(files: list[InputFile], cfg: BuildConfig) -> Iterator[tuple[Any, int]]:
+def _parsed_blocks(files: list[InputFile], cfg: BuildConfig) -> Iterator[tuple[Records, int]]:
+    """Validated records of every block of every file, with the input bytes consumed so far."""
     done = 0
     for f in files:
         for block in read_blocks(f, cfg.read.block_bytes):
-            yield block, done + f.size
+            yield parse_block(block), done + f.size
         done += f.size
 
 
@@ -76,7 +78,11 @@ def build(
     overwrite: bool = False,
     progress: ProgressFn | None = None,
 ) -> dict[str, Any]:
-    """Run the whole pipeline from JSONL ``inputs`` to shards at ``out``; return the manifest."""
+    """Run the whole pipeline from JSONL ``inputs`` to shards at ``out``; return the manifest.
+
+    Three threads overlap: read+validate (background), tokenize+assemble+mask+filter (this one),
+    pack+write (background); see ``weightprep.overlap``. The rows do not depend on their timing.
+    """
     from weightprep import __version__
 
     check_inputs(inputs)
@@ -90,18 +96,25 @@ def build(
     packer = Packer(seq_len, specials.pad, packed=packed, window=cfg.pack.window)
     writer = ShardWriter(out_path, seq_len, packed=packed, max_shard_bytes=cfg.write.max_shard_bytes)
     files = [InputFile(p) for p in inputs]
-    counts: Counter[str] = Counter()
+    doc_counts: Counter[str] = Counter()  # updated by this thread only
+    row_counts: Counter[str] = Counter()  # updated by the writer thread only
+
+    def pack_and_write(docs: Documents) -> None:
+        for rows in packer.add(docs):
+            _count_rows(rows, row_counts)
+            writer.write(rows)
+
+    sink: BackgroundSink[Documents] = BackgroundSink(pack_and_write)
     try:
-        for block, consumed in _blocks(files, cfg):
-            docs, batch_counts = document_batch(parse_block(block), tokenize, specials, cfg)
-            counts.update(batch_counts)
-            for rows in packer.add(docs):
-                _count_rows(rows, counts)
-                writer.write(rows)
+        for records, consumed in background(_parsed_blocks(files, cfg)):
+            docs, batch_counts = document_batch(records, tokenize, specials, cfg)
+            doc_counts.update(batch_counts)
+            sink.put(docs)
             if progress is not None:
-                progress(consumed, counts)
+                progress(consumed, doc_counts)
+        sink.close()
         for rows in packer.flush():
-            _count_rows(rows, counts)
+            _count_rows(rows, row_counts)
             writer.write(rows)
         manifest = {
             "format": FORMAT_NAME,
@@ -111,10 +124,11 @@ def build(
             "tokenizer": {**tokenizer_summary(tok), "bos_added": specials.bos is not None, "pad_used": specials.pad},
             "inputs": [f.as_manifest() for f in files],
             "columns": list(PACKED_COLUMNS if packed else UNPACKED_COLUMNS),
-            "counts": _final_counts(counts, seq_len),
+            "counts": _final_counts(doc_counts + row_counts, seq_len),
         }
         return writer.commit(manifest)
     except BaseException:
+        sink.cancel()
         writer.abort()
         raise
 

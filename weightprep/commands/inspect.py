@@ -47,7 +47,7 @@ def read_row(directory: Path, manifest: dict[str, Any], index: int) -> dict[str,
 def weight_spans(input_ids: np.ndarray, weights: np.ndarray) -> list[tuple[float, list[int]]]:
     """Consecutive tokens of equal weight, as (weight, ids) runs."""
     spans: list[tuple[float, list[int]]] = []
-    for tid, w in zip(input_ids.tolist(), weights.tolist()):
+    for tid, w in zip(input_ids.tolist(), weights.tolist(), strict=True):
         if spans and spans[-1][0] == w:
             spans[-1][1].append(tid)
         else:
