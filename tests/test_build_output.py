@@ -8,7 +8,6 @@ import hashlib
 import json
 import shutil
 
-import numpy as np
 import pytest
 from conftest import SAMPLE_RAW, load_records
 from reference import (

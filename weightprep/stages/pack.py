@@ -87,44 +87,42 @@ def best_fit_decreasing(lengths: np.ndarray, capacity: int) -> list[list[int]]:
 
 
 def rows_from_bins(docs: Documents, bins: list[list[int]], seq_len: int, pad_id: int, *, attention_mask: bool) -> Rows:
-    """Materialize ``bins`` (lists of document indices of ``docs``) as padded rows of ``seq_len``."""
+    """Materialize ``bins`` (lists of document indices of ``docs``) as padded rows of ``seq_len``.
+
+    One slice copy per document and column: cheaper than building token-level index arrays,
+    since documents are hundreds of tokens long.
+    """
     assert docs.labels is not None, "rows are built from masked documents"
-    order = np.fromiter((d for b in bins for d in b), dtype=np.int64)
-    docs_per_row = np.fromiter(map(len, bins), dtype=np.int64, count=len(bins))
-    placed = docs.take(order)
-    lengths = placed.lengths
     n_rows = len(bins)
-
-    row_of_doc = np.repeat(np.arange(n_rows, dtype=np.int64), docs_per_row)
-    used = np.bincount(row_of_doc, weights=lengths, minlength=n_rows).astype(np.int64)
-    assert (used <= seq_len).all()
-    first_doc_of_row = np.cumsum(docs_per_row) - docs_per_row
-    row_token_start = placed.offsets[first_doc_of_row]
-
-    doc_of_token = np.repeat(np.arange(len(lengths), dtype=np.int64), lengths)
-    token_index = np.arange(len(placed.input_ids), dtype=np.int64)
-    row_of_token = row_of_doc[doc_of_token]
-    dest = row_of_token * seq_len + (token_index - row_token_start[row_of_token])
-
     shape = (n_rows, seq_len)
     input_ids = np.full(shape, pad_id, dtype=np.int32)
     labels = np.full(shape, IGNORE_INDEX, dtype=np.int32)
     weights = np.zeros(shape, dtype=np.float32)
-    input_ids.reshape(-1)[dest] = placed.input_ids
-    labels.reshape(-1)[dest] = placed.labels
-    weights.reshape(-1)[dest] = placed.weights
-    # pad tail positions restart at 0, like a document of their own
-    cols = np.arange(seq_len, dtype=np.int64)[None, :]
-    position_ids = np.where(cols >= used[:, None], cols - used[:, None], 0).astype(np.int32)
-    position_ids.reshape(-1)[dest] = (token_index - placed.offsets[doc_of_token]).astype(np.int32)
-
-    seq_lengths = []
-    row_doc_bounds = np.concatenate([[0], np.cumsum(docs_per_row)])
-    for r in range(n_rows):
-        segs = lengths[row_doc_bounds[r] : row_doc_bounds[r + 1]]
-        pad = seq_len - int(used[r])
-        seq_lengths.append(np.concatenate([segs, [pad]]).astype(np.int32) if pad else segs.astype(np.int32))
-    mask = (cols < used[:, None]).astype(np.int8) if attention_mask else None
+    position_ids = np.empty(shape, dtype=np.int32)
+    arange = np.arange(seq_len, dtype=np.int32)
+    src_ids, src_labels, src_weights = docs.input_ids, docs.labels, docs.weights
+    starts, lengths = docs.offsets[:-1].tolist(), docs.lengths.tolist()
+    used = np.zeros(n_rows, dtype=np.int64)
+    seq_lengths: list[np.ndarray] = []
+    for r, members in enumerate(bins):
+        pos = 0
+        segs = []
+        for d in members:
+            s, n = starts[d], lengths[d]
+            input_ids[r, pos : pos + n] = src_ids[s : s + n]
+            labels[r, pos : pos + n] = src_labels[s : s + n]
+            weights[r, pos : pos + n] = src_weights[s : s + n]
+            position_ids[r, pos : pos + n] = arange[:n]
+            segs.append(n)
+            pos += n
+        assert pos <= seq_len
+        if pos < seq_len:  # the pad tail restarts its positions, like a document of its own
+            position_ids[r, pos:] = arange[: seq_len - pos]
+            segs.append(seq_len - pos)
+        used[r] = pos
+        seq_lengths.append(np.asarray(segs, dtype=np.int32))
+    mask = (arange[None, :] < used[:, None]).astype(np.int8) if attention_mask else None
+    docs_per_row = np.fromiter(map(len, bins), dtype=np.int64, count=n_rows)
     return Rows(input_ids, labels, weights, position_ids, seq_lengths, used, docs_per_row, mask)
 
 

@@ -25,9 +25,11 @@ class PieceTokenizer:
     """Callable turning a list of piece texts into flat int32 ids plus int64 offsets."""
 
     def __init__(self, tokenizer: Any, batch_size: int = 4096) -> None:
-        backend = copy.deepcopy(tokenizer.backend_tokenizer)
-        backend.no_truncation()
-        backend.no_padding()
+        backend = tokenizer.backend_tokenizer
+        if backend.truncation is not None or backend.padding is not None:
+            backend = copy.deepcopy(backend)  # never change the caller's tokenizer
+            backend.no_truncation()
+            backend.no_padding()
         self.backend = backend
         self.batch_size = batch_size
         self._encode = getattr(backend, "encode_batch_fast", backend.encode_batch)

@@ -1,0 +1,130 @@
+"""The alternatives weightprep is measured against, each runnable alone (the driver runs them as
+subprocesses so each one's wall time and peak RSS are its own):
+
+- ``limit``: tokenize-only. Reads the whole file, pushes every piece text through the same fast
+  tokenizer in large batches on all cores, and does nothing else. No pipeline can beat it.
+- ``seed``: the recipe weightprep replaces (the write-up the project started from): ``datasets.map``
+  tokenizing each piece to build the weights, then the joined text again, padded to max length,
+  labels masked by pad id; ``save_to_disk``.
+- ``trl``: TRL's own path for the same texts: ``datasets.map`` tokenizing the joined text, then
+  ``trl.pack_dataset(..., strategy="bfd")``, ``save_to_disk``. No weights at all.
+
+Usage: python benchmarks/alternatives.py {limit,seed,trl} INPUT TOKENIZER OUT SEQ_LEN
+
+Each prints one JSON line with ``seconds``: the time from the start of reading to the finished output,
+tokenizer loading included, interpreter start-up and imports excluded (the same for every tool).
+
+Usage: python benchmarks/alternatives.py {weightprep,limit,seed,trl} INPUT TOKENIZER OUT SEQ_LEN
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+__all__ = ["weightprep_build", "limit", "seed_recipe", "trl_path"]
+
+
+def _report(start: float, **extra) -> None:
+    print(json.dumps({"seconds": time.perf_counter() - start, **extra}))
+
+
+def weightprep_build(path: str, tokenizer: str, out: str, seq_len: int) -> None:
+    from weightprep.config import config_from_dict
+    from weightprep.pipeline import build
+
+    start = time.perf_counter()
+    cfg = config_from_dict({"tokenizer": {"name": tokenizer}, "pack": {"seq_len": seq_len}})
+    manifest = build([path], out, cfg, overwrite=True)
+    c = manifest["counts"]
+    _report(start, tokens=c["piece_tokens"], rows=c["rows"], fill=c["fill_ratio"])
+
+
+def limit(path: str, tokenizer: str, out: str, seq_len: int) -> None:
+    from transformers import AutoTokenizer
+
+    start = time.perf_counter()
+    backend = AutoTokenizer.from_pretrained(tokenizer).backend_tokenizer
+    with open(path, encoding="utf-8") as f:
+        texts = [p["text"] for line in f for p in json.loads(line)["pieces"]]
+    n = 0
+    batch = 16384
+    for i in range(0, len(texts), batch):
+        n += sum(len(e.ids) for e in backend.encode_batch_fast(texts[i : i + batch], add_special_tokens=False))
+    _report(start, tokens=n)
+
+
+def _load(path: str):
+    import datasets
+
+    datasets.disable_progress_bars()
+    return datasets.load_dataset("json", data_files=path, split="train")
+
+
+def seed_recipe(path: str, tokenizer: str, out: str, seq_len: int) -> None:
+    from transformers import AutoTokenizer
+
+    start = time.perf_counter()
+    tok = AutoTokenizer.from_pretrained(tokenizer)
+    tok.pad_token = tok.pad_token or tok.eos_token
+
+    def fn(batch):
+        result = {"input_ids": [], "attention_mask": [], "labels": [], "weights": []}
+        for pieces in batch["pieces"]:
+            weights = []
+            for p in pieces:  # each piece to learn its token count...
+                ids = tok(p["text"], add_special_tokens=False)["input_ids"]
+                weights.extend([p["weight"]] * len(ids))
+            text = "".join(p["text"] for p in pieces)  # ...then the joined text again
+            enc = tok(text, padding="max_length", truncation=True, max_length=seq_len)
+            weights = (weights + [0.0] * seq_len)[:seq_len]
+            labels = [i if i != tok.pad_token_id else -100 for i in enc["input_ids"]]  # masked by pad id
+            result["input_ids"].append(enc["input_ids"])
+            result["attention_mask"].append(enc["attention_mask"])
+            result["labels"].append(labels)
+            result["weights"].append(weights)
+        return result
+
+    ds = _load(path)
+    ds = ds.map(fn, batched=True, remove_columns=ds.column_names)
+    ds.save_to_disk(out)
+    _report(start, rows=len(ds), fill=sum(map(sum, ds["attention_mask"])) / (len(ds) * seq_len))
+
+
+def trl_path(path: str, tokenizer: str, out: str, seq_len: int) -> None:
+    from transformers import AutoTokenizer
+    from trl import pack_dataset
+
+    start = time.perf_counter()
+    tok = AutoTokenizer.from_pretrained(tokenizer)
+
+    def fn(batch):
+        texts = ["".join(p["text"] for p in pieces) for pieces in batch["pieces"]]
+        return {"input_ids": tok(texts, add_special_tokens=False)["input_ids"]}
+
+    ds = _load(path)
+    ds = ds.map(fn, batched=True, remove_columns=ds.column_names)
+    packed = pack_dataset(ds, seq_length=seq_len, strategy="bfd")
+    packed.save_to_disk(out)
+    seconds = time.perf_counter() - start
+    real = sum(map(len, ds["input_ids"]))  # outside the timed region
+    print(json.dumps({"seconds": seconds, "rows": len(packed), "fill": real / (len(packed) * seq_len)}))
+
+
+def _preimport(name: str) -> None:
+    """Pay every tool's import cost before its timer starts."""
+    import datasets  # noqa: F401
+    from transformers import AutoTokenizer  # noqa: F401
+
+    if name == "trl":
+        import trl  # noqa: F401
+    if name == "weightprep":
+        import weightprep.pipeline  # noqa: F401
+
+
+if __name__ == "__main__":
+    name, path, tokenizer, out, seq_len = sys.argv[1:6]
+    _preimport(name)
+    tools = {"weightprep": weightprep_build, "limit": limit, "seed": seed_recipe, "trl": trl_path}
+    tools[name](path, tokenizer, out, int(seq_len))

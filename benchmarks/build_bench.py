@@ -1,0 +1,129 @@
+"""Build throughput, memory and output size: weightprep against the alternatives, side by side.
+
+    python benchmarks/build_bench.py                       # 20k records, 3 rounds, ~8 min on 2 cores
+    python benchmarks/build_bench.py --records 100000 --repeat 5
+    python benchmarks/build_bench.py --scale 100000,1000000 --tools weightprep   # flat memory, linear time
+
+Every tool runs as its own subprocess on the same generated JSONL with the same GPT-2-size tokenizer
+(``benchmarks/generate.py``), rounds interleaved so machine noise spreads evenly. Reported per tool:
+median seconds of work (reading to finished output, tokenizer load included, imports excluded; each
+tool measures itself), input tokens per second (the pieces' tokens, the same count for every tool),
+peak RSS of the whole process (``wait4``), output bytes per input token, and fill (real tokens / row
+slots). Ratios are weightprep's throughput over each alternative's. Tools: see alternatives.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from generate import WORK, ensure_data, ensure_tokenizer  # noqa: E402
+
+TARGETS = {"limit": 0.85, "seed": 3.5, "trl": 1.4}  # weightprep throughput / tool throughput, at least
+
+
+def run_tool(tool: str, data: Path, tokenizer: Path, seq_len: int) -> dict:
+    """One run in a fresh subprocess; returns its own report plus peak RSS and output size."""
+    out = Path(tempfile.mkdtemp(prefix=f"bench-{tool}-", dir=WORK))
+    cache = Path(tempfile.mkdtemp(prefix="hf-cache-", dir=WORK))
+    shutil.rmtree(out)
+    env = {**os.environ, "HF_DATASETS_CACHE": str(cache), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    cmd = [sys.executable, str(HERE / "alternatives.py"), tool, str(data), str(tokenizer), str(out), str(seq_len)]
+    with tempfile.TemporaryFile() as stdout, tempfile.TemporaryFile() as stderr:
+        proc = subprocess.Popen(cmd, stdout=stdout, stderr=stderr, env=env)
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        stdout.seek(0)
+        stderr.seek(0)
+        text, err = stdout.read().decode(), stderr.read().decode()
+    if proc.returncode != 0:
+        raise SystemExit(f"{tool} failed ({proc.returncode}):\n{err[-3000:]}")
+    report = json.loads(text.strip().splitlines()[-1])
+    report["peak_rss"] = usage.ru_maxrss * 1024
+    report["out_bytes"] = sum(f.stat().st_size for f in out.rglob("*") if f.is_file()) if out.exists() else 0
+    shutil.rmtree(out, ignore_errors=True)
+    shutil.rmtree(cache, ignore_errors=True)
+    return report
+
+
+def compare(args: argparse.Namespace) -> dict:
+    data, tokenizer = ensure_data(args.records), ensure_tokenizer()
+    tools = args.tools
+    runs: dict[str, list[dict]] = {t: [] for t in tools}
+    for r in range(args.repeat):
+        order = tools if r % 2 == 0 else list(reversed(tools))
+        for tool in order:
+            runs[tool].append(run_tool(tool, data, tokenizer, args.seq_len))
+            print(f"  round {r + 1}/{args.repeat} {tool:10s} {runs[tool][-1]['seconds']:7.2f} s", file=sys.stderr)
+    tokens = runs["weightprep"][0]["tokens"] if "weightprep" in runs else runs[tools[0]][0].get("tokens")
+    rows = {}
+    for tool, rs in runs.items():
+        sec = statistics.median(r["seconds"] for r in rs)
+        rows[tool] = {
+            "seconds": sec,
+            "tokens_per_s": tokens / sec,
+            "peak_rss_mib": statistics.median(r["peak_rss"] for r in rs) / 2**20,
+            "bytes_per_token": statistics.median(r["out_bytes"] for r in rs) / tokens,
+            "fill": rs[0].get("fill"),
+            "runs": [round(r["seconds"], 3) for r in rs],
+        }
+    print(f"\n{args.records:,} records, {tokens:,} input tokens, seq-len {args.seq_len}, {args.repeat} rounds, "
+          f"{os.cpu_count()} cores; medians\n")
+    print("| tool | seconds | tokens/s | peak RSS MiB | out bytes/token | fill | weightprep speed-up (target) |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    wp = rows.get("weightprep")
+    for tool, row in rows.items():
+        ratio = f"{wp['tokens_per_s'] / row['tokens_per_s']:.2f}x" if wp and tool != "weightprep" else "-"
+        target = f" (>= {TARGETS[tool]}x)" if tool in TARGETS and wp else ""
+        fill = f"{row['fill']:.4f}" if row["fill"] is not None else "-"
+        out_b = f"{row['bytes_per_token']:.2f}" if row["bytes_per_token"] else "-"
+        print(f"| {tool} | {row['seconds']:.2f} | {row['tokens_per_s']:,.0f} | {row['peak_rss_mib']:,.0f} | {out_b} | {fill} | {ratio}{target} |")
+    return {"records": args.records, "tokens": tokens, "seq_len": args.seq_len, "tools": rows}
+
+
+def scale(args: argparse.Namespace) -> dict:
+    sizes = [int(s) for s in args.scale.split(",")]
+    tokenizer = ensure_tokenizer()
+    results = {}
+    for n in sizes:
+        rep = run_tool("weightprep", ensure_data(n), tokenizer, args.seq_len)
+        results[n] = rep
+        print(f"  {n:>9,} records: {rep['seconds']:8.1f} s, {rep['tokens'] / rep['seconds']:,.0f} tokens/s, "
+              f"peak RSS {rep['peak_rss'] / 2**20:,.0f} MiB, fill {rep['fill']:.4f}", file=sys.stderr)
+    a, b = sizes[0], sizes[-1]
+    print("\n| records | seconds | tokens/s | peak RSS MiB | fill |\n|---:|---:|---:|---:|---:|")
+    for n, rep in results.items():
+        print(f"| {n:,} | {rep['seconds']:.1f} | {rep['tokens'] / rep['seconds']:,.0f} | {rep['peak_rss'] / 2**20:,.0f} | {rep['fill']:.4f} |")
+    rss = results[b]["peak_rss"] / results[a]["peak_rss"]
+    time_ratio = results[b]["seconds"] / results[a]["seconds"]
+    print(f"\npeak RSS {b:,} / {a:,}: {rss:.2f}x (target within 1.2x); "
+          f"time: {time_ratio:.2f}x for {b / a:.0f}x the records (target <= {1.2 * b / a:.0f}x)")
+    return {str(n): r for n, r in results.items()}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--records", type=int, default=20000)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--seq-len", type=int, default=2048)
+    ap.add_argument("--tools", default="weightprep,limit,seed,trl", type=lambda s: s.split(","))
+    ap.add_argument("--scale", help="comma-separated record counts: weightprep alone at each size")
+    ap.add_argument("--json", type=Path, help="also write the figures here")
+    args = ap.parse_args()
+    result = scale(args) if args.scale else compare(args)
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
