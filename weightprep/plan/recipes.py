@@ -115,13 +115,14 @@ class LiveTensorTracker(TorchDispatchMode):
     counted (the weights), so ``peak`` measures activations, loss buffers, gradients and whatever
     else the step allocates."""
 
-    def __init__(self) -> None:
+    def __init__(self, exclude: Any = ()) -> None:
         super().__init__()
         self._live: dict[int, int] = {}
         self._refs: dict[int, Any] = {}
         self.live = 0
         self.peak = 0
-        self.baseline: set[int] = set()
+        # storages that exist already (pass the model's parameters): views of them are not new memory
+        self.baseline: set[int] = {t.untyped_storage()._cdata for t in exclude}
 
     def _track(self, t: torch.Tensor) -> None:
         st = t.untyped_storage()
@@ -142,7 +143,7 @@ class LiveTensorTracker(TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         self._sweep()
         for t in _tensors(out):
-            if t.device.type != "meta":
+            if t.device.type != "meta" and not t._is_view():
                 self._track(t)
         self.peak = max(self.peak, self.live)
         return out
