@@ -45,6 +45,7 @@ __all__ = [
     "estimate_memory",
     "DTYPE_BYTES",
     "DEFAULT_LOSS_CHUNK_TOKENS",
+    "DEFAULT_LOSS_VOCAB_CHUNK",
     "GiB",
     "layer_activation_bytes_per_token",
 ]
@@ -53,6 +54,9 @@ GiB = 1024**3
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 #: tokens per chunk of weightprep's chunked weighted loss (chunk x V fp32 logits at a time)
 DEFAULT_LOSS_CHUNK_TOKENS = 4096
+#: vocabulary columns per tile of that loss on CUDA (``weightprep.train.loss.default_vocab_chunk``):
+#: a tile is chunk x min(V, 32768), so at V = 128k the loss never holds more than a quarter of a chunk's logits
+DEFAULT_LOSS_VOCAB_CHUNK = 32768
 #: bytes outside the allocator: CUDA context + cuBLAS/cuDNN handles; NCCL buffers when N > 1
 CUDA_CONTEXT_BYTES = int(0.6 * GiB)
 NCCL_BYTES = int(0.5 * GiB)
@@ -383,7 +387,8 @@ def _estimate(shape: ModelShape, s: dict[str, Any], gpu_memory: int | None) -> M
     full_fwd = (c + up + 4 + softcap) * tokens * v
     full_peak = max(full_fwd, 12 * tokens * v)
     chunk = min(s["loss_chunk_tokens"], sup_tokens)
-    chunk_peak = (c + up + 4) * chunk * v
+    tile_v = min(v, DEFAULT_LOSS_VOCAB_CHUNK)
+    chunk_peak = (c + up + 4) * chunk * tile_v
     logits_in_forward = c * tokens * v if s["loss"] == "full" else 0
     logits_peak = full_peak if s["loss"] == "full" else chunk_peak
     batch = tokens * BATCH_BYTES_PER_TOKEN
@@ -436,7 +441,7 @@ def _estimate(shape: ModelShape, s: dict[str, Any], gpu_memory: int | None) -> M
                           " logits, fp32 copy, log-softmax, its gradient"))
     else:
         terms.append(Term("logits_weightprep", "logits + loss, weightprep chunked", chunk_peak, at["logits"],
-                          f"{chunk:,}-token chunk x {v:,} vocab x {c + up + 4} B: chunk logits, fp32 copy,"
+                          f"{chunk:,}-token x {tile_v:,}-column tile x {c + up + 4} B: tile logits, fp32 copy,"
                           " log-sum-exp temporary"))
     terms.append(Term("batch", "input batch", batch, batch, f"{tokens:,} tokens x {BATCH_BYTES_PER_TOKEN} B"))
 
