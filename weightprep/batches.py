@@ -4,7 +4,8 @@ Every stage takes one of these and returns the next; all are flat NumPy arrays p
 (CSR layout), so a batch of 10k documents is a handful of arrays, not 10k Python lists.
 
 ``Block`` (read) -> ``Records`` (validate) -> ``Documents`` (tokenize + assemble, mask, filter)
--> ``Rows`` (pack) -> Arrow shards (write).
+-> ``Rows`` (pack) -> Arrow shards (write). Invalid lines leave validate as ``Reject``s (strict
+mode turns the first into an ``InputError``; ``--skip-invalid`` writes them to rejects.jsonl).
 """
 
 from __future__ import annotations
@@ -13,17 +14,48 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["Block", "Records", "Documents", "Rows"]
+from weightprep.errors import InputError
+
+__all__ = ["Block", "Reject", "Records", "Documents", "Rows"]
 
 
 @dataclass(frozen=True)
 class Block:
-    """Whole lines of one input file: ``data`` holds lines ``first_line .. first_line + n_lines - 1``."""
+    """Whole lines of one input file: ``data`` holds lines ``first_line .. first_line + n_lines - 1``.
+
+    ``offset`` is the byte offset of ``data[0]`` in the (decompressed) stream. A line longer than
+    the reader's limit arrives alone as a block with ``too_long`` set to its length in bytes and
+    only its first bytes in ``data``: it was never held in memory whole.
+    """
 
     path: str
     first_line: int
     n_lines: int
     data: bytes
+    offset: int = 0
+    too_long: int = 0
+
+
+@dataclass(frozen=True)
+class Reject:
+    """An invalid line: where it is, why it was rejected, and its bytes (without the line ending).
+
+    ``raw`` is the whole line, except for a ``line_too_long`` reject, whose ``raw`` holds only the
+    line's first bytes and ``line_bytes`` its full length.
+    """
+
+    path: str
+    line: int
+    offset: int
+    reason: str
+    field: str
+    problem: str
+    raw: bytes
+    line_bytes: int
+
+    def error(self) -> InputError:
+        """The strict-mode error for this line."""
+        return InputError(self.path, self.line, self.field, self.problem, reason=self.reason, offset=self.offset)
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,8 @@
 A pipeline file mirrors the dataclasses (``pipelines/packed.yaml``)::
 
     tokenizer: {name: null, add_bos: auto}
+    read:      {block_bytes: 8388608, max_line_bytes: 67108864}
+    validate:  {on_invalid: error}
     assemble:  {eos_weight: 1.0}
     filter:    {overlong: drop, max_length: null}
     pack:      {enabled: true, seq_len: 2048, window: 20000}
@@ -29,6 +31,7 @@ from weightprep.errors import ConfigError
 __all__ = [
     "TokenizerConfig",
     "ReadConfig",
+    "ValidateConfig",
     "AssembleConfig",
     "FilterConfig",
     "PackConfig",
@@ -53,6 +56,17 @@ class TokenizerConfig:
 @dataclass(frozen=True)
 class ReadConfig:
     block_bytes: int = field(default=8 << 20, metadata={"help": "Bytes of JSONL parsed per block (bounds memory)."})
+    max_line_bytes: int = field(
+        default=64 << 20, metadata={"help": "Longest line read; a longer one is rejected without being held in memory."}
+    )
+
+
+@dataclass(frozen=True)
+class ValidateConfig:
+    on_invalid: Literal["error", "skip"] = field(
+        default="error",
+        metadata={"help": "error: the first invalid record stops the build; skip: quarantine it in rejects.jsonl."},
+    )
 
 
 @dataclass(frozen=True)
@@ -84,6 +98,7 @@ class WriteConfig:
 class BuildConfig:
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
     read: ReadConfig = field(default_factory=ReadConfig)
+    validate: ValidateConfig = field(default_factory=ValidateConfig)
     assemble: AssembleConfig = field(default_factory=AssembleConfig)
     filter: FilterConfig = field(default_factory=FilterConfig)
     pack: PackConfig = field(default_factory=PackConfig)
@@ -160,6 +175,7 @@ def _semantic_checks(cfg: BuildConfig, problems: list[str]) -> None:
     for path, value, low in (
         ("pack.window", cfg.pack.window, 1),
         ("read.block_bytes", cfg.read.block_bytes, 1024),
+        ("read.max_line_bytes", cfg.read.max_line_bytes, 1024),
         ("write.max_shard_bytes", cfg.write.max_shard_bytes, 1024),
         ("tokenizer.batch_size", cfg.tokenizer.batch_size, 1),
     ):

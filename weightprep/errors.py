@@ -1,14 +1,16 @@
 """Errors that the CLI turns into one clear message and a non-zero exit, never a traceback.
 
-``InputError`` names the file, line and field of a bad record; ``ConfigError`` collects every
-problem of a configuration so they are reported together; ``UsageError`` covers the rest
-(missing tokenizer, slow tokenizer, output path taken, ...). Each message says what was found,
-what was expected, and how to fix it.
+``InputError`` names the file, line and field of a bad record (and the byte offset in the
+decompressed stream for compressed input); ``ConfigError`` collects every problem of a
+configuration so they are reported together; ``UsageError`` covers the rest (missing tokenizer,
+slow tokenizer, output path taken, ...); ``AccountingError`` is an internal error: the build's
+counts do not balance, so nothing is published. Each message says what was found, what was
+expected, and how to fix it.
 """
 
 from __future__ import annotations
 
-__all__ = ["WeightprepError", "InputError", "ConfigError", "UsageError"]
+__all__ = ["WeightprepError", "InputError", "ConfigError", "UsageError", "AccountingError"]
 
 
 class WeightprepError(Exception):
@@ -18,16 +20,36 @@ class WeightprepError(Exception):
 
 
 class InputError(WeightprepError):
-    """A record of the input is malformed. ``str()`` reads ``file:line: field: problem``."""
+    """A record of the input is malformed. ``str()`` reads ``file:line: field: problem``.
+
+    For compressed input the byte offset of the line in the decompressed stream follows the
+    line number (``raw.jsonl.gz:3001 (decompressed byte 181206): pieces[0].weight: ...``), so
+    ``zcat raw.jsonl.gz | tail -c +181207 | head -1`` shows it. ``reason`` is the short code
+    that ``--skip-invalid`` counts rejects by (``malformed_json``, ``bad_weight``, ...).
+    """
 
     exit_code = 2
 
-    def __init__(self, path: str, line: int, field: str, problem: str) -> None:
+    def __init__(
+        self,
+        path: str,
+        line: int,
+        field: str,
+        problem: str,
+        *,
+        reason: str = "invalid",
+        offset: int | None = None,
+    ) -> None:
         self.path = path
         self.line = line
         self.field = field
         self.problem = problem
-        super().__init__(f"{path}:{line}: {field}: {problem}")
+        self.reason = reason
+        self.offset = offset
+        where = f"{path}:{line}"
+        if offset is not None and is_compressed(path):
+            where += f" (decompressed byte {offset})"
+        super().__init__(f"{where}: {field}: {problem}")
 
 
 class ConfigError(WeightprepError):
@@ -46,3 +68,22 @@ class UsageError(WeightprepError):
     """Anything else the user can fix: a missing file, a slow tokenizer, an output path in the way."""
 
     exit_code = 2
+
+
+class AccountingError(WeightprepError):
+    """Internal error: the build's counts do not add up (a bug, not bad input); nothing is published."""
+
+    exit_code = 3
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = list(problems)
+        super().__init__(
+            "internal error: the build's accounting does not balance, so nothing was written:\n"
+            + "\n".join(f"  - {p}" for p in self.problems)
+            + "\nplease report this with the command line and the manifest counts"
+        )
+
+
+def is_compressed(path: str) -> bool:
+    """True for the compressed inputs weightprep reads (.gz, .zst)."""
+    return path.endswith((".gz", ".zst"))

@@ -5,7 +5,10 @@
 ``document_batch`` is the per-block work from validated records to filtered documents: a pure
 function of its inputs, so blocks can be processed anywhere (another process, another machine)
 and the rows come out the same. ``build`` streams blocks through it, packs and writes, and
-returns the manifest. On any error the partial output is removed and the error re-raised.
+returns the manifest. Invalid lines stop the build (``validate.on_invalid: error``, the default)
+or go to rejects.jsonl (``skip``). Before publishing, the counts must satisfy the accounting
+identity (``weightprep.accounting``). On any error the partial output is removed and the error
+re-raised; the output path is left as it was.
 """
 
 from __future__ import annotations
@@ -17,15 +20,18 @@ from typing import Any
 
 import numpy as np
 
-from weightprep.batches import Documents, Records, Rows
+from weightprep.accounting import check_accounting, final_counts
+from weightprep.batches import Documents, Records, Reject, Rows
 from weightprep.config import BuildConfig, config_to_dict
 from weightprep.constants import FORMAT_NAME, FORMAT_VERSION, IGNORE_INDEX, PACKED_COLUMNS, UNPACKED_COLUMNS
+from weightprep.errors import UsageError
 from weightprep.overlap import BackgroundSink, background
 from weightprep.stages.assemble import assemble
 from weightprep.stages.filter import filter_documents
 from weightprep.stages.mask import mask
 from weightprep.stages.pack import Packer
-from weightprep.stages.read import InputFile, check_inputs, read_blocks
+from weightprep.stages.read import InputFile, check_inputs, expand_inputs, read_blocks
+from weightprep.stages.rejects import REJECTS_NAME, RejectsWriter
 from weightprep.stages.tokenize import PieceTokenizer
 from weightprep.stages.validate import parse_block
 from weightprep.stages.write import ShardWriter, prepare_output
@@ -42,11 +48,22 @@ _ADD_BOS = {"auto": None, "always": True, "never": False}
 def document_batch(
     records: Records, tokenize: PieceTokenizer, specials: SpecialTokens, cfg: BuildConfig
 ) -> tuple[Documents, Counter[str]]:
-    """Tokenize, assemble, mask and filter one batch of records."""
+    """Tokenize, assemble, mask and filter one batch of records; count what each step keeps and removes."""
     piece_ids, piece_offsets = tokenize(records.texts)
     docs = assemble(records, piece_ids, piece_offsets, specials, cfg.assemble.eos_weight)
-    counts: Counter[str] = Counter(records=len(records), pieces=len(records.texts), piece_tokens=len(piece_ids))
+    counts: Counter[str] = Counter(accepted=len(records), pieces=len(records.texts), piece_tokens=len(piece_ids))
     counts["documents"] += len(docs)
+    # accepted tokens and weight from the tokenizer's output, independently of assemble
+    piece_lengths = np.diff(piece_offsets)
+    content = np.add.reduceat(piece_lengths, records.piece_offsets[:-1]) if len(records) else piece_lengths[:0]
+    counts["empty_documents"] += int((content == 0).sum())
+    n_special = 1 + (specials.bos is not None)
+    counts["tokens_accepted"] += len(piece_ids) + n_special * len(records)
+    counts["weight_accepted"] += float(
+        (records.piece_weights.astype(np.float32).astype(np.float64) * piece_lengths).sum()
+        + float(np.float32(cfg.assemble.eos_weight)) * len(records)
+    )
+    counts["weight_unlabeled_first"] += float(docs.weights[docs.offsets[:-1]].sum(dtype=np.float64))
     docs, dropped = filter_documents(mask(docs), cfg.max_length, cfg.filter.overlong)
     counts.update(dropped)
     return docs, counts
@@ -60,12 +77,14 @@ def _count_rows(rows: Rows, counts: Counter[str]) -> None:
     counts["total_weight"] += float(rows.weights.sum(dtype=np.float64))
 
 
-def _parsed_blocks(files: list[InputFile], cfg: BuildConfig) -> Iterator[tuple[Records, int]]:
-    """Validated records of every block of every file, with the input bytes consumed so far."""
+def _parsed_blocks(files: list[InputFile], cfg: BuildConfig) -> Iterator[tuple[Records, list[Reject], int]]:
+    """Validated records (and, when skipping, rejects) of every block, with the input bytes consumed so far."""
+    skip = cfg.validate.on_invalid == "skip"
     done = 0
     for f in files:
-        for block in read_blocks(f, cfg.read.block_bytes):
-            yield parse_block(block), done + f.size
+        for block in read_blocks(f, cfg.read.block_bytes, cfg.read.max_line_bytes):
+            rejects: list[Reject] = []
+            yield parse_block(block, rejects if skip else None), rejects, done + f.size
         done += f.size
 
 
@@ -85,8 +104,9 @@ def build(
     """
     from weightprep import __version__
 
+    inputs = expand_inputs(inputs)
     check_inputs(inputs)
-    out_path = prepare_output(out, overwrite=overwrite)
+    out_path = prepare_output(out, overwrite=overwrite, inputs=inputs)
     tok = tokenizer if tokenizer is not None else load_tokenizer(
         cfg.tokenizer.name, trust_remote_code=cfg.tokenizer.trust_remote_code
     )
@@ -95,6 +115,7 @@ def build(
     seq_len, packed = cfg.pack.seq_len, cfg.pack.enabled
     packer = Packer(seq_len, specials.pad, packed=packed, window=cfg.pack.window)
     writer = ShardWriter(out_path, seq_len, packed=packed, max_shard_bytes=cfg.write.max_shard_bytes)
+    rejects = RejectsWriter(writer.tmp) if cfg.validate.on_invalid == "skip" else None
     files = [InputFile(p) for p in inputs]
     doc_counts: Counter[str] = Counter()  # updated by this thread only
     row_counts: Counter[str] = Counter()  # updated by the writer thread only
@@ -106,7 +127,9 @@ def build(
 
     sink: BackgroundSink[Documents] = BackgroundSink(pack_and_write)
     try:
-        for records, consumed in background(_parsed_blocks(files, cfg)):
+        for records, block_rejects, consumed in background(_parsed_blocks(files, cfg)):
+            if rejects is not None and block_rejects:
+                rejects.write(block_rejects)
             docs, batch_counts = document_batch(records, tokenize, specials, cfg)
             doc_counts.update(batch_counts)
             sink.put(docs)
@@ -116,6 +139,16 @@ def build(
         for rows in packer.flush():
             _count_rows(rows, row_counts)
             writer.write(rows)
+        rejected: Counter[str] = Counter()
+        if rejects is not None:
+            rejects.close()
+            rejected = rejects.counts
+        all_counts = doc_counts.copy()
+        all_counts.update(row_counts)
+        counts = final_counts(all_counts, rejected, seq_len)
+        if counts["records"] == 0:
+            raise UsageError(f"the input holds no records ({', '.join(inputs)}: empty or blank lines only)")
+        check_accounting(counts)
         manifest = {
             "format": FORMAT_NAME,
             "format_version": FORMAT_VERSION,
@@ -124,32 +157,14 @@ def build(
             "tokenizer": {**tokenizer_summary(tok), "bos_added": specials.bos is not None, "pad_used": specials.pad},
             "inputs": [f.as_manifest() for f in files],
             "columns": list(PACKED_COLUMNS if packed else UNPACKED_COLUMNS),
-            "counts": _final_counts(doc_counts + row_counts, seq_len),
+            "rejects_file": REJECTS_NAME if rejects is not None else None,
+            "counts": counts,
         }
         return writer.commit(manifest)
     except BaseException:
         sink.cancel()
+        if rejects is not None:
+            rejects.close()
         writer.abort()
         raise
 
-
-def _final_counts(counts: Counter[str], seq_len: int) -> dict[str, Any]:
-    rows = counts["rows"]
-    result: dict[str, Any] = {
-        "records": counts["records"],
-        "pieces": counts["pieces"],
-        "piece_tokens": counts["piece_tokens"],
-        "documents": counts["documents"],
-        "documents_written": counts["documents_written"],
-        "dropped": {k.removeprefix("dropped_"): counts[k] for k in ("dropped_overlong", "dropped_unsupervised")},
-        "truncated": counts["truncated"],
-        "split": counts["split"],
-        "split_parts": counts["split_parts"],
-        "rows": rows,
-        "tokens": counts["tokens"],
-        "pad_tokens": rows * seq_len - counts["tokens"],
-        "supervised_tokens": counts["supervised_tokens"],
-        "total_weight": round(counts["total_weight"], 6),
-        "fill_ratio": round(counts["tokens"] / (rows * seq_len), 6) if rows else 0.0,
-    }
-    return result

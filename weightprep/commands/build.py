@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import glob
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -11,18 +10,10 @@ import click
 
 from weightprep.commands._errors import reports_errors
 from weightprep.config import load_config
+from weightprep.stages.read import expand_inputs
 from weightprep.tokenizer import SAMPLE_TOKENIZER_DIR
 
 __all__ = ["build", "format_summary"]
-
-
-def _expand(patterns: tuple[str, ...]) -> list[str]:
-    """Expand quoted globs (``'data/*.jsonl'``); plain paths pass through, missing ones are reported later."""
-    paths: list[str] = []
-    for p in patterns:
-        matches = sorted(glob.glob(p)) if any(ch in p for ch in "*?[") else []
-        paths.extend(matches or [p])
-    return paths
 
 
 def format_summary(manifest: dict[str, Any], out: str) -> str:
@@ -36,6 +27,10 @@ def format_summary(manifest: dict[str, Any], out: str) -> str:
     lines = [
         f"wrote {out}/: {len(shards)} shard(s), {c['rows']:,} {mode} rows of {cfg['pack']['seq_len']} tokens, {size / 1e6:.1f} MB",
         f"  records {c['records']:,} -> documents {c['documents']:,} -> written {c['documents_written']:,}",
+        *(
+            [f"  rejected {sum(rejected.values()):,} ({', '.join(f'{k} {v:,}' for k, v in rejected.items())}): see {out}/{manifest['rejects_file']}"]
+            if (rejected := c.get("rejected")) else []
+        ),
         f"  tokens {c['tokens']:,} (supervised {c['supervised_tokens']:,}, total weight {c['total_weight']:,.1f}), "
         f"pad {c['pad_tokens']:,}, fill {100 * c['fill_ratio']:.2f}%",
         f"  dropped: {dropped}; truncated {c['truncated']:,}; split {c['split']:,} into {c['split_parts']:,} parts",
@@ -58,10 +53,20 @@ def format_summary(manifest: dict[str, Any], out: str) -> str:
 @click.option("--window", type=int, help="Documents per best-fit-decreasing packing window.")
 @click.option("--max-shard-bytes", type=int, help="Upper bound on one shard's size in bytes.")
 @click.option("--trust-remote-code", is_flag=True, default=None, help="Allow custom tokenizer code from the hub.")
-@click.option("--overwrite", is_flag=True, help="Replace the output directory if it exists.")
+@click.option(
+    "--skip-invalid",
+    is_flag=True,
+    default=None,
+    help="Quarantine invalid records in OUT/rejects.jsonl instead of stopping at the first [validate.on_invalid].",
+)
+@click.option("--max-line-bytes", type=int, help="Longest input line; longer ones are invalid [read.max_line_bytes, 64 MiB].")
+@click.option("--overwrite", is_flag=True, help="Replace the output directory (an earlier build) if it exists.")
 @reports_errors
 def build(inputs: tuple[str, ...], out: str, pipeline_file: str | None, overwrite: bool, **flags: Any) -> None:
-    """Tokenize, weight, mask, pack and write INPUTS (JSONL or .jsonl.gz files) as Arrow shards."""
+    """Tokenize, weight, mask, pack and write INPUTS as Arrow shards.
+
+    INPUTS are .jsonl, .jsonl.gz or .jsonl.zst files, directories (their *.jsonl* files, sorted) or
+    quoted globs."""
     from rich.console import Console
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 
@@ -78,9 +83,11 @@ def build(inputs: tuple[str, ...], out: str, pipeline_file: str | None, overwrit
         "filter.max_length": flags["max_length"],
         "assemble.eos_weight": flags["eos_weight"],
         "write.max_shard_bytes": flags["max_shard_bytes"],
+        "read.max_line_bytes": flags["max_line_bytes"],
+        "validate.on_invalid": "skip" if flags["skip_invalid"] else None,
     }
     cfg = load_config(pipeline_file, overrides)
-    paths = _expand(inputs)
+    paths = expand_inputs(inputs)
     err = Console(stderr=True)
     if cfg.tokenizer.name is None:
         click.echo(
@@ -103,7 +110,7 @@ def build(inputs: tuple[str, ...], out: str, pipeline_file: str | None, overwrit
         task = bar.add_task("build", total=total, records=0)
 
         def progress(consumed: int, counts: Counter) -> None:
-            bar.update(task, completed=consumed, records=counts["records"])
+            bar.update(task, completed=consumed, records=counts["accepted"])
 
         manifest = run_build(paths, out, cfg, overwrite=overwrite, progress=progress)
     click.echo(format_summary(manifest, out.rstrip("/")))

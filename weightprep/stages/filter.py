@@ -9,6 +9,10 @@ A document longer than ``max_length`` tokens is, by ``overlong``:
 
 Then any document with no positive weight left (a prompt-only record, or a chunk that held only
 prompt) is removed and counted as ``dropped_unsupervised``. Vectorized over the batch.
+
+Besides documents, every step counts the tokens and weight it removes (``tokens_<reason>``,
+``weight_<reason>``; a split removes weight only, by unlabeling each chunk's first token), so the
+build can check that what it writes is exactly what it accepted minus what was dropped or cut.
 """
 
 from __future__ import annotations
@@ -29,6 +33,11 @@ def filter_documents(
 ) -> tuple[Documents, Counter[str]]:
     """Apply the overlong policy, then drop unsupervised documents; return the batch and the counts."""
     counts: Counter[str] = Counter()
+
+    def removed(reason: str, before: Documents, after: Documents) -> None:
+        counts[f"tokens_{reason}"] += len(before.input_ids) - len(after.input_ids)
+        counts[f"weight_{reason}"] += float(before.weights.sum(dtype=np.float64) - after.weights.sum(dtype=np.float64))
+
     lengths = docs.lengths
     long = lengths > max_length
     n_long = int(long.sum())
@@ -36,10 +45,14 @@ def filter_documents(
         starts = docs.offsets[:-1]
         if overlong == "drop":
             counts["dropped_overlong"] += n_long
-            docs = docs.take(np.flatnonzero(~long))
+            kept = docs.take(np.flatnonzero(~long))
+            removed("dropped_overlong", docs, kept)
+            docs = kept
         elif overlong == "truncate":
             counts["truncated"] += n_long
-            docs = docs.segments(starts, np.minimum(lengths, max_length), docs.lines)
+            kept = docs.segments(starts, np.minimum(lengths, max_length), docs.lines)
+            removed("truncated", docs, kept)
+            docs = kept
         else:  # split
             parts = np.where(long, -(-lengths // max_length), 1)
             doc_of_part = np.repeat(np.arange(len(docs)), parts)
@@ -49,13 +62,17 @@ def filter_documents(
             part_lengths = np.minimum(max_length, lengths[doc_of_part] - k * max_length)
             counts["split"] += n_long
             counts["split_parts"] += int(parts[long].sum())
-            docs = docs.segments(part_starts, part_lengths, docs.lines[doc_of_part])
-            unlabel_first_tokens(docs)
+            kept = docs.segments(part_starts, part_lengths, docs.lines[doc_of_part])
+            unlabel_first_tokens(kept)
+            removed("split", docs, kept)
+            docs = kept
     supervised = np.add.reduceat(docs.weights > 0, docs.offsets[:-1]) if len(docs) else np.zeros(0, bool)
     # reduceat on an empty document would read its neighbour; documents always hold EOS, so none is empty
     unsupervised = supervised == 0
     n_unsup = int(unsupervised.sum())
     if n_unsup:
         counts["dropped_unsupervised"] += n_unsup
-        docs = docs.take(np.flatnonzero(~unsupervised))
+        kept = docs.take(np.flatnonzero(~unsupervised))
+        removed("dropped_unsupervised", docs, kept)
+        docs = kept
     return docs, counts

@@ -1,36 +1,53 @@
-"""Stage 1 — read: stream JSONL (or .jsonl.gz) files as blocks of whole lines.
+"""Stage 1 — read: stream JSONL (.jsonl, .jsonl.gz, .jsonl.zst) files as blocks of whole lines.
 
-Memory is bounded by ``block_bytes`` whatever the file size: each block is the next
-``block_bytes`` of the (decompressed) stream cut back to its last newline, tagged with the line
-number it starts at, so every later stage can name the exact line of a record. The raw bytes of
-every file are hashed (SHA-256) and counted on the way, for the manifest; nothing is read twice.
+Memory is bounded whatever the file: each block is the next ``block_bytes`` of the (decompressed)
+stream cut back to its last newline, tagged with the line number and byte offset it starts at, so
+every later stage can name the exact line of a record. A line longer than ``max_line_bytes`` is
+never held whole: the reader keeps its first bytes, skips to the next newline and hands it on as
+a ``too_long`` block, which validate rejects. A UTF-8 byte order mark at the start of a file is
+dropped; a missing final newline is supplied. The raw bytes of every file are hashed (SHA-256) and
+counted on the way, for the manifest; nothing is read twice.
+
+Inputs may be files, directories (their ``*.jsonl``, ``*.jsonl.gz`` and ``*.jsonl.zst`` files,
+not recursive, sorted by name) or quoted globs; ``expand_inputs`` resolves them, and the same
+file given twice is an error (its records would be counted twice).
 """
 
 from __future__ import annotations
 
+import glob
 import gzip
 import hashlib
 import io
+import os
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from weightprep.batches import Block
-from weightprep.errors import UsageError
+from weightprep.errors import InputError, UsageError, is_compressed
 
-__all__ = ["InputFile", "read_blocks", "check_inputs"]
+__all__ = ["InputFile", "read_blocks", "check_inputs", "expand_inputs", "SUFFIXES", "HEAD_BYTES"]
+
+#: File names weightprep reads; a directory input contributes its files ending in one of the first three.
+SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst", ".json", ".ndjson")
+_DIR_SUFFIXES = SUFFIXES[:3]
+#: Bytes kept of a line that is too long to read whole (for the error and rejects.jsonl).
+HEAD_BYTES = 1024
+_BOM = b"\xef\xbb\xbf"
 
 
 @dataclass
 class InputFile:
-    """One input file; ``size`` and ``sha256`` are filled as it is read."""
+    """One input file; ``size``, ``sha256`` and ``lines`` are filled as it is read."""
 
     path: str
     size: int = 0
     sha256: str = ""
     lines: int = 0
-    _hash: hashlib._Hash = field(default_factory=hashlib.sha256, repr=False)
+    _hash: Any = field(default_factory=hashlib.sha256, repr=False)
 
     def as_manifest(self) -> dict[str, object]:
         return {"path": self.path, "bytes": self.size, "sha256": self.sha256, "lines": self.lines}
@@ -46,7 +63,7 @@ class _HashingReader(io.RawIOBase):
     def readable(self) -> bool:
         return True
 
-    def readinto(self, buffer: bytearray) -> int:  # type: ignore[override]
+    def readinto(self, buffer: Any) -> int:
         n = self._raw.readinto(buffer)  # type: ignore[attr-defined]
         if n:
             self._record._hash.update(memoryview(buffer)[:n])
@@ -54,58 +71,210 @@ class _HashingReader(io.RawIOBase):
         return n or 0
 
 
+class _ZstdReader(io.RawIOBase):
+    """Decompresses a (multi-frame) zstd stream and, unlike ``zstandard.stream_reader``, raises
+    ``EOFError`` when the input ends inside a frame, so a truncated file is never read as complete."""
+
+    def __init__(self, raw: BinaryIO) -> None:
+        try:
+            import zstandard
+        except ImportError:  # pragma: no cover - a declared dependency
+            raise UsageError("reading .zst input needs zstandard: pip install zstandard") from None
+        self._new = zstandard.ZstdDecompressor().decompressobj
+        self._dobj = self._new()
+        self._raw = raw
+        self._buf = memoryview(b"")
+        self._in_frame = False
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        while not self._buf:
+            chunk = self._raw.read(1 << 16)
+            if not chunk:
+                if self._in_frame:
+                    raise EOFError("zstd stream ended before the end of its last frame")
+                return 0
+            self._buf = memoryview(self._decompress(chunk))
+        n = min(len(buffer), len(self._buf))
+        buffer[:n] = self._buf[:n]
+        self._buf = self._buf[n:]
+        return n
+
+    def _decompress(self, chunk: bytes) -> bytes:
+        out = []
+        while chunk:
+            self._in_frame = True
+            out.append(self._dobj.decompress(chunk))
+            if not self._dobj.eof:
+                break
+            chunk, self._dobj, self._in_frame = self._dobj.unused_data, self._new(), False
+        return b"".join(out)
+
+
+def expand_inputs(patterns: list[str] | tuple[str, ...]) -> list[str]:
+    """Files to read for ``patterns``: files as given, directories' JSONL files, quoted globs.
+
+    >>> expand_inputs(["data/"])  # doctest: +SKIP
+    ['data/a.jsonl', 'data/b.jsonl.gz']
+    """
+    paths: list[str] = []
+    for p in patterns:
+        if any(ch in p for ch in "*?[") and not Path(p).exists():
+            matches = sorted(m for m in glob.glob(p) if Path(m).is_file() or Path(m).is_dir())
+            if not matches:
+                raise UsageError(f"no file matches {p!r}")
+            paths.extend(expand_inputs(matches) if any(Path(m).is_dir() for m in matches) else matches)
+        elif Path(p).is_dir():
+            found = sorted(
+                str(c) for c in Path(p).iterdir() if c.is_file() and not c.name.startswith(".") and c.name.endswith(_DIR_SUFFIXES)
+            )
+            if not found:
+                raise UsageError(f"directory {p} holds no {', '.join('*' + s for s in _DIR_SUFFIXES)} files")
+            paths.extend(found)
+        else:
+            paths.append(p)
+    seen: dict[str, str] = {}
+    for p in paths:
+        key = os.path.realpath(p)
+        if key in seen:
+            raise UsageError(f"input {p} is given twice (also as {seen[key]}); its records would be counted twice")
+        seen[key] = p
+    return paths
+
+
 def check_inputs(paths: list[str]) -> None:
-    """Fail before any work if an input is missing, a directory, or of an unknown kind."""
+    """Fail before any work if an input is missing, not a file, or of an unknown kind."""
     if not paths:
-        raise UsageError("no input files given; usage: weightprep build FILE.jsonl [FILE.jsonl.gz ...]")
+        raise UsageError("no input files given; usage: weightprep build FILE.jsonl [FILE.jsonl.gz ...] or a directory")
     for p in paths:
         path = Path(p)
         if not path.exists():
             raise UsageError(f"input file not found: {p}")
         if not path.is_file():
-            raise UsageError(f"input is not a file: {p}")
-        if not (p.endswith(".jsonl") or p.endswith(".jsonl.gz") or p.endswith(".json") or p.endswith(".ndjson")):
-            raise UsageError(f"{p}: expected a .jsonl or .jsonl.gz file (one JSON object per line)")
+            raise UsageError(f"input is not a regular file: {p}")
+        if not p.endswith(SUFFIXES):
+            raise UsageError(f"{p}: expected a .jsonl, .jsonl.gz or .jsonl.zst file (one JSON object per line)")
 
 
 def _open(record: InputFile, raw: BinaryIO) -> BinaryIO:
-    hashed = io.BufferedReader(_HashingReader(raw, record), buffer_size=1 << 20)
+    hashed: Any = io.BufferedReader(_HashingReader(raw, record), buffer_size=1 << 20)
     if record.path.endswith(".gz"):
         return gzip.GzipFile(fileobj=hashed, mode="rb")  # type: ignore[return-value]
-    return hashed  # type: ignore[return-value]
+    if record.path.endswith(".zst"):
+        return io.BufferedReader(_ZstdReader(hashed), buffer_size=1 << 20)  # type: ignore[return-value]
+    return hashed  # type: ignore[no-any-return]
 
 
-def read_blocks(record: InputFile, block_bytes: int) -> Iterator[Block]:
+def read_blocks(record: InputFile, block_bytes: int, max_line_bytes: int = 64 << 20) -> Iterator[Block]:
     """Yield ``Block``s of whole lines of ``record.path``; fills in its size, hash and line count."""
     with open(record.path, "rb") as raw:
-        yield from _blocks(record, _open(record, raw), block_bytes)
-    # hash only complete once the stream is drained (the gzip trailer included)
+        yield from _Lines(record, _open(record, raw), block_bytes, max_line_bytes).blocks()
+    # hash only complete once the stream is drained (the compressed trailer included)
     record.sha256 = record._hash.hexdigest()
 
 
-def _blocks(record: InputFile, stream: BinaryIO, block_bytes: int) -> Iterator[Block]:
-    line = 1
-    carry = b""
-    try:
-        while True:
-            try:
-                chunk = stream.read(block_bytes)
-            except (OSError, EOFError) as exc:  # corrupt gzip, truncated file
-                raise UsageError(f"{record.path}: cannot read past line {line}: {exc}") from None
-            if not chunk:
-                break
-            data = carry + chunk if carry else chunk
-            cut = data.rfind(b"\n") + 1
-            if cut == 0:  # no newline yet: a line longer than a block, keep reading
-                carry = data
-                continue
-            block, carry = data[:cut], data[cut:]
-            n = block.count(b"\n")
-            yield Block(record.path, line, n, block)
-            line += n
-        if carry.strip():
-            yield Block(record.path, line, 1, carry + b"\n")
-            line += 1
-    finally:
-        stream.close()
-    record.lines = line - 1
+def _head(parts: list[bytes]) -> bytes:
+    """The first HEAD_BYTES of the concatenation of ``parts``, without concatenating them."""
+    out, n = [], 0
+    for p in parts:
+        out.append(p[: HEAD_BYTES - n])
+        n += len(out[-1])
+        if n >= HEAD_BYTES:
+            break
+    return b"".join(out)
+
+
+class _Lines:
+    """The block cutter: ``pending`` holds the start of a line whose newline has not come yet."""
+
+    def __init__(self, record: InputFile, stream: BinaryIO, block_bytes: int, max_line_bytes: int) -> None:
+        self.record, self.stream, self.max_line = record, stream, max_line_bytes
+        # reading at most max_line bytes at a time means a line inside one read is never too long
+        self.step = max(1, min(block_bytes, max_line_bytes))
+        self.line, self.offset = 1, 0  # number and stream offset of the next line to hand on
+        self.pending: list[bytes] = []
+        self.pending_len = 0
+        self.skipping = False  # inside a too-long line: only its head and length are kept
+        self.head = b""
+
+    def _read(self, size: int = 0) -> bytes:
+        try:
+            return self.stream.read(size or self.step)
+        except (OSError, EOFError, zlib.error) as exc:  # corrupt or truncated compressed data
+            kind = "compressed stream" if is_compressed(self.record.path) else "file"
+            raise InputError(
+                self.record.path,
+                self.line,
+                "<file>",
+                f"the {kind} cannot be read past this line ({type(exc).__name__}: {exc}); "
+                "the file is truncated or corrupt: fetch or compress it again",
+                reason="truncated_input",
+                offset=self.offset + self.pending_len,
+            ) from None
+        except Exception as exc:  # zstandard.ZstdError and the like
+            if type(exc).__module__.startswith("zstandard"):
+                raise InputError(
+                    self.record.path, self.line, "<file>", f"corrupt zstd data ({exc})",
+                    reason="truncated_input", offset=self.offset + self.pending_len,
+                ) from None
+            raise
+
+    def _too_long(self, length: int) -> Block:
+        block = Block(self.record.path, self.line, 1, self.head, self.offset, too_long=length)
+        self.line += 1
+        self.offset += length + 1
+        self.pending, self.pending_len, self.skipping, self.head = [], 0, False, b""
+        return block
+
+    def blocks(self) -> Iterator[Block]:
+        try:
+            chunk = self._read(max(self.step, len(_BOM)))  # the whole BOM, if any, in the first read
+            if chunk.startswith(_BOM):
+                chunk, self.offset = chunk[len(_BOM) :] or self._read(), len(_BOM)
+            while chunk:
+                yield from self._cut(chunk)
+                chunk = self._read()
+            if self.skipping:
+                yield self._too_long(self.pending_len)
+            elif self.pending_len:  # no final newline: supply one
+                data = b"".join(self.pending) + b"\n"
+                yield Block(self.record.path, self.line, 1, data, self.offset)
+                self.line += 1
+        finally:
+            self.stream.close()
+        self.record.lines = self.line - 1
+
+    def _cut(self, chunk: bytes) -> Iterator[Block]:
+        pos = 0
+        if self.skipping or self.pending:
+            nl = chunk.find(b"\n")
+            if nl < 0:
+                self.pending_len += len(chunk)
+                if not self.skipping and self.pending_len > self.max_line:
+                    self.head = _head([*self.pending, chunk])
+                    self.pending, self.skipping = [], True
+                elif not self.skipping:
+                    self.pending.append(chunk)
+                return
+            if self.skipping or self.pending_len + nl > self.max_line:
+                if not self.skipping:
+                    self.head = _head([*self.pending, chunk])
+                yield self._too_long(self.pending_len + nl)
+                pos = nl + 1
+        last = chunk.rfind(b"\n", pos)
+        if last < 0:
+            rest = chunk[pos:]
+            if rest:
+                self.pending.append(rest)
+                self.pending_len += len(rest)
+            return
+        body = chunk[pos : last + 1]
+        data = b"".join([*self.pending, body]) if self.pending else body
+        n = body.count(b"\n")
+        yield Block(self.record.path, self.line, n, data, self.offset)
+        self.line += n
+        self.offset += len(data)
+        rest = chunk[last + 1 :]
+        self.pending, self.pending_len = ([rest], len(rest)) if rest else ([], 0)

@@ -1,11 +1,21 @@
-"""Stage 2 — validate: parse a block of JSONL lines into checked ``Records``.
+"""Stage 2 — validate: parse a block of JSONL lines into checked ``Records`` (and ``Reject``s).
 
 Fast path: the whole block goes through pyarrow's multi-threaded JSON parser with an explicit
 schema (``pieces: list<struct<text: string, weight: double>>``, other keys ignored), and the
-checks run on whole columns (nulls, empty lists, finite non-negative weights).
+checks run on whole columns (nulls, empty lists, finite non-negative weights, UTF-8 texts).
 Exact path: if the parser or any check fails, only that block is parsed again line by line with
-the standard library, and ``validate_record`` names the first bad line and field, e.g.
-``raw.jsonl:17: pieces[2].weight: expected a finite number >= 0, found -1.0``.
+the standard library, and ``check_line`` names each bad line's field and reason, e.g.
+``raw.jsonl:17: pieces[2].weight: expected a finite number >= 0, found -1.0``. Strict mode raises
+the first as an ``InputError``; given a ``rejects`` list, every bad line is appended to it instead.
+
+The two paths accept exactly the same lines (the fuzz tests check it): a line is a JSON object
+with a non-empty ``pieces`` list of ``{"text": string, "weight": finite number >= 0}``; no
+coercion (``"1.0"`` and ``true`` are not weights); texts must be valid Unicode (invalid UTF-8
+bytes or an unpaired ``\\ud800`` escape are rejected); ``pieces``, ``text`` and ``weight`` may
+not appear twice in their object (pyarrow refuses that; other duplicate keys are metadata nobody
+reads and are let pass, as pyarrow does); other keys and invalid bytes inside them are ignored.
+Nesting deeper than Python's ``json`` recursion limit is judged by pyarrow alone (which has no
+such limit), so both paths agree on it too.
 """
 
 from __future__ import annotations
@@ -13,16 +23,16 @@ from __future__ import annotations
 import io
 import json
 import math
-from typing import Any
+import re
+from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.json as pa_json
 
-from weightprep.batches import Block, Records
-from weightprep.errors import InputError
+from weightprep.batches import Block, Records, Reject
 
-__all__ = ["validate_record", "parse_block", "PIECES_SCHEMA"]
+__all__ = ["validate_record", "check_line", "parse_block", "Invalid", "PIECES_SCHEMA", "REASONS"]
 
 PIECES_SCHEMA = pa.schema(
     [pa.field("pieces", pa.list_(pa.struct([pa.field("text", pa.string()), pa.field("weight", pa.float64())])))]
@@ -30,54 +40,189 @@ PIECES_SCHEMA = pa.schema(
 _PARSE = pa_json.ParseOptions(explicit_schema=PIECES_SCHEMA, unexpected_field_behavior="ignore")
 
 _PIECE_HELP = 'a list of {"text": string, "weight": number >= 0} objects'
+_FIRST_NON_SPACE = re.compile(rb"[^ \t\r\n]")
+_SPACE = np.zeros(256, dtype=bool)
+_SPACE[[ord(" "), ord("\t"), ord("\r"), ord("\n")]] = True
+
+#: Every reason a line can be rejected for (the keys of the manifest's ``rejected`` counts).
+REASONS = (
+    "line_too_long",
+    "invalid_utf8",
+    "malformed_json",
+    "too_deep",
+    "duplicate_key",
+    "not_an_object",
+    "missing_field",
+    "wrong_type",
+    "empty_pieces",
+    "bad_weight",
+)
+
+
+class Invalid(NamedTuple):
+    """Why a record is invalid: the field path, what is wrong with it, and the reason code."""
+
+    field: str
+    problem: str
+    reason: str
+
+
+class _Object(dict):
+    """A parsed JSON object that remembers which keys it held more than once (last one wins)."""
+
+    duplicates: frozenset[str] = frozenset()
+
+
+def _object(pairs: list[tuple[str, Any]]) -> _Object:
+    obj = _Object(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        obj.duplicates = frozenset(k for k, _ in pairs if k in seen or seen.add(k))  # type: ignore[func-returns-value]
+    return obj
 
 
 def _kind(value: Any) -> str:
-    names = {dict: "object", list: "list", str: "string", bool: "boolean", type(None): "null"}
+    names = {dict: "object", _Object: "object", list: "list", str: "string", bool: "boolean", type(None): "null"}
     kind = names.get(type(value), "number" if isinstance(value, (int, float)) else type(value).__name__)
     shown = repr(value) if not isinstance(value, (dict, list)) else ""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
+        shown = f"{str(value)[:12]}... ({len(str(value))} digits)"
     if len(shown) > 40:
         shown = shown[:37] + "..."
     return f"{kind} {shown}".rstrip()
 
 
-def validate_record(obj: Any) -> tuple[str, str] | None:
-    """Return ``(field, problem)`` for the first problem of a parsed record, or None if it is valid."""
+def _duplicated(obj: Any, keys: tuple[str, ...]) -> str | None:
+    dups = getattr(obj, "duplicates", ())
+    return next((k for k in keys if k in dups), None)
+
+
+def validate_record(obj: Any) -> Invalid | None:
+    """The first problem of a parsed record, or None if it is valid.
+
+    >>> validate_record({"pieces": [{"text": "a", "weight": -1}]})
+    Invalid(field='pieces[0].weight', problem='expected a finite number >= 0, found -1', reason='bad_weight')
+    """
     if not isinstance(obj, dict):
-        return "<record>", f"expected a JSON object with a 'pieces' key, found {_kind(obj)}"
+        return Invalid("<record>", f"expected a JSON object with a 'pieces' key, found {_kind(obj)}", "not_an_object")
     if "pieces" not in obj:
-        return "pieces", f"missing; expected {_PIECE_HELP}"
+        return Invalid("pieces", f"missing; expected {_PIECE_HELP}", "missing_field")
+    if _duplicated(obj, ("pieces",)):
+        return Invalid("pieces", "key given more than once in the record; keep one", "duplicate_key")
     pieces = obj["pieces"]
     if not isinstance(pieces, list):
-        return "pieces", f"expected {_PIECE_HELP}, found {_kind(pieces)}"
+        return Invalid("pieces", f"expected {_PIECE_HELP}, found {_kind(pieces)}", "wrong_type")
     if not pieces:
-        return "pieces", "empty list; a record needs at least one piece"
+        return Invalid("pieces", "empty list; a record needs at least one piece", "empty_pieces")
     for i, piece in enumerate(pieces):
         where = f"pieces[{i}]"
         if not isinstance(piece, dict):
-            return where, f'expected an object {{"text": ..., "weight": ...}}, found {_kind(piece)}'
+            return Invalid(where, f'expected an object {{"text": ..., "weight": ...}}, found {_kind(piece)}', "wrong_type")
+        dup = _duplicated(piece, ("text", "weight"))
+        if dup:
+            return Invalid(f"{where}.{dup}", "key given more than once in the piece; keep one", "duplicate_key")
         if "text" not in piece:
-            return f"{where}.text", "missing; expected a string"
-        if not isinstance(piece["text"], str):
-            return f"{where}.text", f"expected a string, found {_kind(piece['text'])}"
+            return Invalid(f"{where}.text", "missing; expected a string", "missing_field")
+        text = piece["text"]
+        if not isinstance(text, str):
+            return Invalid(f"{where}.text", f"expected a string, found {_kind(text)}", "wrong_type")
+        if not text.isascii():
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                bad = text[exc.start]
+                what = f"an invalid UTF-8 byte 0x{ord(bad) - 0xDC00:02x}" if 0xDC80 <= ord(bad) <= 0xDCFF else (
+                    f"an unpaired surrogate \\u{ord(bad):04x}"
+                )
+                return Invalid(f"{where}.text", f"not valid Unicode text: {what} at character {exc.start}", "invalid_utf8")
         if "weight" not in piece:
-            return f"{where}.weight", "missing; expected a finite number >= 0"
+            return Invalid(f"{where}.weight", "missing; expected a finite number >= 0", "missing_field")
         w = piece["weight"]
         if isinstance(w, bool) or not isinstance(w, (int, float)):
-            return f"{where}.weight", f"expected a finite number >= 0, found {_kind(w)}"
-        if not math.isfinite(w) or w < 0:
-            return f"{where}.weight", f"expected a finite number >= 0, found {w!r}"
+            return Invalid(f"{where}.weight", f"expected a finite number >= 0, found {_kind(w)}", "wrong_type")
+        try:
+            finite = math.isfinite(float(w))
+        except OverflowError:  # an integer too large for a float
+            finite = False
+        if not finite or w < 0:
+            return Invalid(f"{where}.weight", f"expected a finite number >= 0, found {_kind(w).removeprefix('number ')}", "bad_weight")
     return None
 
 
-def parse_block(block: Block) -> Records:
-    """Parse and check ``block``; raise ``InputError`` naming the first bad line and field."""
-    records = _parse_fast(block)
-    return records if records is not None else _parse_exact(block)
+def check_line(raw: bytes) -> tuple[list[tuple[str, float]] | None, Invalid | None]:
+    """Parse one line (without its newline) exactly: its pieces as (text, weight) pairs, or why not."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        # invalid bytes become lone surrogates: rejected if they land in a text, ignored in metadata
+        text = raw.decode("utf-8", "surrogateescape")
+    try:
+        obj = json.loads(text, object_pairs_hook=_object)
+    except json.JSONDecodeError as exc:
+        return None, Invalid("<json>", f"malformed JSON: {exc.msg} at column {exc.colno}", "malformed_json")
+    except RecursionError:
+        return _check_deep(raw)
+    problem = validate_record(obj)
+    if problem is not None:
+        return None, problem
+    return [(p["text"], float(p["weight"])) for p in obj["pieces"]], None
+
+
+def _check_deep(raw: bytes) -> tuple[list[tuple[str, float]] | None, Invalid | None]:
+    """A line nested too deep for Python's json: pyarrow (no recursion limit) decides, as on the fast path."""
+    records = _parse_fast(Block("<line>", 1, 1, raw + b"\n"))
+    if records is None or len(records) != 1:
+        return None, Invalid(
+            "<json>", "nested too deeply to check, and not a valid record by the columnar parser either", "too_deep"
+        )
+    return list(zip(records.texts, records.piece_weights.tolist(), strict=True)), None
+
+
+def parse_block(block: Block, rejects: list[Reject] | None = None) -> Records:
+    """Parse and check ``block``.
+
+    Strict (``rejects`` is None): raise ``InputError`` naming the first bad line and field.
+    Lenient: append every bad line to ``rejects`` and return the valid records.
+    """
+    if block.too_long:
+        found = [_too_long(block)]
+        records = _records(block.path, [], [], [], [0])
+    else:
+        fast = _parse_fast(block)
+        if fast is not None:
+            return fast
+        records, found = _parse_exact(block)
+    if found and rejects is None:
+        raise found[0].error()
+    if rejects is not None:
+        rejects.extend(found)
+    return records
+
+
+def _too_long(block: Block) -> Reject:
+    return Reject(
+        block.path, block.first_line, block.offset, "line_too_long", "<line>",
+        f"line of {block.too_long:,} bytes is longer than read.max_line_bytes; split the record or raise the limit "
+        "(--max-line-bytes)",
+        block.data, block.too_long,
+    )
+
+
+def _nonblank_lines(block: Block) -> np.ndarray:
+    """Line numbers of the block's lines that hold more than spaces, tabs and carriage returns."""
+    data = np.frombuffer(block.data, dtype=np.uint8)
+    ends = np.flatnonzero(data == ord("\n"))[: block.n_lines]
+    solid = np.concatenate([[0], np.cumsum(~_SPACE[data], dtype=np.int64)])
+    starts = np.concatenate([[0], ends[:-1] + 1])
+    keep = solid[ends] - solid[starts] > 0
+    return np.flatnonzero(keep).astype(np.int64) + block.first_line
 
 
 def _parse_fast(block: Block) -> Records | None:
     """Columnar parse and checks; None when anything is off (the exact path then explains it)."""
+    first = _FIRST_NON_SPACE.search(block.data)
+    if first is None or block.data[first.start()] != ord("{"):
+        return None  # pyarrow crashes (SIGSEGV) on a block whose first value is `null`; only objects go to it
     try:
         table = pa_json.read_json(
             io.BytesIO(block.data),
@@ -86,8 +231,12 @@ def _parse_fast(block: Block) -> Records | None:
         )
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
         return None
-    if table.num_rows != block.n_lines:  # blank lines shift rows against lines
-        return None
+    if table.num_rows == block.n_lines:
+        lines = np.arange(block.first_line, block.first_line + block.n_lines, dtype=np.int64)
+    else:  # blank lines give no row; each other line must give exactly one
+        lines = _nonblank_lines(block)
+        if len(lines) != table.num_rows:
+            return None
     pieces = table.column("pieces").combine_chunks()
     if pieces.null_count:
         return None
@@ -102,40 +251,45 @@ def _parse_fast(block: Block) -> Records | None:
     weights = weight.to_numpy(zero_copy_only=False)
     if not (np.isfinite(weights).all() and (weights >= 0).all()):
         return None
-    lines = np.arange(block.first_line, block.first_line + block.n_lines, dtype=np.int64)
-    return Records(block.path, lines, text.to_pylist(), weights.astype(np.float64), offsets)
+    try:
+        texts = text.to_pylist()  # decodes every text: invalid UTF-8 raises here
+    except UnicodeDecodeError:
+        return None
+    return Records(block.path, lines, texts, weights.astype(np.float64), offsets)
 
 
-def _parse_exact(block: Block) -> Records:
-    """Line-by-line parse with exact error locations; skips blank lines."""
-    lines: list[int] = []
-    texts: list[str] = []
-    weights: list[float] = []
-    offsets = [0]
-    for i, raw in enumerate(block.data.split(b"\n")[: block.n_lines]):
-        line_no = block.first_line + i
-        if not raw.strip():
-            continue
-        try:
-            obj = json.loads(raw)
-        except UnicodeDecodeError as exc:
-            raise InputError(block.path, line_no, "<line>", f"not valid UTF-8 at byte {exc.start}") from None
-        except json.JSONDecodeError as exc:
-            raise InputError(
-                block.path, line_no, "<json>", f"malformed JSON: {exc.msg} at column {exc.colno}"
-            ) from None
-        problem = validate_record(obj)
-        if problem is not None:
-            raise InputError(block.path, line_no, *problem)
-        lines.append(line_no)
-        for piece in obj["pieces"]:
-            texts.append(piece["text"])
-            weights.append(float(piece["weight"]))
-        offsets.append(len(texts))
+def _records(path: str, lines: list[int], texts: list[str], weights: list[float], offsets: list[int]) -> Records:
     return Records(
-        block.path,
+        path,
         np.asarray(lines, dtype=np.int64),
         texts,
         np.asarray(weights, dtype=np.float64),
         np.asarray(offsets, dtype=np.int64),
     )
+
+
+def _parse_exact(block: Block) -> tuple[Records, list[Reject]]:
+    """Line-by-line parse with exact error locations; skips blank lines."""
+    lines: list[int] = []
+    texts: list[str] = []
+    weights: list[float] = []
+    offsets = [0]
+    rejects: list[Reject] = []
+    offset = block.offset
+    for i, raw in enumerate(block.data.split(b"\n")[: block.n_lines]):
+        line_no, line_offset = block.first_line + i, offset
+        offset += len(raw) + 1
+        if not raw.strip(b" \t\r"):
+            continue
+        pieces, problem = check_line(raw)
+        if problem is not None:
+            bare = raw[:-1] if raw.endswith(b"\r") else raw
+            rejects.append(Reject(block.path, line_no, line_offset, problem.reason, problem.field, problem.problem, bare, len(bare)))
+            continue
+        assert pieces is not None
+        lines.append(line_no)
+        for t, w in pieces:
+            texts.append(t)
+            weights.append(w)
+        offsets.append(len(texts))
+    return _records(block.path, lines, texts, weights, offsets), rejects

@@ -6,8 +6,15 @@ Layout of the output directory (the same as ``Dataset.save_to_disk``)::
     out/dataset_info.json, state.json   what ``datasets.load_from_disk`` reads
     out/weightprep_manifest.json        what was done (config, tokenizer, inputs, counts)
 
-Everything is written into a hidden temporary directory beside ``out`` and moved into place only
-when the whole build has succeeded, so a failed or interrupted build leaves nothing at ``out``.
+Everything is written into a hidden temporary directory beside ``out`` (``.NAME.tmp-PID``) and
+moved into place by a rename only when the whole build has succeeded, so a failed, interrupted or
+SIGKILLed build leaves nothing at ``out``, or the previous complete dataset. Replacing an existing
+``out`` is two renames (``out`` -> ``.NAME.old-PID``, temporary -> ``out``); a kill between them
+leaves the previous dataset in ``.NAME.old-PID``, and the next build to ``out`` puts it back
+before doing anything else. Leftovers of builds whose process is gone are removed then too.
+``--overwrite`` replaces only a directory that holds a weightprep manifest (or nothing at all),
+and never one that holds an input. Every file is written at a fixed name inside the temporary
+directory: no input can make a path escape it.
 Shards are capped at ``max_shard_bytes``; a rerun with the same inputs, configuration and
 tokenizer writes byte-identical files (no timestamps, no random fingerprints).
 """
@@ -17,10 +24,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from weightprep.batches import Rows
@@ -37,7 +47,7 @@ from weightprep.constants import (
 )
 from weightprep.errors import UsageError
 
-__all__ = ["features", "ShardWriter", "prepare_output"]
+__all__ = ["features", "ShardWriter", "prepare_output", "recover_stale"]
 
 _DTYPES = {INPUT_IDS: "int32", LABELS: "int32", WEIGHTS: "float32", POSITION_IDS: "int32", ATTENTION_MASK: "int8"}
 
@@ -55,13 +65,68 @@ def features(seq_len: int, *, packed: bool) -> Any:
     )
 
 
-def prepare_output(out: str | Path, *, overwrite: bool) -> Path:
+_STALE = re.compile(r"^\.(?P<name>.+)\.(?P<kind>tmp|old)-(?P<pid>\d+)$")
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` still runs (a zombie counts as gone)."""
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat.rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def recover_stale(out: Path) -> None:
+    """Undo what a killed build to ``out`` left behind (see the module docstring).
+
+    A ``.NAME.old-PID`` of a dead process is the previous dataset, caught between the two renames of
+    a replace: if ``out`` is missing it is put back, else removed. A ``.NAME.tmp-PID`` of a dead
+    process is an unfinished build: removed. Directories of live processes are left alone.
+    """
+    parent = out.parent
+    if not parent.is_dir():
+        return
+    stale = []
+    for p in parent.iterdir():
+        m = _STALE.match(p.name)
+        if m and m["name"] == out.name and not _alive(int(m["pid"])):
+            stale.append((m["kind"] != "old", p))  # old ones first
+    for _, p in sorted(stale):
+        if p.name.startswith(f".{out.name}.old-") and not out.exists():
+            p.rename(out)
+        else:
+            shutil.rmtree(p, ignore_errors=True)
+
+
+def prepare_output(out: str | Path, *, overwrite: bool, inputs: Sequence[str] = ()) -> Path:
     """Check that ``out`` can be written; return it as a Path. Fails before any work is done."""
     out = Path(out)
-    if out.exists() and not overwrite:
-        raise UsageError(f"output path {out} already exists; pass --overwrite to replace it, or choose another --out")
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"output path {out} exists and is not a directory")
+    if out.name in ("", ".", ".."):
+        out = Path(os.path.abspath(out))
+    recover_stale(out)
+    resolved = out.resolve()
+    for p in inputs:
+        if resolved in Path(p).resolve().parents:
+            raise UsageError(f"input {p} is inside the output path {out}; choose another --out")
+    if out.exists() or out.is_symlink():
+        if not overwrite:
+            raise UsageError(f"output path {out} already exists; pass --overwrite to replace it, or choose another --out")
+        if not out.is_dir() or out.is_symlink():
+            raise UsageError(f"output path {out} exists and is not a directory; remove it or choose another --out")
+        if not (out / MANIFEST_NAME).is_file() and any(out.iterdir()):
+            raise UsageError(
+                f"output path {out} is not a weightprep output (no {MANIFEST_NAME}); --overwrite only replaces "
+                "earlier builds: remove it yourself or choose another --out"
+            )
     out.parent.mkdir(parents=True, exist_ok=True)
     return out
 
@@ -107,7 +172,11 @@ class ShardWriter:
         arrays = []
         for c in self.columns:
             if c == SEQ_LENGTHS:
-                arrays.append(pa.array(rows.seq_lengths, type=pa.list_(pa.int32())))
+                counts = np.fromiter(map(len, rows.seq_lengths), dtype=np.int32, count=len(rows))
+                offsets = np.zeros(len(rows) + 1, dtype=np.int32)
+                np.cumsum(counts, out=offsets[1:])
+                values = pa.array(np.concatenate(rows.seq_lengths).astype(np.int32, copy=False))
+                arrays.append(pa.ListArray.from_arrays(pa.array(offsets), values))
             else:
                 data = getattr(rows, c)
                 flat = pa.array(data.reshape(-1), type=self.schema.field(c).type.value_type)

@@ -1,0 +1,105 @@
+"""The build's counts, and the identity they must satisfy before anything is published.
+
+Every record read is accepted or rejected (by reason); every accepted record becomes one
+document; every document is written, dropped (by reason) or split into parts; and the tokens
+and weight written are what was accepted minus what each step removed::
+
+    records             = accepted + sum(rejected)
+    documents           = accepted
+    documents_written   = documents - sum(dropped) - split + split_parts
+    tokens written      = tokens accepted - tokens dropped (by reason) - tokens cut by truncation
+    weight written      = weight accepted - weight unlabeled (first tokens, split chunks)
+                          - weight dropped (by reason) - weight cut by truncation
+
+"Accepted" tokens and weight are computed from the tokenizer's output and the pieces' weights,
+not from the assembled documents, so the identity checks assemble, mask, filter, pack and write
+together. ``check_accounting`` runs on every build, just before the output is published; a
+failure is an internal error (``AccountingError``) and nothing is written.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from typing import Any
+
+from weightprep.errors import AccountingError
+
+__all__ = ["final_counts", "check_accounting", "DROP_REASONS"]
+
+DROP_REASONS = ("overlong", "unsupervised")
+#: Relative tolerance of the weight identity: float32 weights summed in float64, in different orders.
+_WEIGHT_RTOL = 1e-9
+
+
+def final_counts(counts: Counter[str], rejected: Counter[str], seq_len: int) -> dict[str, Any]:
+    """The manifest's ``counts`` from the build's raw counters."""
+    rows = counts["rows"]
+    accepted = counts["accepted"]
+    tokens_removed = {f"dropped_{r}": counts[f"tokens_dropped_{r}"] for r in DROP_REASONS}
+    weight_removed = {f"dropped_{r}": counts[f"weight_dropped_{r}"] for r in DROP_REASONS}
+    return {
+        "records": accepted + sum(rejected.values()),
+        "accepted": accepted,
+        "rejected": dict(sorted(rejected.items())),
+        "pieces": counts["pieces"],
+        "piece_tokens": counts["piece_tokens"],
+        "documents": counts["documents"],
+        "empty_documents": counts["empty_documents"],
+        "documents_written": counts["documents_written"],
+        "dropped": {r: counts[f"dropped_{r}"] for r in DROP_REASONS},
+        "truncated": counts["truncated"],
+        "split": counts["split"],
+        "split_parts": counts["split_parts"],
+        "rows": rows,
+        "tokens": counts["tokens"],
+        "pad_tokens": rows * seq_len - counts["tokens"],
+        "supervised_tokens": counts["supervised_tokens"],
+        "total_weight": round(counts["total_weight"], 6),
+        "fill_ratio": round(counts["tokens"] / (rows * seq_len), 6) if rows else 0.0,
+        "accounting": {
+            "tokens": {
+                "accepted": counts["tokens_accepted"],
+                **tokens_removed,
+                "cut_truncated": counts["tokens_truncated"],
+                "written": counts["tokens"],
+            },
+            "weight": {
+                "accepted": counts["weight_accepted"],
+                "unlabeled_first": counts["weight_unlabeled_first"],
+                "unlabeled_split": counts["weight_split"],
+                **weight_removed,
+                "cut_truncated": counts["weight_truncated"],
+                "written": counts["total_weight"],
+            },
+        },
+    }
+
+
+def check_accounting(counts: dict[str, Any]) -> None:
+    """Raise ``AccountingError`` unless ``counts`` (a manifest's) satisfy the identity above."""
+    c = counts
+    problems = []
+    rejected = sum(c["rejected"].values())
+    if c["records"] != c["accepted"] + rejected:
+        problems.append(f"records read {c['records']} != accepted {c['accepted']} + rejected {rejected}")
+    if c["documents"] != c["accepted"]:
+        problems.append(f"documents {c['documents']} != accepted records {c['accepted']}")
+    expected_docs = c["documents"] - sum(c["dropped"].values()) - c["split"] + c["split_parts"]
+    if c["documents_written"] != expected_docs:
+        problems.append(
+            f"documents written {c['documents_written']} != documents {c['documents']} - dropped "
+            f"{sum(c['dropped'].values())} - split {c['split']} + parts {c['split_parts']} = {expected_docs}"
+        )
+    t = c["accounting"]["tokens"]
+    expected_tokens = t["accepted"] - sum(v for k, v in t.items() if k not in ("accepted", "written"))
+    if t["written"] != expected_tokens or c["tokens"] != t["written"]:
+        problems.append(f"tokens written {t['written']} != accepted {t['accepted']} - removed = {expected_tokens} ({t})")
+    w = c["accounting"]["weight"]
+    expected_weight = w["accepted"] - sum(v for k, v in w.items() if k not in ("accepted", "written"))
+    if not math.isclose(w["written"], expected_weight, rel_tol=_WEIGHT_RTOL, abs_tol=1e-6):
+        problems.append(f"weight written {w['written']!r} != accepted {w['accepted']!r} - removed = {expected_weight!r} ({w})")
+    if c["pad_tokens"] < 0:
+        problems.append(f"pad tokens {c['pad_tokens']} < 0")
+    if problems:
+        raise AccountingError(problems)
