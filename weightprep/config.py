@@ -50,7 +50,7 @@ class TokenizerConfig:
         default="auto", metadata={"help": "auto: prepend BOS when the tokenizer has one."}
     )
     trust_remote_code: bool = field(default=False, metadata={"help": "Allow custom tokenizer code from the hub."})
-    batch_size: int = field(default=4096, metadata={"help": "Piece texts per call of the fast tokenizer."})
+    batch_size: int = field(default=16384, metadata={"help": "Piece texts per call of the fast tokenizer."})
 
 
 @dataclass(frozen=True)

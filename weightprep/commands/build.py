@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,15 @@ from weightprep.stages.read import expand_inputs
 from weightprep.tokenizer import SAMPLE_TOKENIZER_DIR
 
 __all__ = ["build", "format_summary"]
+
+
+def set_tokenizer_threads(num_proc: int | None) -> None:
+    """Size the Rust tokenizer's thread pool (read once, at its first parallel call in this process)."""
+    if num_proc is not None:
+        os.environ["RAYON_NUM_THREADS"] = str(num_proc)
+    # a parent that set TOKENIZERS_PARALLELISM=false (e.g. to fork safely) would leave us on one core
+    if num_proc is None or num_proc > 1:
+        os.environ["TOKENIZERS_PARALLELISM"] = "true"
 
 
 def format_summary(manifest: dict[str, Any], out: str) -> str:
@@ -61,8 +71,15 @@ def format_summary(manifest: dict[str, Any], out: str) -> str:
 )
 @click.option("--max-line-bytes", type=int, help="Longest input line; longer ones are invalid [read.max_line_bytes, 64 MiB].")
 @click.option("--overwrite", is_flag=True, help="Replace the output directory (an earlier build) if it exists.")
+@click.option(
+    "--num-proc",
+    type=click.IntRange(min=1),
+    help="Tokenizer threads (default: every core). The output does not depend on it.",
+)
 @reports_errors
-def build(inputs: tuple[str, ...], out: str, pipeline_file: str | None, overwrite: bool, **flags: Any) -> None:
+def build(
+    inputs: tuple[str, ...], out: str, pipeline_file: str | None, overwrite: bool, num_proc: int | None, **flags: Any
+) -> None:
     """Tokenize, weight, mask, pack and write INPUTS as Arrow shards.
 
     INPUTS are .jsonl, .jsonl.gz or .jsonl.zst files, directories (their *.jsonl* files, sorted) or
@@ -70,6 +87,7 @@ def build(inputs: tuple[str, ...], out: str, pipeline_file: str | None, overwrit
     from rich.console import Console
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 
+    set_tokenizer_threads(num_proc)
     from weightprep.pipeline import build as run_build
 
     overrides = {
