@@ -206,3 +206,22 @@ def test_overwrite_replaces_only_on_success(sample_tok, tmp_path, write_jsonl):
         build([str(bad)], out, config_from_dict({}), tokenizer=sample_tok, overwrite=True)
     assert (out / MANIFEST_NAME).read_bytes() == before  # the old output survives a failed overwrite
     shutil.rmtree(out)
+
+
+@pytest.mark.parametrize("packed", [True, False])
+def test_hand_written_features_equal_datasets_own(packed):
+    from datasets import Features, List, Value
+
+    from weightprep.constants import PACKED_COLUMNS, UNPACKED_COLUMNS
+    from weightprep.stages.write import arrow_schema, features
+
+    dtypes = {"input_ids": "int32", "labels": "int32", "weights": "float32", "position_ids": "int32", "attention_mask": "int8"}
+    cols = PACKED_COLUMNS if packed else UNPACKED_COLUMNS
+    theirs = Features(
+        {c: List(Value("int32")) if c == "seq_lengths" else List(Value(dtypes[c]), length=96) for c in cols}
+    )
+    assert features(96, packed=packed) == theirs.to_dict()
+    assert Features.from_dict(features(96, packed=packed)) == theirs
+    ours = arrow_schema(96, packed=packed)
+    assert ours.equals(theirs.arrow_schema, check_metadata=False)
+    assert json.loads(ours.metadata[b"huggingface"]) == json.loads(theirs.arrow_schema.metadata[b"huggingface"])

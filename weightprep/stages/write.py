@@ -47,22 +47,35 @@ from weightprep.constants import (
 )
 from weightprep.errors import UsageError
 
-__all__ = ["features", "ShardWriter", "prepare_output", "recover_stale"]
+__all__ = ["features", "arrow_schema", "ShardWriter", "prepare_output", "recover_stale"]
 
 _DTYPES = {INPUT_IDS: "int32", LABELS: "int32", WEIGHTS: "float32", POSITION_IDS: "int32", ATTENTION_MASK: "int8"}
 
 
-def features(seq_len: int, *, packed: bool) -> Any:
-    """The ``datasets.Features`` of the shards: fixed-size lists of ``seq_len``, ``seq_lengths`` a list."""
-    from datasets import Features, List, Value
-
+def features(seq_len: int, *, packed: bool) -> dict[str, Any]:
+    """The shards' ``datasets`` features as the JSON ``datasets`` writes: fixed-size lists of
+    ``seq_len`` (``List(Value(dtype), length=seq_len)``) and ``seq_lengths`` a plain list of int32.
+    Spelled out here so a build never imports ``datasets``; tests check it against ``datasets`` itself."""
     cols = PACKED_COLUMNS if packed else UNPACKED_COLUMNS
-    return Features(
-        {
-            c: List(Value("int32")) if c == SEQ_LENGTHS else List(Value(_DTYPES[c]), length=seq_len)
-            for c in cols
-        }
-    )
+    spec: dict[str, Any] = {}
+    for c in cols:
+        if c == SEQ_LENGTHS:
+            spec[c] = {"feature": {"dtype": "int32", "_type": "Value"}, "_type": "List"}
+        else:
+            spec[c] = {"feature": {"dtype": _DTYPES[c], "_type": "Value"}, "length": seq_len, "_type": "List"}
+    return spec
+
+
+def arrow_schema(seq_len: int, *, packed: bool) -> pa.Schema:
+    """The Arrow schema of the shards, with the ``huggingface`` metadata ``datasets`` reads back."""
+    arrow_types = {"int32": pa.int32(), "float32": pa.float32(), "int8": pa.int8()}
+    cols = PACKED_COLUMNS if packed else UNPACKED_COLUMNS
+    fields = [
+        pa.field(c, pa.list_(pa.int32()) if c == SEQ_LENGTHS else pa.list_(arrow_types[_DTYPES[c]], seq_len))
+        for c in cols
+    ]
+    meta = json.dumps({"info": {"features": features(seq_len, packed=packed)}}, separators=(", ", ": "))
+    return pa.schema(fields, metadata={"huggingface": meta})
 
 
 _STALE = re.compile(r"^\.(?P<name>.+)\.(?P<kind>tmp|old)-(?P<pid>\d+)$")
@@ -143,7 +156,7 @@ class ShardWriter:
         self.seq_len = seq_len
         self.packed = packed
         self.features = features(seq_len, packed=packed)
-        self.schema = self.features.arrow_schema
+        self.schema = arrow_schema(seq_len, packed=packed)
         self.columns = PACKED_COLUMNS if packed else UNPACKED_COLUMNS
         per_token = sum(4 if _DTYPES[c] != "int8" else 1 for c in self.columns if c != SEQ_LENGTHS)
         self.rows_per_shard = max(1, max_shard_bytes // (seq_len * per_token + 64))
@@ -221,7 +234,7 @@ class ShardWriter:
         info = {
             "citation": "",
             "description": "Token-weighted rows written by weightprep; see weightprep_manifest.json.",
-            "features": self.features.to_dict(),
+            "features": self.features,
             "homepage": "",
             "license": "",
         }
