@@ -48,7 +48,9 @@ def build(out: Path, *, seed: int = 0) -> Path:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--out", type=Path, default=HERE / "tiny-llama")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()

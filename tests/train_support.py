@@ -188,3 +188,86 @@ def reference_loss(model, batch: dict[str, torch.Tensor], normalize: str) -> tor
             num = num + w * nll.double()
             den = den + (w if normalize == "weight" else 1.0)
     return (num / den).float()
+
+
+def one_step_grads(
+    shards_dir: str | Path,
+    *,
+    batch_size: int,
+    grad_accum: int,
+    normalize: str,
+    out_dir: str | Path,
+    seed: int = 0,
+) -> dict[str, torch.Tensor]:
+    """Gradients of one optimizer step of ``WeightedSFTTrainer`` (taken just before the optimizer step).
+
+    Runs in this process, or in each process of a torchrun/accelerate launch (then the gradients are the
+    synchronized ones). Clipping is off so the gradients are the raw ones.
+    """
+    from transformers import TrainerCallback
+    from trl import SFTConfig
+
+    from weightprep.tokenizer import load_tokenizer
+    from weightprep.train import WeightedSFTTrainer, load_shards
+
+    captured: dict[str, torch.Tensor] = {}
+
+    class Capture(TrainerCallback):
+        def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
+            captured.update(
+                {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+            )
+
+    args = SFTConfig(
+        output_dir=str(out_dir),
+        per_device_train_batch_size=batch_size,
+        gradient_accumulation_steps=grad_accum,
+        max_steps=1,
+        learning_rate=1e-3,
+        lr_scheduler_type="constant",
+        max_grad_norm=0.0,
+        bf16=False,
+        use_cpu=True,
+        activation_checkpointing=False,
+        save_strategy="no",
+        report_to="none",
+        logging_steps=1,
+        disable_tqdm=True,
+        seed=seed,
+    )
+    shards = load_shards(shards_dir)
+    model = tiny_llama(VOCAB_FOR_STEPS, seed=seed)
+    trainer = WeightedSFTTrainer(
+        model,
+        args=args,
+        train_dataset=shards,
+        processing_class=load_tokenizer(None),
+        normalize=normalize,
+        callbacks=[Capture()],
+    )
+    trainer.train()
+    assert captured, "no optimizer step happened"
+    return captured
+
+
+#: Model vocabulary of the accumulation/DDP equivalence runs (rows from ``random_rows(..., vocab=96)``).
+VOCAB_FOR_STEPS = 96
+
+
+def peak_allocated_bytes(fn) -> tuple[int, object]:
+    """Run ``fn()`` under torch's profiler and return (peak bytes allocated during it, its result).
+
+    The profiler records every allocation and free of the CPU allocator in order, so the running sum of their
+    sizes is the memory held by tensors created inside ``fn`` at each moment: an exact, allocator-level peak,
+    independent of RSS noise, other processes, and the allocator's caching.
+    """
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        result = fn()
+    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
+    held = peak = 0
+    for event in sorted(events, key=lambda e: e.start_ns()):
+        held += event.nbytes()
+        peak = max(peak, held)
+    return peak, result

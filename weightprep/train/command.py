@@ -64,7 +64,12 @@ TrainOptions = dict[str, Any]
     type=click.Choice(["cosine", "linear", "constant", "constant_with_warmup"]),
     default="cosine",
 )
-@click.option("--warmup-ratio", type=click.FloatRange(min=0, max=1, max_open=True), default=0.03, help="Fraction of the steps spent warming up the learning rate.")
+@click.option(
+    "--warmup-ratio",
+    type=click.FloatRange(min=0, max=1, max_open=True),
+    default=0.03,
+    help="Fraction of the steps spent warming up the learning rate.",
+)
 @click.option("--weight-decay", type=click.FloatRange(min=0), default=0.0)
 @click.option(
     "--max-grad-norm", type=click.FloatRange(min=0), default=1.0, help="Gradient clipping (0: off)."
@@ -122,8 +127,8 @@ TrainOptions = dict[str, Any]
 @click.option(
     "--vocab-chunk",
     type=click.IntRange(min=256),
-    default=32768,
-    help="Vocabulary columns per LM-head tile of the loss.",
+    default=None,
+    help="Vocabulary columns per LM-head tile of the loss [default: 32768 on GPU, 2048 on CPU].",
 )
 @click.option("--dataloader-workers", type=click.IntRange(min=0), default=0)
 @click.pass_context
@@ -214,6 +219,12 @@ def run_training(opts: TrainOptions) -> dict[str, Any]:
     lora = _lora_config(opts)
 
     use_cuda = torch.cuda.is_available()
+    if opts["strategy"] == "fsdp" and not use_cuda:
+        # accelerate builds its FSDP plugin only for GPU-like devices; on CPU it would silently run DDP
+        raise UsageError(
+            "--strategy fsdp needs GPUs: accelerate shards parameters only on GPU-like devices and would fall back "
+            "to plain data parallelism on CPU; use --strategy ddp here (torchrun runs it with gloo)"
+        )
     precision = _precision(opts["precision"], use_cuda)
     attn = _attn_implementation(opts["attn_implementation"], use_cuda)
     checkpointing = (
@@ -340,12 +351,18 @@ def _sft_config(opts: TrainOptions, precision: str, checkpointing: bool, use_cud
     extra: dict[str, Any] = {}
     if opts["strategy"] == "fsdp":
         layer_classes = sorted(getattr(model, "_no_split_modules", None) or [])
-        extra["fsdp"] = "full_shard auto_wrap"
+        extra["fsdp"] = True
         extra["fsdp_config"] = {
             "version": 2,
+            "auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
             "transformer_layer_cls_to_wrap": layer_classes,
             "reshard_after_forward": True,
         }
+    # transformers >= 5.x: activation_checkpointing (gradient_checkpointing is its deprecated alias)
+    if "activation_checkpointing" in SFTConfig.__dataclass_fields__:
+        extra["activation_checkpointing"] = checkpointing
+    else:
+        extra["gradient_checkpointing"] = checkpointing
     return SFTConfig(
         output_dir=str(opts["output_dir"]),
         per_device_train_batch_size=opts["micro_batch_size"],
@@ -366,7 +383,6 @@ def _sft_config(opts: TrainOptions, precision: str, checkpointing: bool, use_cud
         bf16=precision == "bf16",
         fp16=precision == "fp16",
         use_cpu=not use_cuda,
-        gradient_checkpointing=checkpointing,
         report_to="none",
         dataloader_num_workers=opts["dataloader_workers"],
         ddp_find_unused_parameters=False,

@@ -22,12 +22,13 @@ How the logits are avoided. :func:`attach_weighted_head` patches the model insta
 under peft; DDP/FSDP wrappers call it, so their hooks still run): when called with ``token_weights=...`` it runs the
 decoder body only, gathers the hidden states of the supervised positions (prompt tokens, weight-0 spans and padding
 are never projected), and feeds them to TRL's chunked log-prob kernel (``trl.kernels.ChunkedLogProbFunction``, the
-kernel behind TRL 1.16's ``add_fused_lm_head``). That kernel projects ``4096 tokens x vocab_chunk`` tiles through the
-LM head, folds each tile into an online log-sum-exp (a Triton kernel on CUDA, torch ops elsewhere) and recomputes the
-tiles in the backward, accumulating the head's gradients in float32. Peak extra memory: one tile,
-``min(n_supervised, 4096) x min(vocab, vocab_chunk)``, instead of ``batch x length x vocab`` logits, their
-float32 upcast, their log-softmax and its gradient. For 8 x 2048 tokens and a 128k vocabulary that is 0.27 GB
-(bf16 tile) against more than 8.6 GB.
+kernel behind TRL 1.16's ``add_fused_lm_head``). That kernel projects tiles of ``4096 tokens x vocab_chunk``
+through the LM head, folds each tile into an online log-sum-exp (a Triton kernel on CUDA, torch ops elsewhere) and
+recomputes the tiles in the backward, accumulating the head's gradients in float32. Memory is set by the tile,
+``min(n_supervised, 4096) x min(vocab, vocab_chunk)``, not by ``batch x length x vocab``: for 8 x 2048 tokens and
+a 128k vocabulary one bf16 tile is 0.27 GB where the float32 logits alone are 8.6 GB (before their log-softmax
+and gradient). On CPU the torch fallback keeps about nine tile-sized temporaries, hence a narrower default tile
+there (:func:`default_vocab_chunk`); measured in ``tests/test_train_memory.py``.
 
 Why not ``add_fused_lm_head`` itself: it selects positions by label only, and only on Triton devices (elsewhere it
 scores every position with a ``4096 x 32768`` buffer whatever the vocabulary); it must be attached before peft
@@ -54,6 +55,8 @@ __all__ = [
     "Normalize",
     "WeightedLMOutput",
     "attach_weighted_head",
+    "check_normalize",
+    "default_vocab_chunk",
     "loss_denominator",
     "supervised_mask",
     "unwrap_model",
@@ -64,9 +67,20 @@ Normalize = Literal["weight", "tokens"]
 #: Accepted values of ``normalize``; the first is the default.
 NORMALIZATIONS: tuple[str, ...] = ("weight", "tokens")
 
-#: Vocabulary columns per projection tile. 32768 keeps the tile GEMMs large on GPU; lower it to trade speed
-#: for memory on huge vocabularies (the tile is ``4096 x vocab_chunk`` in the compute dtype).
-DEFAULT_VOCAB_CHUNK = 32768
+#: Vocabulary columns per projection tile (``None``: by device, see :func:`default_vocab_chunk`).
+DEFAULT_VOCAB_CHUNK: int | None = None
+
+
+def default_vocab_chunk(device: torch.device) -> int:
+    """32768 where TRL's Triton kernel folds the tile in registers (CUDA/XPU): large GEMMs, one tile in memory.
+    2048 elsewhere: the torch fallback of the kernel holds about nine tile-sized temporaries at once in its
+    backward (the float32 tile, its exponentials, the target mask, the gradient...), so a narrow tile is what
+    bounds memory on CPU (measured in ``tests/test_train_memory.py``).
+    """
+    from transformers.utils import is_triton_available
+
+    return 32768 if device.type in ("cuda", "xpu") and is_triton_available() else 2048
+
 
 _PATCHED = "_weightprep_weighted_head"
 
@@ -104,7 +118,7 @@ def loss_denominator(batches: Iterable[Mapping[str, Any]], normalize: Normalize 
     Sum it across data-parallel ranks (``accelerator.gather(d).sum()`` or ``all_reduce``) before use; the trainer
     does both. ``weight``: sum of supervised weights; ``tokens``: count of supervised tokens.
     """
-    _check_normalize(normalize)
+    check_normalize(normalize)
     total: torch.Tensor | None = None
     for batch in batches:
         labels, weights = torch.as_tensor(batch[LABELS]), torch.as_tensor(batch[WEIGHTS])
@@ -168,7 +182,7 @@ def weighted_lm_loss(
     *,
     normalize: Normalize = "weight",
     denominator: torch.Tensor | float | None = None,
-    vocab_chunk: int = DEFAULT_VOCAB_CHUNK,
+    vocab_chunk: int | None = DEFAULT_VOCAB_CHUNK,
 ) -> WeightedLMOutput:
     """Forward ``batch`` through ``model`` and return the weighted loss (in ``.loss``) with its parts.
 
@@ -178,12 +192,15 @@ def weighted_lm_loss(
     rows — what :class:`~weightprep.train.collator.WeightedCollator` produces. ``denominator``: the step's total
     from :func:`loss_denominator` summed over ranks; ``None`` uses this batch alone (one micro-batch, one process).
     Data-parallel wrappers average gradients over ranks, so with a global denominator multiply the loss by the
-    world size before ``backward`` (the trainer does).
+    world size before ``backward`` (the trainer does). ``vocab_chunk``: vocabulary columns per LM-head tile
+    (``None``: :func:`default_vocab_chunk`). Mixed precision: the weighted path runs inside the model's
+    ``forward``, so it is autocast when accelerate wraps that forward *after* the head is attached (call
+    :func:`attach_weighted_head` before ``accelerator.prepare``; the trainer does) or under ``torch.autocast``.
 
     >>> out = weighted_lm_loss(model, collator(rows))  # doctest: +SKIP
     >>> out.loss.backward()  # doctest: +SKIP
     """
-    _check_normalize(normalize)
+    check_normalize(normalize)
     attach_weighted_head(model)
     inputs = {
         "input_ids": batch[INPUT_IDS],
@@ -204,7 +221,8 @@ def weighted_lm_loss(
     return out
 
 
-def _check_normalize(normalize: str) -> None:
+def check_normalize(normalize: str) -> None:
+    """Refuse an unknown normalization with the accepted values."""
     if normalize not in NORMALIZATIONS:
         raise UsageError(f"normalize must be one of {', '.join(NORMALIZATIONS)}, got {normalize!r}")
 
@@ -252,7 +270,7 @@ def _weighted_forward(
     softcap: float | None,
     *args: Any,
     labels: torch.Tensor | None = None,
-    vocab_chunk: int = DEFAULT_VOCAB_CHUNK,
+    vocab_chunk: int | None = DEFAULT_VOCAB_CHUNK,
     num_items_in_batch: Any = None,  # transformers may pass it; the denominator is the caller's business
     **kwargs: Any,
 ) -> WeightedLMOutput:
@@ -284,7 +302,7 @@ def _weighted_forward(
         bias,
         targets[mask].long(),
         1.0,  # temperature
-        max(1, min(int(vocab_chunk), weight.shape[0])),
+        max(1, min(int(vocab_chunk or default_vocab_chunk(hidden.device)), weight.shape[0])),
         softcap,
         scale,
         ("log_probs",),

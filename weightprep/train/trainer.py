@@ -40,8 +40,8 @@ from weightprep.train.data import Shards
 from weightprep.train.loss import (
     DEFAULT_VOCAB_CHUNK,
     Normalize,
-    _check_normalize,
     attach_weighted_head,
+    check_normalize,
     supervised_mask,
     weighted_lm_loss,
 )
@@ -50,7 +50,8 @@ __all__ = ["WeightedSFTTrainer", "peak_memory_gb", "prepare_args"]
 
 
 def prepare_args(args: SFTConfig | None, output_dir: str = "weightprep-run") -> SFTConfig:
-    """An ``SFTConfig`` that lets prepared shards through untouched (a copy; ``args`` is not modified)."""
+    """``args`` (an ``SFTConfig``, created or converted if needed), set to let prepared shards through untouched:
+    dataset preparation skipped, no packing or padding-free flattening, non-reentrant checkpointing."""
     if args is None:
         args = SFTConfig(output_dir=output_dir)
     elif not isinstance(args, SFTConfig):  # a plain TrainingArguments
@@ -61,10 +62,14 @@ def prepare_args(args: SFTConfig | None, output_dir: str = "weightprep-run") -> 
     # Rows are already packed and padded to one length: TRL must neither pack nor flatten them again
     args.packing = False
     args.padding_free = False
-    if args.gradient_checkpointing:
-        kwargs = dict(args.gradient_checkpointing_kwargs or {})
+    # transformers >= 5.x names it activation_checkpointing (the gradient_* names are deprecated mirrors)
+    new_names = hasattr(args, "activation_checkpointing_kwargs")
+    enabled = args.activation_checkpointing if new_names else args.gradient_checkpointing
+    if enabled:
+        key = "activation_checkpointing_kwargs" if new_names else "gradient_checkpointing_kwargs"
+        kwargs = dict(getattr(args, key) or {})
         kwargs.setdefault("use_reentrant", False)  # reentrant checkpointing and DDP do not mix
-        args.gradient_checkpointing_kwargs = kwargs
+        setattr(args, key, kwargs)
     return args
 
 
@@ -99,13 +104,13 @@ class WeightedSFTTrainer(SFTTrainer):
         train_dataset: Any = None,
         *,
         normalize: Normalize = "weight",
-        vocab_chunk: int = DEFAULT_VOCAB_CHUNK,
+        vocab_chunk: int | None = DEFAULT_VOCAB_CHUNK,
         data_collator: Any = None,
         **kwargs: Any,
     ) -> None:
-        _check_normalize(normalize)
+        check_normalize(normalize)
         self.normalize: Normalize = normalize
-        self.vocab_chunk = int(vocab_chunk)
+        self.vocab_chunk = vocab_chunk
         packed = None
         if isinstance(train_dataset, Shards):
             packed = train_dataset.packed
