@@ -131,6 +131,12 @@ TrainOptions = dict[str, Any]
     help="Vocabulary columns per LM-head tile of the loss [default: 32768 on GPU, 2048 on CPU].",
 )
 @click.option("--dataloader-workers", type=click.IntRange(min=0), default=0)
+@click.option(
+    "--skip-memory-check",
+    is_flag=True,
+    default=False,
+    help="Start even if `weightprep plan` predicts the setup will not fit in GPU memory.",
+)
 @click.pass_context
 @reports_errors
 def train(ctx: click.Context, **options: Any) -> None:
@@ -232,6 +238,8 @@ def run_training(opts: TrainOptions) -> dict[str, Any]:
     )
     # LoRA keeps the frozen base in bf16 on a GPU; full fine-tuning keeps fp32 master weights under autocast
     load_dtype = torch.bfloat16 if (lora is not None and precision == "bf16") else torch.float32
+    if use_cuda and not opts.get("skip_memory_check"):
+        _check_memory_plan(opts, shards, model_config, precision, checkpointing, load_dtype == torch.bfloat16)
     try:
         model = AutoModelForCausalLM.from_pretrained(model_id, dtype=load_dtype, attn_implementation=attn)
     except Exception as exc:
@@ -271,6 +279,43 @@ def run_training(opts: TrainOptions) -> dict[str, Any]:
             f"{precision}, {attn}, {summary['processes']} process(es); saved to {summary['output_dir']}"
         )
     return summary
+
+
+def _check_memory_plan(
+    opts: TrainOptions, shards: Any, model_config: Any, precision: str, checkpointing: bool, pure: bool
+) -> None:
+    """Refuse, with the plan's advice, a setup that ``weightprep plan`` predicts will not fit (GPU only)."""
+    import torch
+
+    from weightprep.plan import check_fits, format_advice
+    from weightprep.plan.advice import shards_settings
+
+    try:
+        settings = shards_settings(shards.path)
+        result = check_fits(
+            model_config,
+            shards.seq_len,
+            int(opts["micro_batch_size"]),
+            gpus=int(os.environ.get("WORLD_SIZE", "1")),
+            gpu_memory=torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory,
+            strategy=opts["strategy"],
+            dtype=precision,
+            precision="pure" if pure else "mixed",
+            gradient_checkpointing=checkpointing,
+            lora_r=int(opts["lora_r"] or 0) or None,
+            grad_accum=int(opts["grad_accum"]),
+            packed=shards.packed,
+            supervised_fraction=settings.get("supervised_fraction", 1.0),
+        )
+    except UsageError:
+        raise
+    except Exception as exc:  # a model family the planner does not know: say so, do not block training
+        click.echo(f"note: memory plan unavailable for this model ({exc}); starting anyway", err=True)
+        return
+    if not result.fits:
+        raise UsageError(
+            format_advice(result) + "\nChange the settings above, or pass --skip-memory-check to try anyway."
+        )
 
 
 def _load_tokenizer(name: str | None, model_id: str, manifest_tok: dict[str, Any]) -> Any:
