@@ -1,6 +1,6 @@
 """Build throughput, memory and output size: weightprep against the alternatives, side by side.
 
-    python benchmarks/build_bench.py                       # 20k records, 3 rounds, ~8 min on 2 cores
+    python benchmarks/build_bench.py                       # 10k records, 3 rounds, ~7 min on 2 cores
     python benchmarks/build_bench.py --records 100000 --repeat 5
     python benchmarks/build_bench.py --scale 100000,1000000 --tools weightprep   # flat memory, linear time
 
@@ -113,7 +113,7 @@ def scale(args: argparse.Namespace) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--records", type=int, default=20000)
+    ap.add_argument("--records", type=int, default=10000)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--seq-len", type=int, default=2048)
     ap.add_argument("--tools", default="weightprep,limit,seed,trl", type=lambda s: s.split(","))

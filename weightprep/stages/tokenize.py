@@ -35,20 +35,21 @@ class PieceTokenizer:
         self._encode = getattr(backend, "encode_batch_fast", backend.encode_batch)
 
     def __call__(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        ids: list[list[int]] = []
+        return self.to_arrays(self.encode(texts))
+
+    def encode(self, texts: list[str]) -> list[Any]:
+        """The Rust side: ``Encoding`` objects, computed on all cores with the GIL released."""
+        encodings: list[Any] = []
         for start in range(0, len(texts), self.batch_size):
-            encodings = self._encode(texts[start : start + self.batch_size], add_special_tokens=False)
-            ids.extend(e.ids for e in encodings)
+            encodings.extend(self._encode(texts[start : start + self.batch_size], add_special_tokens=False))
+        return encodings
+
+    @staticmethod
+    def to_arrays(encodings: list[Any]) -> tuple[np.ndarray, np.ndarray]:
+        """The Python side: flat int32 ids and int64 offsets from the encodings."""
+        ids = [e.ids for e in encodings]
         lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
         offsets = np.zeros(len(ids) + 1, dtype=np.int64)
         np.cumsum(lengths, out=offsets[1:])
         flat = np.fromiter(chain.from_iterable(ids), dtype=np.int32, count=int(offsets[-1]))
         return flat, offsets
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {"backend": self.backend, "batch_size": self.batch_size}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.backend = state["backend"]
-        self.batch_size = state["batch_size"]
-        self._encode = getattr(self.backend, "encode_batch_fast", self.backend.encode_batch)
