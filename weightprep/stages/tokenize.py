@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 from itertools import chain
+from operator import attrgetter
 from typing import Any
 
 import numpy as np
@@ -46,10 +47,12 @@ class PieceTokenizer:
 
     @staticmethod
     def to_arrays(encodings: list[Any]) -> tuple[np.ndarray, np.ndarray]:
-        """The Python side: flat int32 ids and int64 offsets from the encodings."""
-        ids = [e.ids for e in encodings]
-        lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
-        offsets = np.zeros(len(ids) + 1, dtype=np.int64)
+        """The Python side: flat int32 ids and int64 offsets from the encodings, in one pass over the ids
+        (``len(encoding)`` is its number of ids, so no list of id lists is kept)."""
+        lengths = np.fromiter(map(len, encodings), dtype=np.int64, count=len(encodings))
+        offsets = np.zeros(len(encodings) + 1, dtype=np.int64)
         np.cumsum(lengths, out=offsets[1:])
-        flat = np.fromiter(chain.from_iterable(ids), dtype=np.int32, count=int(offsets[-1]))
+        flat = np.fromiter(
+            chain.from_iterable(map(attrgetter("ids"), encodings)), dtype=np.int32, count=int(offsets[-1])
+        )
         return flat, offsets
