@@ -192,6 +192,35 @@ def test_failed_build_leaves_nothing(sample_tok, tmp_path, write_jsonl):
     assert [p.name for p in tmp_path.iterdir()] == ["raw.jsonl"]
 
 
+def test_error_mid_build_stops_every_thread(sample_tok, tmp_path, monkeypatch):
+    """An error in the tokenizing thread while the reader still has blocks to go: both background
+    threads are stopped and joined before the error reaches the caller, and nothing is written."""
+    import threading
+
+    from weightprep.stages.tokenize import PieceTokenizer
+
+    calls = {"n": 0}
+    real_encode = PieceTokenizer.encode
+
+    def failing_encode(self, texts):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise RuntimeError("tokenizer exploded")
+        return real_encode(self, texts)
+
+    monkeypatch.setattr(PieceTokenizer, "encode", failing_encode)
+    cfg = config_from_dict({"read": {"block_bytes": 4096}})
+    out = tmp_path / "out"
+    try:
+        build([str(SAMPLE_RAW)], out, cfg, tokenizer=sample_tok)
+    except RuntimeError as exc:  # checked while the error (and its traceback) is still alive
+        assert "exploded" in str(exc)
+        assert not [t.name for t in threading.enumerate() if t.name.startswith("weightprep-")]
+    else:
+        pytest.fail("the build did not raise")
+    assert not out.exists() and not list(tmp_path.iterdir())
+
+
 def test_overwrite_replaces_only_on_success(sample_tok, tmp_path, write_jsonl):
     from weightprep.errors import UsageError
 

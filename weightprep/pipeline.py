@@ -126,8 +126,9 @@ def build(
             writer.write(rows)
 
     sink: BackgroundSink[Documents] = BackgroundSink(pack_and_write)
+    parsed = background(_parsed_blocks(files, cfg))
     try:
-        for records, block_rejects, consumed in background(_parsed_blocks(files, cfg)):
+        for records, block_rejects, consumed in parsed:
             if rejects is not None and block_rejects:
                 rejects.write(block_rejects)
             docs, batch_counts = document_batch(records, tokenize, specials, cfg)
@@ -162,6 +163,7 @@ def build(
         }
         return writer.commit(manifest)
     except BaseException:
+        parsed.close()  # stops and joins the read thread now, not when the traceback is collected
         sink.cancel()
         if rejects is not None:
             rejects.close()
