@@ -133,7 +133,7 @@ def run_one(which: str, data: Path, cfg: dict[str, Any], result_path: Path) -> N
     from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainerCallback, TrainingArguments
 
     from weightprep.train import WeightedCollator, WeightedSFTTrainer, load_shards
-    from weightprep.train.trainer import peak_memory_gb
+    from weightprep.train.trainer import peak_memory
 
     cuda = torch.cuda.is_available()
     bf16 = cuda and torch.cuda.is_bf16_supported()
@@ -237,7 +237,7 @@ def run_one(which: str, data: Path, cfg: dict[str, Any], result_path: Path) -> N
         "which": which, "params": n_params, "device": "cuda" if cuda else "cpu", "bf16": bf16,
         "timed_steps": cfg["steps"], "real_tokens": sum(timed), "seconds": seconds,
         "tokens_per_second": sum(timed) / seconds,
-        "peak_memory_gb": peak_memory_gb(torch.device("cuda" if cuda else "cpu")),
+        "peak_memory_gib": peak_memory(torch.device("cuda" if cuda else "cpu"))[1],
         "final_loss": float(trainer.state.log_history[-1].get("train_loss", float("nan"))),
     }  # fmt: skip
     result_path.write_text(json.dumps(result))
@@ -315,20 +315,20 @@ def report(results: dict[str, dict[str, Any]], cfg: dict[str, Any]) -> None:
     mem_kind = "max_memory_allocated" if any_ok.get("device") == "cuda" else "peak RSS"
     print(f"\n{any_ok.get('params', 0) / 1e6:.1f}M params, {any_ok.get('device', '?')}, "
           f"bf16={any_ok.get('bf16')}, rows {cfg['micro_batch']} x {cfg['seq_len']}, {cfg['steps']} timed steps")  # fmt: skip
-    print(f"{'recipe':<12} {'tokens/s':>12} {'peak GB (' + mem_kind + ')':>34} {'final loss':>11}")
+    print(f"{'recipe':<12} {'tokens/s':>12} {'peak GiB (' + mem_kind + ')':>34} {'final loss':>11}")
     for name, r in (("seed", seed), ("weightprep", ours)):
         if "error" in r or not r:
             print(f"{name:<12} {'failed: ' + r.get('error', 'not run'):>12}")
             continue
         print(
-            f"{name:<12} {r['tokens_per_second']:>12.1f} {r['peak_memory_gb']:>34.3f} {r['final_loss']:>11.4f}"
+            f"{name:<12} {r['tokens_per_second']:>12.1f} {r['peak_memory_gib']:>34.3f} {r['final_loss']:>11.4f}"
         )
     print(
         "(final loss: each recipe's own normalization; the seed's .mean() divides by every position, pads included)"
     )
     if "tokens_per_second" in seed and "tokens_per_second" in ours:
         print(f"ratios weightprep / seed: tokens/s {ours['tokens_per_second'] / seed['tokens_per_second']:.2f}x, "
-              f"peak memory {ours['peak_memory_gb'] / seed['peak_memory_gb']:.2f}x")  # fmt: skip
+              f"peak memory {ours['peak_memory_gib'] / seed['peak_memory_gib']:.2f}x")  # fmt: skip
 
 
 if __name__ == "__main__":

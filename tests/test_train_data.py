@@ -142,28 +142,27 @@ def test_pipelines_train_yaml_is_valid():
     assert opts["model"] and opts["output_dir"]
 
 
-def test_train_refuses_a_setup_the_plan_says_will_not_fit(tmp_path, monkeypatch):
-    """The GPU pre-flight check (run only with CUDA) refuses with the plan's advice; faked GPU here."""
+def test_train_refuses_a_setup_the_plan_says_will_not_fit(tmp_path):
+    """The GPU pre-flight check (run only with CUDA) refuses with the plan's advice; a faked 24 GiB GPU here."""
+    from dataclasses import replace
     from types import SimpleNamespace
 
-    import torch
     from transformers import LlamaConfig
 
     from weightprep.plan.presets import PRESETS
-    from weightprep.train.command import _check_memory_plan
+    from weightprep.train.device import DevicePolicy, preflight_memory_check
 
     (tmp_path / MANIFEST_NAME).write_text(
         json.dumps({"config": {"pack": {"seq_len": 4096, "enabled": True}}, "counts": {"rows": 10, "supervised_tokens": 30000}})
     )
     shards = SimpleNamespace(path=tmp_path, seq_len=4096, packed=True)
     config = LlamaConfig(**{k: v for k, v in PRESETS["llama-2-7b"].items() if k != "model_type"})
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     opts = {"micro_batch_size": 8, "strategy": "ddp", "lora_r": 0, "grad_accum": 1}
-
-    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: SimpleNamespace(total_memory=24 * 2**30))
+    policy = DevicePolicy(
+        device="cuda:0", gpu_name="fake", capability=(8, 0), total_memory=24 * 2**30, precision="bf16",
+        attn_implementation="sdpa", gradient_checkpointing=True, load_dtype="float32",
+    )  # fmt: skip
     with pytest.raises(UsageError) as err:
-        _check_memory_plan(opts, shards, config, "bf16", True, pure=False)
+        preflight_memory_check(policy, shards, config, opts)
     assert "does NOT fit" in str(err.value) and "--skip-memory-check" in str(err.value)
-
-    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: SimpleNamespace(total_memory=2000 * 2**30))
-    _check_memory_plan(opts, shards, config, "bf16", True, pure=False)  # fits: no error
+    preflight_memory_check(replace(policy, total_memory=2000 * 2**30), shards, config, opts)  # fits: no error

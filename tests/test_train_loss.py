@@ -14,6 +14,7 @@ import train_support as ts
 from weightprep.constants import ATTENTION_MASK, IGNORE_INDEX, INPUT_IDS, LABELS, POSITION_IDS, WEIGHTS
 from weightprep.errors import UsageError
 from weightprep.train import WeightedCollator, weighted_lm_loss
+from weightprep.train.attention import VARLEN_KEYS
 from weightprep.train.loss import loss_denominator
 
 VOCAB = 96
@@ -196,11 +197,13 @@ def test_collator_stacks_without_touching_labels():
     rows[0][LABELS][5] = ts.PAD  # a label equal to the pad id must survive (never masked by id)
     rows[0][INPUT_IDS][5] = ts.PAD
     batch = WeightedCollator()(rows)
-    assert set(batch) == {INPUT_IDS, LABELS, WEIGHTS, POSITION_IDS}
+    # packed rows: the token columns plus flash-attention's varlen kwargs (tests/test_train_attention.py)
+    assert set(batch) == {INPUT_IDS, LABELS, WEIGHTS, POSITION_IDS, *VARLEN_KEYS}
     assert batch[INPUT_IDS].dtype == torch.int64 and batch[WEIGHTS].dtype == torch.float32
     assert batch[LABELS][0, 5] == ts.PAD
     assert batch[INPUT_IDS].shape == (3, 24)
     unpacked = WeightedCollator()(ts.random_rows(2, 2, 24, VOCAB, packed=False))
     assert ATTENTION_MASK in unpacked and unpacked[ATTENTION_MASK].dtype == torch.int64
+    assert not set(VARLEN_KEYS) & set(unpacked)  # unpacked rows carry their mask instead
     with pytest.raises(UsageError, match="weights"):
         WeightedCollator()([{INPUT_IDS: [1, 2], LABELS: [1, 2]}])

@@ -1,5 +1,5 @@
 """WeightedSFTTrainer end to end: exact normalization across accumulation and processes, packed isolation
-through the trainer's own forward path, and a short CLI run on the sample shards that learns and resumes.
+through the trainer's own forward path, FSDP2 gradients (torch fully_shard on CPU), and a short CLI run on the sample shards that learns and resumes.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import train_support as ts
 from click.testing import CliRunner
 
 from weightprep.constants import ATTENTION_MASK
-from weightprep.train import WeightedCollator
+from weightprep.train import WeightedCollator, weighted_lm_loss
 
 REPO = Path(__file__).resolve().parent.parent
 TINY_LLAMA = REPO / "sample_data" / "tiny-llama"
@@ -87,6 +87,32 @@ def test_two_processes_x4_equal_one_process_8x1(step_shards, tmp_path):
             step_shards, batch_size=8, grad_accum=1, normalize=normalize, out_dir=tmp_path / normalize
         )
         _assert_same_grads(g81, g24, f"8x1 vs 2 processes x 4 ({normalize})")
+
+
+@pytest.mark.slow  # ~20-40 s: two processes, five sharded models
+def test_fsdp2_gradients_equal_single_process_gradients(tmp_path):
+    """torch's FSDP2 (fully_shard, gloo on CPU) in accelerate's layout and two others, 2 ranks x 4 rows: the
+    weighted loss's gathered gradients equal one process on all 8 rows (hence DDP's, tested above)."""
+    import train_fsdp_worker as fw
+
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), os.environ.get("PYTHONPATH", "")]),
+    }
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+        "--master-port", str(_free_port()), str(REPO / "tests" / "train_fsdp_worker.py"), str(tmp_path),
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    rows = WeightedCollator()(ts.random_rows(0, 8, 40, ts.VOCAB_FOR_STEPS))
+    for layout, tie, normalize in fw.RUNS:
+        model = ts.tiny_llama(ts.VOCAB_FOR_STEPS, seed=0, tie=tie).train()
+        weighted_lm_loss(model, rows, normalize=normalize).loss.backward()
+        sharded = torch.load(tmp_path / f"{layout}-{'tied' if tie else 'untied'}-{normalize}.pt")
+        assert set(sharded) == {n for n, _ in model.named_parameters()}
+        _assert_same_grads({n: p.grad for n, p in model.named_parameters()}, sharded, f"FSDP2 {layout} {tie}")
 
 
 def test_packed_documents_are_isolated_in_the_trainer_forward(tmp_path):

@@ -10,10 +10,15 @@ A packed batch of two rows, ``L = 6``, documents ``[5, 6, 7]`` and ``[8, 9]`` th
     labels        [[-100,   5,    6, -100,    8, -100], ...]   # unshifted; first token of each doc unlabeled
     weights       [[  0.,   1.,   1.,   0.,   2.,   0.], ...]
     position_ids  [[  0,    1,    2,    0,    1,    0], ...]   # restarts mark the documents
-    (no attention_mask: transformers isolates the documents from position_ids)
+    cu_seq_lens_q [0, 3, 5, 6, ...]  # = cu_seq_lens_k: segment boundaries over the flattened batch (int32)
+    max_length_q  6                  # = max_length_k: the longest segment (a Python int)
+    (no attention_mask: sdpa/eager/flex isolate the documents from position_ids, flash-attention from the
+     cu_seq_lens, see :mod:`weightprep.train.attention`)
 
-Unpacked rows (one document per row, right-padded) keep their ``attention_mask``. ``seq_lengths`` and any
-other column (metadata) are dropped: the model needs neither.
+The varlen kwargs come from the rows' ``seq_lengths`` (from ``position_ids`` for rows without them) and are what
+flash-attention needs to keep documents apart at a micro-batch above 1; the other implementations ignore them.
+Unpacked rows (one document per row, right-padded) keep their ``attention_mask`` and get no varlen kwargs. Any
+other column (metadata) is dropped.
 """
 
 from __future__ import annotations
@@ -25,8 +30,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from weightprep.constants import ATTENTION_MASK, INPUT_IDS, LABELS, POSITION_IDS, WEIGHTS
+from weightprep.constants import ATTENTION_MASK, INPUT_IDS, LABELS, POSITION_IDS, SEQ_LENGTHS, WEIGHTS
 from weightprep.errors import UsageError
+from weightprep.train.attention import varlen_kwargs_from_position_ids, varlen_kwargs_from_seq_lengths
 
 __all__ = ["WeightedCollator"]
 
@@ -36,7 +42,7 @@ _LONG = (INPUT_IDS, LABELS, POSITION_IDS)
 @dataclass(frozen=True)
 class WeightedCollator:
     """Collate shard rows into ``input_ids``, ``labels``, ``position_ids`` (int64), ``weights`` (float32) and,
-    for unpacked rows, ``attention_mask`` (int64).
+    for packed rows, the flash varlen kwargs; for unpacked rows, ``attention_mask`` (int64).
 
     ``packed=None`` decides from the rows (an ``attention_mask`` column means unpacked); ``True`` drops any
     attention mask so packed documents are isolated by their position ids; ``False`` requires one.
@@ -44,7 +50,7 @@ class WeightedCollator:
 
     packed: bool | None = None
 
-    def __call__(self, rows: Sequence[Mapping[str, Any]]) -> dict[str, torch.Tensor]:
+    def __call__(self, rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         if not rows:
             raise ValueError("WeightedCollator got an empty batch")
         first = rows[0]
@@ -59,7 +65,7 @@ class WeightedCollator:
         if not packed and ATTENTION_MASK not in first:
             raise UsageError("unpacked rows need an attention_mask column; these rows have none")
 
-        batch: dict[str, torch.Tensor] = {}
+        batch: dict[str, Any] = {}
         columns = (INPUT_IDS, LABELS, WEIGHTS, POSITION_IDS) + (() if packed else (ATTENTION_MASK,))
         for name in columns:
             batch[name] = _stack(name, [row[name] for row in rows])
@@ -67,6 +73,12 @@ class WeightedCollator:
             if name in batch:
                 batch[name] = batch[name].long()  # embedding lookups and gather want int64; int32 on disk
         batch[WEIGHTS] = batch[WEIGHTS].float()
+        if packed:
+            row_length = batch[INPUT_IDS].shape[-1]
+            if all(row.get(SEQ_LENGTHS) is not None for row in rows):
+                batch.update(varlen_kwargs_from_seq_lengths([row[SEQ_LENGTHS] for row in rows], row_length))
+            else:
+                batch.update(varlen_kwargs_from_position_ids(batch[POSITION_IDS]))
         return batch
 
 

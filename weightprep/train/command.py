@@ -9,7 +9,6 @@ loads, so a mismatch costs seconds, not a model download.
 from __future__ import annotations
 
 import difflib
-import importlib.util
 import json
 import os
 from pathlib import Path
@@ -110,13 +109,14 @@ TrainOptions = dict[str, Any]
     "--precision",
     type=click.Choice(["auto", "bf16", "fp16", "fp32"]),
     default="auto",
-    help="auto: bf16 where the GPU supports it, else fp16 with a loss scaler; fp32 on CPU.",
+    help="auto: bf16 on a GPU of compute capability 8.0+ (A100, H100, RTX 30xx+), fp16 with a loss scaler on "
+    "older GPUs (V100, T4), fp32 on CPU.",
 )
 @click.option(
     "--attn-implementation",
-    type=click.Choice(["auto", "flash_attention_2", "sdpa", "eager"]),
+    type=click.Choice(["auto", "flash_attention_2", "flash_attention_3", "sdpa", "eager"]),
     default="auto",
-    help="auto: flash_attention_2 when flash_attn is installed and a GPU is used, else sdpa.",
+    help="auto: flash_attention_2 on a GPU of compute capability 8.0+ with flash_attn installed, else sdpa.",
 )
 @click.option(
     "--strategy",
@@ -209,9 +209,10 @@ def run_training(opts: TrainOptions) -> dict[str, Any]:
     if "PYTORCH_CUDA_ALLOC_CONF" not in os.environ and "PYTORCH_ALLOC_CONF" not in os.environ:
         os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
 
     from weightprep.train.data import check_model_compatibility, load_shards
+    from weightprep.train.device import load_model, preflight_memory_check, resolve_device_policy
     from weightprep.train.trainer import WeightedSFTTrainer
 
     shards = load_shards(opts["shards"])
@@ -224,29 +225,21 @@ def run_training(opts: TrainOptions) -> dict[str, Any]:
     check_model_compatibility(shards, model_config, tokenizer)
     lora = _lora_config(opts)
 
-    use_cuda = torch.cuda.is_available()
-    if opts["strategy"] == "fsdp" and not use_cuda:
+    if opts["strategy"] == "fsdp" and not torch.cuda.is_available():
         # accelerate builds its FSDP plugin only for GPU-like devices; on CPU it would silently run DDP
         raise UsageError(
             "--strategy fsdp needs GPUs: accelerate shards parameters only on GPU-like devices and would fall back "
             "to plain data parallelism on CPU; use --strategy ddp here (torchrun runs it with gloo)"
         )
-    precision = _precision(opts["precision"], use_cuda)
-    attn = _attn_implementation(opts["attn_implementation"], use_cuda)
-    checkpointing = (
-        use_cuda if opts["gradient_checkpointing"] is None else bool(opts["gradient_checkpointing"])
+    policy = resolve_device_policy(
+        opts["precision"], opts["attn_implementation"], opts["gradient_checkpointing"], lora=lora is not None
     )
-    # LoRA keeps the frozen base in bf16 on a GPU; full fine-tuning keeps fp32 master weights under autocast
-    load_dtype = torch.bfloat16 if (lora is not None and precision == "bf16") else torch.float32
-    if use_cuda and not opts.get("skip_memory_check"):
-        _check_memory_plan(opts, shards, model_config, precision, checkpointing, load_dtype == torch.bfloat16)
-    try:
-        model = AutoModelForCausalLM.from_pretrained(model_id, dtype=load_dtype, attn_implementation=attn)
-    except Exception as exc:
-        raise UsageError(f"could not load model {model_id!r} (attn_implementation={attn}): {exc}") from exc
+    if policy.use_cuda and not opts.get("skip_memory_check"):
+        preflight_memory_check(policy, shards, model_config, opts)
+    model = load_model(model_id, model_config, policy, fsdp=opts["strategy"] == "fsdp")
     model.config.use_cache = False
 
-    args = _sft_config(opts, precision, checkpointing, use_cuda, model)
+    args = _sft_config(opts, policy, model)
     trainer = WeightedSFTTrainer(
         model,
         args=args,
@@ -264,9 +257,11 @@ def run_training(opts: TrainOptions) -> dict[str, Any]:
         "global_step": trainer.state.global_step,
         "train_loss": float(result.training_loss),
         "normalize": opts["normalize"],
-        "precision": precision,
-        "attn_implementation": attn,
-        "gradient_checkpointing": checkpointing,
+        "device": policy.device,
+        "gpu": policy.gpu_name,
+        "precision": policy.precision,
+        "attn_implementation": policy.attn_implementation,
+        "gradient_checkpointing": policy.gradient_checkpointing,
         "lora_r": opts["lora_r"],
         "processes": trainer.accelerator.num_processes,
         "shards": str(shards.path),
@@ -276,46 +271,10 @@ def run_training(opts: TrainOptions) -> dict[str, Any]:
         Path(opts["output_dir"], "weightprep_train.json").write_text(json.dumps(summary, indent=2) + "\n")
         click.echo(
             f"trained {summary['global_step']} steps, loss {summary['train_loss']:.4f} ({opts['normalize']}-normalized), "
-            f"{precision}, {attn}, {summary['processes']} process(es); saved to {summary['output_dir']}"
+            f"{policy.precision}, {policy.attn_implementation}, {summary['processes']} process(es); saved to "
+            f"{summary['output_dir']}"
         )
     return summary
-
-
-def _check_memory_plan(
-    opts: TrainOptions, shards: Any, model_config: Any, precision: str, checkpointing: bool, pure: bool
-) -> None:
-    """Refuse, with the plan's advice, a setup that ``weightprep plan`` predicts will not fit (GPU only)."""
-    import torch
-
-    from weightprep.plan import check_fits, format_advice
-    from weightprep.plan.advice import shards_settings
-
-    try:
-        settings = shards_settings(shards.path)
-        result = check_fits(
-            model_config,
-            shards.seq_len,
-            int(opts["micro_batch_size"]),
-            gpus=int(os.environ.get("WORLD_SIZE", "1")),
-            gpu_memory=torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory,
-            strategy=opts["strategy"],
-            dtype=precision,
-            precision="pure" if pure else "mixed",
-            gradient_checkpointing=checkpointing,
-            lora_r=int(opts["lora_r"] or 0) or None,
-            grad_accum=int(opts["grad_accum"]),
-            packed=shards.packed,
-            supervised_fraction=settings.get("supervised_fraction", 1.0),
-        )
-    except UsageError:
-        raise
-    except Exception as exc:  # a model family the planner does not know: say so, do not block training
-        click.echo(f"note: memory plan unavailable for this model ({exc}); starting anyway", err=True)
-        return
-    if not result.fits:
-        raise UsageError(
-            format_advice(result) + "\nChange the settings above, or pass --skip-memory-check to try anyway."
-        )
 
 
 def _load_tokenizer(name: str | None, model_id: str, manifest_tok: dict[str, Any]) -> Any:
@@ -361,35 +320,7 @@ def _lora_config(opts: TrainOptions) -> Any:
     )
 
 
-def _precision(choice: str, use_cuda: bool) -> str:
-    import torch
-
-    if choice != "auto":
-        if choice in ("bf16", "fp16") and not use_cuda:
-            raise UsageError(
-                f"--precision {choice} needs a GPU; on CPU training runs in fp32 (--precision fp32)"
-            )
-        if choice == "bf16" and not torch.cuda.is_bf16_supported():
-            raise UsageError(
-                "this GPU does not support bf16; use --precision fp16 (with a loss scaler) or auto"
-            )
-        return choice
-    if not use_cuda:
-        return "fp32"
-    return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
-
-
-def _attn_implementation(choice: str, use_cuda: bool) -> str:
-    if choice != "auto":
-        if choice == "flash_attention_2" and importlib.util.find_spec("flash_attn") is None:
-            raise UsageError(
-                "flash_attention_2 needs the flash_attn package: pip install flash-attn --no-build-isolation"
-            )
-        return choice
-    return "flash_attention_2" if use_cuda and importlib.util.find_spec("flash_attn") is not None else "sdpa"
-
-
-def _sft_config(opts: TrainOptions, precision: str, checkpointing: bool, use_cuda: bool, model: Any) -> Any:
+def _sft_config(opts: TrainOptions, policy: Any, model: Any) -> Any:
     from trl import SFTConfig
 
     lr = opts["lr"] if opts["lr"] is not None else (2e-4 if opts["lora_r"] else 2e-5)
@@ -402,12 +333,14 @@ def _sft_config(opts: TrainOptions, precision: str, checkpointing: bool, use_cud
             "auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
             "transformer_layer_cls_to_wrap": layer_classes,
             "reshard_after_forward": True,
+            # rank 0 loads the weights and broadcasts them while sharding (load_model builds the others on meta)
+            "cpu_ram_efficient_loading": True,
         }
     # transformers >= 5.x: activation_checkpointing (gradient_checkpointing is its deprecated alias)
     if "activation_checkpointing" in SFTConfig.__dataclass_fields__:
-        extra["activation_checkpointing"] = checkpointing
+        extra["activation_checkpointing"] = policy.gradient_checkpointing
     else:
-        extra["gradient_checkpointing"] = checkpointing
+        extra["gradient_checkpointing"] = policy.gradient_checkpointing
     return SFTConfig(
         output_dir=str(opts["output_dir"]),
         per_device_train_batch_size=opts["micro_batch_size"],
@@ -425,9 +358,9 @@ def _sft_config(opts: TrainOptions, precision: str, checkpointing: bool, use_cud
         logging_steps=opts["logging_steps"],
         seed=opts["seed"],
         data_seed=opts["seed"],
-        bf16=precision == "bf16",
-        fp16=precision == "fp16",
-        use_cpu=not use_cuda,
+        bf16=policy.precision == "bf16",
+        fp16=policy.precision == "fp16",
+        use_cpu=not policy.use_cuda,
         report_to="none",
         dataloader_num_workers=opts["dataloader_workers"],
         ddp_find_unused_parameters=False,

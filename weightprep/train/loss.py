@@ -49,6 +49,7 @@ from transformers.utils import ModelOutput
 
 from weightprep.constants import ATTENTION_MASK, IGNORE_INDEX, INPUT_IDS, LABELS, POSITION_IDS, WEIGHTS
 from weightprep.errors import UsageError
+from weightprep.train.attention import packed_attention_kwargs, unwrap_model
 
 __all__ = [
     "NORMALIZATIONS",
@@ -58,6 +59,7 @@ __all__ = [
     "check_normalize",
     "default_vocab_chunk",
     "loss_denominator",
+    "step_totals",
     "supervised_mask",
     "unwrap_model",
     "weighted_lm_loss",
@@ -118,32 +120,28 @@ def loss_denominator(batches: Iterable[Mapping[str, Any]], normalize: Normalize 
     Sum it across data-parallel ranks (``accelerator.gather(d).sum()`` or ``all_reduce``) before use; the trainer
     does both. ``weight``: sum of supervised weights; ``tokens``: count of supervised tokens.
     """
+    batches = list(batches)
+    if not batches:
+        raise ValueError("loss_denominator needs at least one batch")
+    return step_totals(batches, normalize)[0]
+
+
+def step_totals(batches: Iterable[Mapping[str, Any]], normalize: Normalize = "weight") -> torch.Tensor:
+    """``[denominator, positions, supervised tokens, weight]`` over ``batches`` on this process (float64, on the
+    batches' device; zeros for no batch). Positions are the attended ones: mask sum when unpacked, else all."""
     check_normalize(normalize)
     total: torch.Tensor | None = None
     for batch in batches:
         labels, weights = torch.as_tensor(batch[LABELS]), torch.as_tensor(batch[WEIGHTS])
         mask = supervised_mask(labels, weights)
-        part = weights[..., 1:][mask].double().sum() if normalize == "weight" else mask.sum().double()
+        supervised = mask.sum().double()
+        weight = weights[..., 1:][mask].double().sum()
+        attended = batch.get(ATTENTION_MASK)
+        positions = torch.as_tensor(attended).sum().double() if attended is not None else labels.numel()
+        parts = [weight if normalize == "weight" else supervised, positions, supervised, weight]
+        part = torch.stack([torch.as_tensor(p, dtype=torch.float64, device=labels.device) for p in parts])
         total = part if total is None else total + part.to(total.device)
-    if total is None:
-        raise ValueError("loss_denominator needs at least one batch")
-    return total
-
-
-def unwrap_model(model: torch.nn.Module) -> torch.nn.Module:
-    """The transformers model inside DDP/FSDP/``torch.compile`` wrappers and a peft model."""
-    seen = 0
-    while seen < 8:
-        seen += 1
-        if hasattr(model, "get_base_model") and callable(model.get_base_model):  # peft PeftModel
-            model = model.get_base_model()
-        elif isinstance(getattr(model, "module", None), torch.nn.Module):  # DDP, FSDP1, DataParallel
-            model = model.module
-        elif isinstance(getattr(model, "_orig_mod", None), torch.nn.Module):  # torch.compile
-            model = model._orig_mod
-        else:
-            break
-    return model
+    return total if total is not None else torch.zeros(4, dtype=torch.float64)
 
 
 def attach_weighted_head(model: torch.nn.Module) -> torch.nn.Module:
@@ -212,6 +210,7 @@ def weighted_lm_loss(
     for key in (POSITION_IDS, ATTENTION_MASK):
         if batch.get(key) is not None:
             inputs[key] = batch[key]
+    inputs.update(packed_attention_kwargs(model, batch))
     out: WeightedLMOutput = model(**inputs)
     if denominator is None:
         denominator = out.weight_sum if normalize == "weight" else out.num_supervised
@@ -252,15 +251,21 @@ def _lm_head_params(model: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
             "the LoRA target modules (use modules_to_save=['lm_head'] to train the head fully)."
         )
     weight, bias = head.weight, getattr(head, "bias", None)
-    try:  # FSDP2 shards parameters as DTensors; the backbone output is a plain tensor
-        from torch.distributed.tensor import DTensor
+    return _gathered(weight), (None if bias is None else _gathered(bias))
 
-        if isinstance(weight, DTensor):
-            weight = weight.full_tensor()
-            bias = bias.full_tensor() if isinstance(bias, DTensor) else bias
+
+def _gathered(param: torch.Tensor) -> torch.Tensor:
+    """A parameter as a whole tensor. FSDP2 leaves the head sharded (a DTensor) when it is a unit of its own,
+    since the weighted loss never calls ``lm_head``: gather it here, and mark its gradient as a per-rank partial
+    *average*, so the backward reduce-scatters it into the shards the way FSDP reduces every other gradient
+    (without that mark each rank would keep only its own data's gradient for its shard)."""
+    try:
+        from torch.distributed.tensor import DTensor, Partial
     except ImportError:  # pragma: no cover - torch without distributed
-        pass
-    return weight, bias
+        return param
+    if not isinstance(param, DTensor):
+        return param
+    return param.full_tensor(grad_placements=[Partial("avg")] * param.device_mesh.ndim)
 
 
 def _weighted_forward(

@@ -15,8 +15,12 @@ What it changes, and why:
   loss is ``world_size * nll_sum / denominator`` (DDP/FSDP average gradients over ranks), already scaled for
   accumulation (``loss_is_scaled_for_ga = True``). Hence 8 x 1 == 1 x 8 accumulation == 2 ranks x 4.
 - Logs add ``tokens_per_second`` (positions processed, all ranks), ``supervised_tokens_per_second``,
-  ``weighted_tokens_per_second`` (sum of weights per second), ``supervised_tokens`` and ``peak_memory_gb``
-  (CUDA max allocated on GPU, peak RSS of this process on CPU).
+  ``weighted_tokens_per_second`` (sum of weights per second), ``supervised_tokens`` and the peak memory in GiB:
+  ``peak_cuda_allocated_gib`` on a GPU, ``peak_rss_gib`` (this process's peak resident set) on CPU.
+- Refused at construction, each with the reason: an attention implementation that cannot keep packed documents
+  apart (see :mod:`weightprep.train.attention`), ``compute_metrics`` / ``preprocess_logits_for_metrics`` (they need
+  logits, which are never built: evaluation reports the weighted ``eval_loss``), and DeepSpeed ZeRO-3 (it
+  partitions ``lm_head.weight``, which the weighted head reads directly).
 
 TRL's ``SFTTrainer`` is kept as the base (rather than transformers' ``Trainer``) so users keep its PEFT
 handling (``peft_config``, gradient checkpointing with adapters, QLoRA casting), its model-from-name loading
@@ -34,7 +38,9 @@ from typing import Any
 import torch
 from trl import SFTConfig, SFTTrainer
 
-from weightprep.constants import ATTENTION_MASK, INPUT_IDS, LABELS, PACKED_COLUMNS, WEIGHTS
+from weightprep.constants import ATTENTION_MASK, PACKED_COLUMNS
+from weightprep.errors import UsageError
+from weightprep.train.attention import attention_implementation, isolation_mode
 from weightprep.train.collator import WeightedCollator
 from weightprep.train.data import Shards
 from weightprep.train.loss import (
@@ -42,11 +48,11 @@ from weightprep.train.loss import (
     Normalize,
     attach_weighted_head,
     check_normalize,
-    supervised_mask,
+    step_totals,
     weighted_lm_loss,
 )
 
-__all__ = ["WeightedSFTTrainer", "peak_memory_gb", "prepare_args"]
+__all__ = ["WeightedSFTTrainer", "peak_memory", "prepare_args"]
 
 
 def prepare_args(args: SFTConfig | None, output_dir: str = "weightprep-run") -> SFTConfig:
@@ -73,12 +79,13 @@ def prepare_args(args: SFTConfig | None, output_dir: str = "weightprep-run") -> 
     return args
 
 
-def peak_memory_gb(device: torch.device | None = None) -> float:
-    """Peak memory so far: CUDA's max allocated on a GPU, else the peak resident set of this process."""
+def peak_memory(device: torch.device | None = None) -> tuple[str, float]:
+    """``(log key, GiB)`` of the peak memory so far: ``peak_cuda_allocated_gib`` (``torch.cuda.max_memory_allocated``)
+    on a GPU, else ``peak_rss_gib``, the peak resident set of this process (tensors, libraries, everything)."""
     if device is not None and device.type == "cuda" and torch.cuda.is_available():
-        return torch.cuda.max_memory_allocated(device) / 2**30
+        return "peak_cuda_allocated_gib", torch.cuda.max_memory_allocated(device) / 2**30
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
-    return rss / (2**30 if sys.platform == "darwin" else 2**20)
+    return "peak_rss_gib", rss / (2**30 if sys.platform == "darwin" else 2**20)
 
 
 class WeightedSFTTrainer(SFTTrainer):
@@ -109,12 +116,21 @@ class WeightedSFTTrainer(SFTTrainer):
         **kwargs: Any,
     ) -> None:
         check_normalize(normalize)
+        for name in ("compute_metrics", "preprocess_logits_for_metrics"):
+            if kwargs.get(name) is not None:
+                raise UsageError(
+                    f"{name} is not supported: it needs the model's logits, and WeightedSFTTrainer never builds "
+                    "them (that is what keeps its memory low). Evaluation reports the weighted eval_loss; for other "
+                    "metrics run your own evaluation on the saved model."
+                )
         self.normalize: Normalize = normalize
         self.vocab_chunk = vocab_chunk
         packed = None
         if isinstance(train_dataset, Shards):
             packed = train_dataset.packed
             train_dataset = train_dataset.dataset
+        elif train_dataset is not None and hasattr(train_dataset, "column_names"):
+            packed = ATTENTION_MASK not in train_dataset.column_names
         eval_dataset = kwargs.get("eval_dataset")
         if isinstance(eval_dataset, Shards):
             kwargs["eval_dataset"] = eval_dataset.dataset
@@ -128,6 +144,9 @@ class WeightedSFTTrainer(SFTTrainer):
             data_collator=data_collator if data_collator is not None else WeightedCollator(packed=packed),
             **kwargs,
         )
+        _refuse_zero3()
+        if packed is not False:  # packed rows (or not known yet): documents must be kept apart
+            isolation_mode(attention_implementation(self.model))
         attach_weighted_head(self.model)
 
     # -- data ---------------------------------------------------------------------------------------------------
@@ -137,21 +156,6 @@ class WeightedSFTTrainer(SFTTrainer):
             self._signature_columns = [*PACKED_COLUMNS, ATTENTION_MASK]
 
     # -- normalization ------------------------------------------------------------------------------------------
-    def _step_totals(self, batches: list[dict[str, Any]], device: torch.device) -> torch.Tensor:
-        """(denominator, positions, supervised tokens, weight) over ``batches``, summed over all processes."""
-        local = torch.zeros(4, dtype=torch.float64, device=device)
-        for batch in batches:
-            labels, weights = batch[LABELS], batch[WEIGHTS]
-            mask = supervised_mask(labels, weights)
-            sup = mask.sum().double()
-            wsum = weights[..., 1:][mask].double().sum()
-            positions = batch[ATTENTION_MASK].sum() if ATTENTION_MASK in batch else batch[INPUT_IDS].numel()
-            parts = [wsum if self.normalize == "weight" else sup, positions, sup, wsum]
-            local += torch.stack([torch.as_tensor(p, device=device).double() for p in parts])
-        if self.accelerator.num_processes > 1:
-            local = self.accelerator.gather(local.unsqueeze(0)).view(-1, 4).sum(0)
-        return local
-
     def get_batch_samples(
         self, epoch_iterator: Iterator, num_batches: int, device: torch.device
     ) -> tuple[list, torch.Tensor | None]:
@@ -165,15 +169,11 @@ class WeightedSFTTrainer(SFTTrainer):
         if self._window_start is None:
             self._window_start = time.perf_counter()
         # Every rank takes part in the gather, even one whose iterator ran dry, so the collective never hangs
-        totals = self._step_totals(batches, device)
+        totals = step_totals(batches, self.normalize).to(device)
+        if self.accelerator.num_processes > 1:
+            totals = self.accelerator.gather(totals.unsqueeze(0)).view(-1, 4).sum(0)
         self._window += totals[1:].cpu()
         return batches, (totals[0] if batches else None)
-
-    def _get_num_items_in_batch(self, batch_samples: list, device: torch.device) -> torch.Tensor | None:
-        # Evaluation path of transformers: the same denominator, over the batches given
-        if not batch_samples or LABELS not in batch_samples[0] or WEIGHTS not in batch_samples[0]:
-            return None
-        return self._step_totals(batch_samples, device)[0]
 
     # -- loss ---------------------------------------------------------------------------------------------------
     def compute_loss(
@@ -219,7 +219,20 @@ class WeightedSFTTrainer(SFTTrainer):
             logs["supervised_tokens_per_second"] = round(supervised / elapsed, 1)
             logs["weighted_tokens_per_second"] = round(weight / elapsed, 1)
             logs["supervised_tokens"] = int(supervised)
-            logs["peak_memory_gb"] = round(peak_memory_gb(self.args.device), 3)
+            key, gib = peak_memory(self.args.device)
+            logs[key] = round(gib, 3)
             self._window.zero_()
             self._window_start = time.perf_counter()
         super().log(logs, start_time)
+
+
+def _refuse_zero3() -> None:
+    """DeepSpeed ZeRO-3 partitions every parameter, so the weighted head would read an empty ``lm_head.weight``."""
+    from transformers.integrations import is_deepspeed_zero3_enabled
+
+    if is_deepspeed_zero3_enabled():
+        raise UsageError(
+            "DeepSpeed ZeRO-3 is not supported: it partitions lm_head.weight across ranks, and the weighted loss "
+            "reads that weight directly (it never calls lm_head), so it would see an empty tensor. Use FSDP "
+            "(`weightprep train --strategy fsdp`, which gathers the head), or DeepSpeed ZeRO-1/2."
+        )
