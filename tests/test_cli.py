@@ -65,6 +65,26 @@ def test_inspect_shows_counts_and_weights(tmp_path):
     assert result.exit_code == 2 and "weightprep_manifest.json" in result.output
 
 
+def test_inspect_refuses_other_formats_and_damaged_shards(tmp_path):
+    """The one manifest reader: another format version is refused with the fix; a truncated shard is a clear
+    error, never a traceback."""
+    import json
+
+    out = tmp_path / "s"
+    assert CliRunner().invoke(main, ["build", str(SAMPLE_RAW), "--out", str(out)]).exit_code == 0
+    manifest_path = out / MANIFEST_NAME
+    manifest = json.loads(manifest_path.read_text())
+    shard = out / manifest["shards"][0]["filename"]
+    data = shard.read_bytes()
+    shard.write_bytes(data[: len(data) // 3])
+    result = CliRunner().invoke(main, ["inspect", str(out), "--row", "0"])
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    assert shard.name in result.output and "rebuild them" in result.output
+    manifest_path.write_text(json.dumps({**manifest, "format_version": manifest["format_version"] + 1}))
+    result = CliRunner().invoke(main, ["inspect", str(out)])
+    assert result.exit_code == 2 and f"version {manifest['format_version'] + 1}" in result.output
+
+
 def test_console_script_subprocess(tmp_path):
     exe = shutil.which("weightprep", path=os.path.dirname(sys.executable)) or shutil.which("weightprep")
     assert exe, "the console script `weightprep` is not installed"

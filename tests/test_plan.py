@@ -27,7 +27,7 @@ from transformers import (  # noqa: E402
 )
 
 from weightprep.cli import main  # noqa: E402
-from weightprep.constants import MANIFEST_NAME  # noqa: E402
+from weightprep.constants import FORMAT_NAME, FORMAT_VERSION, MANIFEST_NAME  # noqa: E402
 from weightprep.errors import UsageError  # noqa: E402
 from weightprep.plan import check_fits, estimate_memory, format_advice, model_shape, parse_gpus  # noqa: E402
 from weightprep.plan.estimate import layer_activation_bytes_per_token  # noqa: E402
@@ -248,7 +248,8 @@ def test_cli_on_config_json(tmp_path):
 
 def test_cli_shards_reads_manifest(tmp_path):
     (tmp_path / MANIFEST_NAME).write_text(json.dumps(
-        {"config": {"seq_len": 512, "packed": True}, "counts": {"rows": 10, "supervised_tokens": 2560}}))
+        {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "config": {"seq_len": 512, "packed": True},
+         "counts": {"rows": 10, "supervised_tokens": 2560}}))
     res = CliRunner().invoke(main, ["plan", "--model", "llama-2-7b", "--shards", str(tmp_path), "--gpus", "2x80GB",
                                     "--strategy", "fsdp"])
     assert res.exit_code == 0, res.output
@@ -259,6 +260,14 @@ def test_cli_missing_manifest_is_clear_error(tmp_path):
     res = CliRunner().invoke(main, ["plan", "--model", "llama-2-7b", "--shards", str(tmp_path)])
     assert res.exit_code != 0
     assert MANIFEST_NAME in res.output and "Traceback" not in res.output
+
+
+def test_cli_shards_of_another_format_version_are_refused(tmp_path):
+    (tmp_path / MANIFEST_NAME).write_text(json.dumps(
+        {"format": FORMAT_NAME, "format_version": FORMAT_VERSION + 1, "config": {"seq_len": 512}}))
+    res = CliRunner().invoke(main, ["plan", "--model", "llama-2-7b", "--shards", str(tmp_path)])
+    assert res.exit_code != 0 and "Traceback" not in res.output
+    assert f"version {FORMAT_VERSION + 1}" in res.output and "rebuild them" in res.output
 
 
 def test_cli_does_not_fit_exits_nonzero(tmp_path):

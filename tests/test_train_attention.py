@@ -118,7 +118,7 @@ def test_the_reference_flash_path_leaks_without_varlen_kwargs(model):
     assert (leaky - sdpa).abs().max() > 1e-2
 
 
-def _trainer(tmp_path, rows, impl, micro_batch):
+def _trainer(tmp_path, rows, impl, micro_batch, **kwargs):
     from trl import SFTConfig
 
     from weightprep.tokenizer import load_tokenizer
@@ -130,7 +130,7 @@ def _trainer(tmp_path, rows, impl, micro_batch):
         output_dir=str(tmp_path / "o"), use_cpu=True, bf16=False, report_to="none", activation_checkpointing=False,
         per_device_train_batch_size=micro_batch, dataloader_drop_last=False,
     )  # fmt: skip
-    return WeightedSFTTrainer(model, args=args, train_dataset=ds, processing_class=load_tokenizer(None))
+    return WeightedSFTTrainer(model, args=args, train_dataset=ds, processing_class=load_tokenizer(None), **kwargs)
 
 
 @pytest.mark.parametrize(
@@ -212,3 +212,24 @@ def test_collator_rejects_seq_lengths_that_do_not_cover_the_row():
     rows[1] = {**rows[1], SEQ_LENGTHS: np.asarray([3, 4], dtype=np.int32)}
     with pytest.raises(UsageError, match="row 1 of the batch has seq_lengths \\[3, 4\\]"):
         WeightedCollator()(rows)
+
+
+def test_trainer_refuses_deepspeed_zero3_and_compute_metrics(tmp_path):
+    """ZeRO-3 (as transformers' own is_deepspeed_zero3_enabled reports it) would hand the weighted head an empty
+    partitioned lm_head.weight; compute_metrics would never be called, since no logits are built."""
+    from transformers.integrations.deepspeed import set_hf_deepspeed_config, unset_hf_deepspeed_config
+
+    class Zero3Config:
+        def is_zero3(self):
+            return True
+
+    config = Zero3Config()
+    set_hf_deepspeed_config(config)
+    try:
+        with pytest.raises(UsageError, match="DeepSpeed ZeRO-3 is not supported"):
+            _trainer(tmp_path, _rows(), "sdpa", 2)
+    finally:
+        unset_hf_deepspeed_config()
+    with pytest.raises(UsageError, match="compute_metrics is not supported"):
+        _trainer(tmp_path, _rows(), "sdpa", 2, compute_metrics=lambda p: {})
+    assert _trainer(tmp_path, _rows(), "sdpa", 2).normalize == "weight"  # neither: builds

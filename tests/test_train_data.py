@@ -12,7 +12,7 @@ import pytest
 import train_support as ts
 from click.testing import CliRunner
 
-from weightprep.constants import MANIFEST_NAME
+from weightprep.constants import FORMAT_NAME, FORMAT_VERSION, MANIFEST_NAME
 from weightprep.errors import ConfigError, UsageError
 from weightprep.train import load_shards
 
@@ -153,7 +153,8 @@ def test_train_refuses_a_setup_the_plan_says_will_not_fit(tmp_path):
     from weightprep.train.device import DevicePolicy, preflight_memory_check
 
     (tmp_path / MANIFEST_NAME).write_text(
-        json.dumps({"config": {"pack": {"seq_len": 4096, "enabled": True}}, "counts": {"rows": 10, "supervised_tokens": 30000}})
+        json.dumps({"format": FORMAT_NAME, "format_version": FORMAT_VERSION,
+                    "config": {"pack": {"seq_len": 4096, "enabled": True}}, "counts": {"rows": 10, "supervised_tokens": 30000}})
     )
     shards = SimpleNamespace(path=tmp_path, seq_len=4096, packed=True)
     config = LlamaConfig(**{k: v for k, v in PRESETS["llama-2-7b"].items() if k != "model_type"})

@@ -7,7 +7,6 @@ Document boundaries are drawn as rules, the pad tail is summarized, not printed.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -16,17 +15,11 @@ import numpy as np
 
 from weightprep.commands._errors import reports_errors
 from weightprep.commands.build import format_summary
-from weightprep.constants import MANIFEST_NAME, SEQ_LENGTHS
+from weightprep.constants import SEQ_LENGTHS
 from weightprep.errors import UsageError
+from weightprep.manifest import REBUILD, read_manifest
 
-__all__ = ["inspect", "read_manifest", "read_row", "weight_spans"]
-
-
-def read_manifest(directory: Path) -> dict[str, Any]:
-    path = directory / MANIFEST_NAME
-    if not path.is_file():
-        raise UsageError(f"{directory} has no {MANIFEST_NAME}: not a directory written by `weightprep build`")
-    return json.loads(path.read_text(encoding="utf-8"))
+__all__ = ["inspect", "read_row", "weight_spans"]
 
 
 def read_row(directory: Path, manifest: dict[str, Any], index: int) -> dict[str, Any]:
@@ -34,10 +27,19 @@ def read_row(directory: Path, manifest: dict[str, Any], index: int) -> dict[str,
     import pyarrow as pa
 
     seen = 0
-    for shard in manifest["shards"]:
+    for shard in manifest.get("shards") or []:
         if index < seen + shard["rows"]:
-            with pa.memory_map(str(directory / shard["filename"])) as source:
-                table = pa.ipc.open_stream(source).read_all()
+            path = directory / shard["filename"]
+            try:
+                with pa.memory_map(str(path)) as source:
+                    table = pa.ipc.open_stream(source).read_all()
+            except (OSError, pa.ArrowInvalid) as exc:
+                raise UsageError(f"{path}: unreadable shard ({exc}); the directory is damaged: {REBUILD}") from exc
+            if table.num_rows != shard["rows"]:
+                raise UsageError(
+                    f"{path}: {table.num_rows} rows where the manifest records {shard['rows']}; the shard is "
+                    f"truncated or was replaced: {REBUILD}"
+                )
             row = table.slice(index - seen, 1).to_pylist()[0]
             return {k: np.asarray(v) for k, v in row.items()}
         seen += shard["rows"]

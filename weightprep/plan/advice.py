@@ -12,7 +12,6 @@ share of supervised tokens.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from dataclasses import dataclass, replace
@@ -21,6 +20,7 @@ from typing import Any
 
 from weightprep.constants import MANIFEST_NAME
 from weightprep.errors import UsageError
+from weightprep.manifest import build_setting, read_manifest
 from weightprep.plan.estimate import GiB, MemoryEstimate, estimate_memory
 from weightprep.plan.models import ModelShape, load_model_config, model_shape
 
@@ -212,19 +212,13 @@ def shards_settings(shards: str | Path) -> dict[str, Any]:
     Raises :class:`UsageError` if the manifest is missing or lacks the sequence length.
     """
     path = Path(shards) / MANIFEST_NAME
-    if not path.is_file():
-        raise UsageError(f"{shards}: no {MANIFEST_NAME} here; pass the directory written by `weightprep build`, "
-                         "or give --seq-len instead of --shards")
-    try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise UsageError(f"{path}: not valid JSON ({exc})") from exc
+    manifest = read_manifest(shards)
     cfg = manifest.get("config") or {}
-    pack = cfg.get("pack") if isinstance(cfg.get("pack"), dict) else {}
-    seq_len = cfg.get("seq_len", pack.get("seq_len"))
+    seq_len = build_setting(cfg, "seq_len", ("pack", "seq_len"))
     if not isinstance(seq_len, int) or seq_len < 1:
         raise UsageError(f"{path}: config.seq_len (or config.pack.seq_len) missing or not a positive integer")
-    packed = cfg.get("packed", pack.get("enabled", True))
+    packed = build_setting(cfg, "packed", ("pack", "enabled"))
+    packed = True if packed is None else packed
     counts = manifest.get("counts") or {}
     out: dict[str, Any] = {"seq_len": seq_len, "packed": bool(packed)}
     rows, sup = counts.get("rows"), counts.get("supervised_tokens")

@@ -9,15 +9,12 @@ Reading is memory-mapped Arrow (``datasets.load_from_disk``): nothing is loaded 
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from weightprep.constants import (
     ATTENTION_MASK,
-    FORMAT_NAME,
-    FORMAT_VERSION,
     INPUT_IDS,
     LABELS,
     MANIFEST_NAME,
@@ -26,10 +23,11 @@ from weightprep.constants import (
     WEIGHTS,
 )
 from weightprep.errors import UsageError
+from weightprep.manifest import REBUILD, build_setting, read_manifest
 
 __all__ = ["Shards", "check_model_compatibility", "load_shards", "read_manifest"]
 
-_REBUILD = "rebuild them with `weightprep build` from this version"
+
 
 
 @dataclass(frozen=True)
@@ -47,32 +45,6 @@ class Shards:
     def columns(self) -> list[str]:
         """The columns a training row keeps: token columns, plus ``attention_mask`` when unpacked."""
         return [*PACKED_COLUMNS, *(() if self.packed else (ATTENTION_MASK,))]
-
-
-def read_manifest(path: str | Path) -> dict[str, Any]:
-    """The manifest beside the shards, checked for this format and version."""
-    path = Path(path)
-    if not path.is_dir():
-        raise UsageError(f"shard directory {str(path)!r} does not exist; create it with `weightprep build`")
-    manifest_path = path / MANIFEST_NAME
-    if not manifest_path.is_file():
-        raise UsageError(
-            f"{path} has no {MANIFEST_NAME}: it is not a weightprep shard directory (or the build did not finish); "
-            "create it with `weightprep build INPUT.jsonl --out DIR`"
-        )
-    try:
-        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise UsageError(f"{manifest_path}: unreadable manifest ({exc}); {_REBUILD}") from exc
-    if not isinstance(manifest, dict):
-        raise UsageError(f"{manifest_path}: manifest is not a JSON object; {_REBUILD}")
-    fmt, version = manifest.get("format"), manifest.get("format_version")
-    if fmt != FORMAT_NAME or version != FORMAT_VERSION:
-        raise UsageError(
-            f"{manifest_path}: shards of format {fmt!r} version {version!r}, expected {FORMAT_NAME!r} version "
-            f"{FORMAT_VERSION} (written by weightprep {manifest.get('weightprep_version', '?')}); {_REBUILD}"
-        )
-    return manifest
 
 
 def load_shards(
@@ -94,14 +66,14 @@ def load_shards(
     try:
         dataset = datasets.load_from_disk(str(path))
     except Exception as exc:  # datasets raises FileNotFoundError/ValueError/... with useful text
-        raise UsageError(f"{path}: datasets.load_from_disk failed ({exc}); {_REBUILD}") from exc
+        raise UsageError(f"{path}: datasets.load_from_disk failed ({exc}); {REBUILD}") from exc
     if isinstance(dataset, datasets.DatasetDict):
         if "train" not in dataset:
             raise UsageError(f"{path}: a DatasetDict without a 'train' split ({', '.join(dataset)})")
         dataset = dataset["train"]
 
     config = manifest.get("config") or {}
-    packed = _declared(config, "packed", ("pack", "enabled"))
+    packed = build_setting(config, "packed", ("pack", "enabled"))
     if packed is None:
         packed = ATTENTION_MASK not in (manifest.get("columns") or dataset.column_names)
     packed = bool(packed)
@@ -110,7 +82,7 @@ def load_shards(
     if missing:
         raise UsageError(
             f"{path}: shards lack column(s) {', '.join(missing)} (have {', '.join(dataset.column_names)}); "
-            f"{'packed' if packed else 'unpacked'} rows need {', '.join(needed)}; {_REBUILD}"
+            f"{'packed' if packed else 'unpacked'} rows need {', '.join(needed)}; {REBUILD}"
         )
     seq_len = _row_length(path, dataset, config)
     if len(dataset) == 0:
@@ -178,21 +150,13 @@ def _row_length(path: Path, dataset: Any, config: dict[str, Any]) -> int:
     if len(set(lengths.values())) != 1:
         raise UsageError(
             f"{path}: token columns of different lengths {lengths}; every column of a row has length seq_len; "
-            f"{_REBUILD}"
+            f"{REBUILD}"
         )
     seq_len = next(iter(lengths.values()))
-    declared = _declared(config, "seq_len", ("pack", "seq_len"))
+    declared = build_setting(config, "seq_len", ("pack", "seq_len"))
     if declared is not None and int(declared) != seq_len:
         raise UsageError(
             f"{path}: rows have {seq_len} tokens but the manifest says seq_len = {declared}; the directory mixes "
-            f"builds; {_REBUILD}"
+            f"builds; {REBUILD}"
         )
     return seq_len
-
-
-def _declared(config: dict[str, Any], flat: str, nested: tuple[str, str]) -> Any:
-    """A build setting from the manifest's resolved configuration: ``config[flat]`` or ``config[a][b]``."""
-    if flat in config:
-        return config[flat]
-    section = config.get(nested[0])
-    return section.get(nested[1]) if isinstance(section, dict) else None

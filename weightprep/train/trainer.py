@@ -123,6 +123,7 @@ class WeightedSFTTrainer(SFTTrainer):
                     "them (that is what keeps its memory low). Evaluation reports the weighted eval_loss; for other "
                     "metrics run your own evaluation on the saved model."
                 )
+        _refuse_zero3()
         self.normalize: Normalize = normalize
         self.vocab_chunk = vocab_chunk
         packed = None
@@ -144,7 +145,6 @@ class WeightedSFTTrainer(SFTTrainer):
             data_collator=data_collator if data_collator is not None else WeightedCollator(packed=packed),
             **kwargs,
         )
-        _refuse_zero3()
         if packed is not False:  # packed rows (or not known yet): documents must be kept apart
             isolation_mode(attention_implementation(self.model))
         attach_weighted_head(self.model)
