@@ -133,10 +133,12 @@ def run_one(which: str, data: Path, cfg: dict[str, Any], result_path: Path) -> N
     from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainerCallback, TrainingArguments
 
     from weightprep.train import WeightedCollator, WeightedSFTTrainer, load_shards
+    from weightprep.train.device import choose_precision
     from weightprep.train.trainer import peak_memory
 
     cuda = torch.cuda.is_available()
-    bf16 = cuda and torch.cuda.is_bf16_supported()
+    # by compute capability (is_bf16_supported() counts emulation): fp16 would need a scaler the seed lacks
+    bf16 = cuda and choose_precision("auto", torch.cuda.get_device_capability()) == "bf16"
     torch.manual_seed(0)
     model = LlamaForCausalLM(
         LlamaConfig(
