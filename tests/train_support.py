@@ -139,9 +139,11 @@ def write_shards(
     *,
     packed: bool = True,
     tokenizer: dict | None = None,
+    validation_rows: list[dict] | None = None,
     **manifest: Any,
 ) -> Path:
-    """Write ``rows`` as a shard directory (datasets ``save_to_disk`` + manifest), fixed-size list features."""
+    """Write ``rows`` as a shard directory (datasets ``save_to_disk`` + manifest), fixed-size list features; with
+    ``validation_rows``, a DatasetDict of a ``train`` and a ``validation`` split."""
     import datasets
 
     fixed = {
@@ -153,8 +155,14 @@ def write_shards(
     }
     if not packed:
         fixed[ATTENTION_MASK] = datasets.List(datasets.Value("int8"), length=seq_len)
-    columns = {name: [np.asarray(r[name]).tolist() for r in rows] for name in fixed}
-    datasets.Dataset.from_dict(columns, features=datasets.Features(fixed)).save_to_disk(str(out))
+    def table(part: list[dict]) -> Any:
+        columns = {name: [np.asarray(r[name]).tolist() for r in part] for name in fixed}
+        return datasets.Dataset.from_dict(columns, features=datasets.Features(fixed))
+
+    if validation_rows is None:
+        table(rows).save_to_disk(str(out))
+    else:
+        datasets.DatasetDict({"train": table(rows), "validation": table(validation_rows)}).save_to_disk(str(out))
     body = {
         "format": FORMAT_NAME,
         "format_version": FORMAT_VERSION,

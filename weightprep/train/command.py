@@ -130,6 +130,32 @@ TrainOptions = dict[str, Any]
     default=None,
     help="Vocabulary columns per LM-head tile of the loss [default: 32768 on GPU, 2048 on CPU].",
 )
+@click.option(
+    "--eval-shards",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Another build to evaluate on (its validation split if it has one, else all its rows) [default: the "
+    "validation split of SHARDS, when the build made one].",
+)
+@click.option(
+    "--eval-steps",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Evaluate every N optimizer steps (always once at the end when there is an evaluation set).",
+)
+@click.option("--eval-batch-size", type=click.IntRange(min=1), default=None, help="[default: --micro-batch-size]")
+@click.option(
+    "--load-best-model-at-end",
+    is_flag=True,
+    default=False,
+    help="Keep the checkpoint with the lowest eval_loss as the final model (needs --eval-steps dividing --save-steps).",
+)
+@click.option(
+    "--report-to",
+    type=click.Choice(["none", "tensorboard", "wandb"]),
+    default="none",
+    help="Where transformers sends the logs (tensorboard: into OUTPUT_DIR/runs).",
+)
 @click.option("--dataloader-workers", type=click.IntRange(min=0), default=0)
 @click.option(
     "--skip-memory-check",
@@ -223,6 +249,7 @@ def run_training(opts: TrainOptions) -> dict[str, Any]:
         raise UsageError(f"could not load the config of model {model_id!r}: {exc}") from exc
     tokenizer = _load_tokenizer(opts.get("tokenizer"), model_id, shards.tokenizer)
     check_model_compatibility(shards, model_config, tokenizer)
+    eval_set = _eval_set(opts, shards, model_config, tokenizer)
     lora = _lora_config(opts)
 
     if opts["strategy"] == "fsdp" and not torch.cuda.is_available():
@@ -239,11 +266,12 @@ def run_training(opts: TrainOptions) -> dict[str, Any]:
     model = load_model(model_id, model_config, policy, fsdp=opts["strategy"] == "fsdp")
     model.config.use_cache = False
 
-    args = _sft_config(opts, policy, model)
+    args = _sft_config(opts, policy, model, has_eval=eval_set is not None)
     trainer = WeightedSFTTrainer(
         model,
         args=args,
         train_dataset=shards,
+        eval_dataset=eval_set,
         processing_class=tokenizer,
         peft_config=lora,
         normalize=opts["normalize"],
@@ -251,6 +279,7 @@ def run_training(opts: TrainOptions) -> dict[str, Any]:
     )
     resume = _resume_target(opts.get("resume"), Path(opts["output_dir"]))
     result = trainer.train(resume_from_checkpoint=resume)
+    eval_metrics = trainer.evaluate() if eval_set is not None else {}  # the final model's, logged too
     trainer.save_model(str(opts["output_dir"]))  # the adapter only, with LoRA; the tokenizer goes with it
     summary = {
         "output_dir": str(opts["output_dir"]),
@@ -266,8 +295,13 @@ def run_training(opts: TrainOptions) -> dict[str, Any]:
         "processes": trainer.accelerator.num_processes,
         "shards": str(shards.path),
         "shards_tokenizer_fingerprint": shards.tokenizer.get("fingerprint"),
+        "eval": {k: v for k, v in eval_metrics.items() if k.startswith("eval_")},
     }
     if trainer.is_world_process_zero():
+        from weightprep.train.plot import plot_losses
+
+        plot = plot_losses(trainer.state.log_history, Path(opts["output_dir"], "loss.png"), title=model_id)
+        summary["loss_plot"] = str(plot) if plot else None
         Path(opts["output_dir"], "weightprep_train.json").write_text(json.dumps(summary, indent=2) + "\n")
         click.echo(
             f"trained {summary['global_step']} steps, loss {summary['train_loss']:.4f} ({opts['normalize']}-normalized), "
@@ -320,11 +354,51 @@ def _lora_config(opts: TrainOptions) -> Any:
     )
 
 
-def _sft_config(opts: TrainOptions, policy: Any, model: Any) -> Any:
+def _eval_set(opts: TrainOptions, shards: Any, model_config: Any, tokenizer: Any) -> Any:
+    """The evaluation rows: ``--eval-shards`` (checked like the training shards), else the validation split."""
+    from weightprep.train.data import check_model_compatibility, load_shards
+
+    eval_set = shards.validation
+    if opts.get("eval_shards"):
+        other = load_shards(opts["eval_shards"])
+        check_model_compatibility(other, model_config, tokenizer)
+        if other.tokenizer.get("fingerprint") != shards.tokenizer.get("fingerprint"):
+            raise UsageError(
+                f"--eval-shards {opts['eval_shards']} was built with another tokenizer than {shards.path} "
+                "(fingerprints differ); build both with the model's tokenizer"
+            )
+        eval_set = other.validation if other.validation is not None else other.dataset
+    if eval_set is None and (opts.get("eval_steps") or opts.get("load_best_model_at_end")):
+        raise UsageError(
+            f"--eval-steps / --load-best-model-at-end need an evaluation set: {shards.path} has no validation "
+            "split; build one (`weightprep build ... --validation-fraction 0.05`) or pass --eval-shards DIR"
+        )
+    if opts.get("load_best_model_at_end"):
+        if not opts.get("eval_steps"):
+            raise UsageError("--load-best-model-at-end needs --eval-steps (the checkpoints to choose from)")
+        if int(opts["save_steps"]) % int(opts["eval_steps"]):
+            raise UsageError(
+                f"--load-best-model-at-end: --save-steps {opts['save_steps']} must be a multiple of --eval-steps "
+                f"{opts['eval_steps']}, so that every checkpoint has an eval_loss"
+            )
+    if opts.get("report_to") in ("tensorboard", "wandb"):
+        from weightprep.train.device import package_installed
+
+        package = {"tensorboard": "tensorboard", "wandb": "wandb"}[opts["report_to"]]
+        if not package_installed(package):
+            raise UsageError(f"--report-to {opts['report_to']} needs the {package} package: pip install {package}")
+    return eval_set
+
+
+def _sft_config(opts: TrainOptions, policy: Any, model: Any, has_eval: bool = False) -> Any:
     from trl import SFTConfig
 
     lr = opts["lr"] if opts["lr"] is not None else (2e-4 if opts["lora_r"] else 2e-5)
     extra: dict[str, Any] = {}
+    if has_eval and opts.get("eval_steps"):
+        extra.update(eval_strategy="steps", eval_steps=int(opts["eval_steps"]))
+    if opts.get("load_best_model_at_end"):
+        extra.update(load_best_model_at_end=True, metric_for_best_model="eval_loss", greater_is_better=False)
     if opts["strategy"] == "fsdp":
         layer_classes = sorted(getattr(model, "_no_split_modules", None) or [])
         extra["fsdp"] = True
@@ -361,7 +435,8 @@ def _sft_config(opts: TrainOptions, policy: Any, model: Any) -> Any:
         bf16=policy.precision == "bf16",
         fp16=policy.precision == "fp16",
         use_cpu=not policy.use_cuda,
-        report_to="none",
+        report_to=opts.get("report_to") or "none",
+        per_device_eval_batch_size=opts.get("eval_batch_size") or opts["micro_batch_size"],
         dataloader_num_workers=opts["dataloader_workers"],
         ddp_find_unused_parameters=False,
         **extra,

@@ -27,12 +27,14 @@ from weightprep.manifest import REBUILD, build_setting, read_manifest
 
 __all__ = ["Shards", "check_model_compatibility", "load_shards", "read_manifest"]
 
-
+#: The held-out split of a build with a validation part (``load_from_disk`` gives a DatasetDict).
+VALIDATION = "validation"
 
 
 @dataclass(frozen=True)
 class Shards:
-    """A validated shard directory: the dataset (rows of ``seq_len`` tokens) and its manifest."""
+    """A validated shard directory: the training rows (``seq_len`` tokens each), the held-out rows if the build
+    has a validation split, and the manifest."""
 
     path: Path
     dataset: Any  # datasets.Dataset
@@ -40,6 +42,7 @@ class Shards:
     seq_len: int
     packed: bool
     tokenizer: dict[str, Any] = field(default_factory=dict)
+    validation: Any = None  # datasets.Dataset of the validation split, or None
 
     @property
     def columns(self) -> list[str]:
@@ -67,9 +70,11 @@ def load_shards(
         dataset = datasets.load_from_disk(str(path))
     except Exception as exc:  # datasets raises FileNotFoundError/ValueError/... with useful text
         raise UsageError(f"{path}: datasets.load_from_disk failed ({exc}); {REBUILD}") from exc
+    validation = None
     if isinstance(dataset, datasets.DatasetDict):
         if "train" not in dataset:
             raise UsageError(f"{path}: a DatasetDict without a 'train' split ({', '.join(dataset)})")
+        validation = dataset.get(VALIDATION)
         dataset = dataset["train"]
 
     config = manifest.get("config") or {}
@@ -78,13 +83,17 @@ def load_shards(
         packed = ATTENTION_MASK not in (manifest.get("columns") or dataset.column_names)
     packed = bool(packed)
     needed = [*PACKED_COLUMNS, *(() if packed else (ATTENTION_MASK,))]
-    missing = [c for c in needed if c not in dataset.column_names]
-    if missing:
-        raise UsageError(
-            f"{path}: shards lack column(s) {', '.join(missing)} (have {', '.join(dataset.column_names)}); "
-            f"{'packed' if packed else 'unpacked'} rows need {', '.join(needed)}; {REBUILD}"
-        )
+    for name, split in (("train", dataset), (VALIDATION, validation)):
+        missing = [] if split is None else [c for c in needed if c not in split.column_names]
+        if missing:
+            raise UsageError(
+                f"{path}: the {name} shards lack column(s) {', '.join(missing)} (have "
+                f"{', '.join(split.column_names)}); {'packed' if packed else 'unpacked'} rows need "
+                f"{', '.join(needed)}; {REBUILD}"
+            )
     seq_len = _row_length(path, dataset, config)
+    if validation is not None:
+        _row_length(path, validation, config)
     if len(dataset) == 0:
         raise UsageError(f"{path}: the shards hold no rows; check the build's counts in {MANIFEST_NAME}")
 
@@ -95,6 +104,7 @@ def load_shards(
         seq_len=seq_len,
         packed=packed,
         tokenizer=dict(manifest.get("tokenizer") or {}),
+        validation=validation if validation is not None and len(validation) else None,
     )
     if model_config is not None:
         check_model_compatibility(shards, model_config, tokenizer)

@@ -36,6 +36,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+from transformers.trainer_utils import EvalLoopOutput
 from trl import SFTConfig, SFTTrainer
 
 from weightprep.constants import ATTENTION_MASK, PACKED_COLUMNS
@@ -43,6 +44,7 @@ from weightprep.errors import UsageError
 from weightprep.train.attention import attention_implementation, isolation_mode
 from weightprep.train.collator import WeightedCollator
 from weightprep.train.data import Shards
+from weightprep.train.evaluate import EvalTotals, buckets_for
 from weightprep.train.loss import (
     DEFAULT_VOCAB_CHUNK,
     Normalize,
@@ -135,6 +137,7 @@ class WeightedSFTTrainer(SFTTrainer):
         eval_dataset = kwargs.get("eval_dataset")
         if isinstance(eval_dataset, Shards):
             kwargs["eval_dataset"] = eval_dataset.dataset
+        self._eval_buckets: dict[int, Any] = {}  # per evaluation set, chosen at its first evaluation
         # positions, supervised tokens, weight: summed over all ranks since the last log
         self._window = torch.zeros(3, dtype=torch.float64)
         self._window_start: float | None = None
@@ -203,11 +206,52 @@ class WeightedSFTTrainer(SFTTrainer):
         prediction_loss_only: bool,
         ignore_keys: Any = None,
     ) -> tuple[torch.Tensor, None, None]:
-        """Evaluation loss only: the weighted loss of the batch (logits are never built)."""
+        """The weighted loss of one batch, no logits (``predict()``; ``evaluate()`` goes through
+        :meth:`evaluation_loop`)."""
         inputs = self._prepare_inputs(inputs)
         with torch.no_grad(), self.compute_loss_context_manager():
             loss = self.compute_loss(model, inputs)
         return loss.detach(), None, None
+
+    # -- evaluation ---------------------------------------------------------------------------------------------
+    def evaluation_loop(
+        self,
+        dataloader: Any,
+        description: str,
+        prediction_loss_only: bool | None = None,
+        ignore_keys: Any = None,
+        metric_key_prefix: str = "eval",
+    ) -> EvalLoopOutput:
+        """The weighted ``eval_loss`` over the whole set (not a mean of batch losses), per weight bucket, with
+        ``eval_tokens_per_second``; see :mod:`weightprep.train.evaluate`. ``evaluate()`` logs and returns them,
+        so ``load_best_model_at_end`` with ``metric_for_best_model="eval_loss"`` works as usual."""
+        model = self._wrap_model(self.model, training=False)
+        if len(self.accelerator._models) == 0 and model is self.model:  # evaluate() before train(): prepare
+            model = self.accelerator.prepare_model(model, evaluation_mode=True)
+            if model is not self.model:
+                self.model_wrapped = model
+        model.eval()
+        dataset = getattr(dataloader, "dataset", None)
+        key = id(dataset)
+        if key not in self._eval_buckets:
+            self._eval_buckets[key] = buckets_for(dataset)
+        totals = EvalTotals(self._eval_buckets[key], device=self.args.device)
+        start, rows = time.perf_counter(), 0
+        for raw in dataloader:
+            batch = self._prepare_inputs(raw)
+            with torch.no_grad(), self.compute_loss_context_manager():
+                out = weighted_lm_loss(model, batch, normalize=self.normalize, vocab_chunk=self.vocab_chunk)
+            totals.add(out.log_probs, batch)
+            rows += int(batch["input_ids"].shape[0])
+        packed = torch.cat([totals.sums.view(-1), totals.positions.view(1), totals.sums.new_tensor([rows])])
+        if self.accelerator.num_processes > 1:
+            packed = self.accelerator.reduce(packed, reduction="sum")
+        n = totals.sums.numel()
+        totals.sums = packed[:n].view_as(totals.sums)
+        elapsed = max(time.perf_counter() - start, 1e-9)
+        metrics = totals.metrics(self.normalize, metric_key_prefix)
+        metrics[f"{metric_key_prefix}_tokens_per_second"] = round(float(packed[n]) / elapsed, 1)
+        return EvalLoopOutput(predictions=None, label_ids=None, metrics=metrics, num_samples=int(packed[n + 1]))
 
     # -- logging ------------------------------------------------------------------------------------------------
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
