@@ -9,6 +9,7 @@ A pipeline file mirrors the dataclasses (``pipelines/packed.yaml``)::
     filter:    {overlong: drop, max_length: null}
     pack:      {enabled: true, seq_len: 2048, window: 20000}
     write:     {max_shard_bytes: 268435456}
+    split:     {validation_fraction: null, validation_records: null, seed: 0}
 
 Unknown keys and wrong types are errors; every problem is collected and reported together,
 each naming its dotted path (``pack.seq_len: expected int, got str '2k'``). CLI flags are
@@ -36,6 +37,7 @@ __all__ = [
     "FilterConfig",
     "PackConfig",
     "WriteConfig",
+    "SplitConfig",
     "BuildConfig",
     "load_config",
     "config_from_dict",
@@ -95,6 +97,19 @@ class WriteConfig:
 
 
 @dataclass(frozen=True)
+class SplitConfig:
+    validation_fraction: float | None = field(
+        default=None, metadata={"help": "Share of records held out as the validation split (0 < F < 1)."}
+    )
+    validation_records: int | None = field(default=None, metadata={"help": "Number of records held out instead."})
+    seed: int = field(default=0, metadata={"help": "Seed of the record hash that assigns the splits."})
+
+    @property
+    def enabled(self) -> bool:
+        return self.validation_fraction is not None or self.validation_records is not None
+
+
+@dataclass(frozen=True)
 class BuildConfig:
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
     read: ReadConfig = field(default_factory=ReadConfig)
@@ -103,6 +118,7 @@ class BuildConfig:
     filter: FilterConfig = field(default_factory=FilterConfig)
     pack: PackConfig = field(default_factory=PackConfig)
     write: WriteConfig = field(default_factory=WriteConfig)
+    split: SplitConfig = field(default_factory=SplitConfig)
 
     @property
     def max_length(self) -> int:
@@ -172,6 +188,13 @@ def _semantic_checks(cfg: BuildConfig, problems: list[str]) -> None:
     w = cfg.assemble.eos_weight
     if isinstance(w, float) and not (math.isfinite(w) and w >= 0):
         problems.append(f"assemble.eos_weight: must be a finite number >= 0, got {w}")
+    frac, n_val = cfg.split.validation_fraction, cfg.split.validation_records
+    if frac is not None and n_val is not None:
+        problems.append("split: give validation_fraction or validation_records, not both")
+    if isinstance(frac, float) and not 0 < frac < 1:
+        problems.append(f"split.validation_fraction: must be between 0 and 1 (exclusive), got {frac}")
+    if isinstance(n_val, int) and not isinstance(n_val, bool) and n_val < 1:
+        problems.append(f"split.validation_records: must be at least 1, got {n_val}")
     for path, value, low in (
         ("pack.window", cfg.pack.window, 1),
         ("read.block_bytes", cfg.read.block_bytes, 1024),

@@ -1,13 +1,14 @@
 """The build: chains the stages and keeps the counts; no stage logic lives here.
 
-    read -> validate -> tokenize -> assemble -> mask -> filter -> pack -> write
+    read -> validate -> [split] -> tokenize -> assemble -> mask -> filter -> pack -> write
 
 ``document_batch`` is the per-block work from validated records to filtered documents: a pure
 function of its inputs, so blocks can be processed anywhere (another process, another machine)
 and the rows come out the same. ``build`` streams blocks through it, packs and writes, and
 returns the manifest. Invalid lines stop the build (``validate.on_invalid: error``, the default)
 or go to rejects.jsonl (``skip``). Before publishing, the counts must satisfy the accounting
-identity (``weightprep.accounting``). On any error the partial output is removed and the error
+identity (``weightprep.accounting``). With a validation split (``weightprep.stages.split``) each split is
+tokenized, packed and written on its own and the identity holds per split and in total. On any error the partial output is removed and the error
 re-raised; the output path is left as it was.
 """
 
@@ -32,6 +33,7 @@ from weightprep.stages.mask import mask
 from weightprep.stages.pack import Packer
 from weightprep.stages.read import InputFile, check_inputs, expand_inputs, read_blocks
 from weightprep.stages.rejects import REJECTS_NAME, RejectsWriter
+from weightprep.stages.split import TRAIN, VALIDATION, count_cut, fraction_cut, split_records
 from weightprep.stages.tokenize import PieceTokenizer
 from weightprep.stages.validate import parse_block
 from weightprep.stages.write import ShardWriter, prepare_output
@@ -88,6 +90,18 @@ def _parsed_blocks(files: list[InputFile], cfg: BuildConfig) -> Iterator[tuple[R
         done += f.size
 
 
+def _validation_cut(files: list[InputFile], cfg: BuildConfig) -> int | None:
+    """The key cut of the configured split (a first pass over the records for ``validation_records``)."""
+    split = cfg.split
+    if split.validation_fraction is not None:
+        return fraction_cut(split.validation_fraction)
+    if split.validation_records is not None:
+        first_pass = [InputFile(f.path) for f in files]  # its own size/hash counters: the build's stay exact
+        blocks = (records for records, _, _ in _parsed_blocks(first_pass, cfg))
+        return count_cut(blocks, split.validation_records, split.seed)
+    return None
+
+
 def build(
     inputs: list[str],
     out: str | Path,
@@ -113,43 +127,63 @@ def build(
     specials = special_tokens(tok, add_bos=_ADD_BOS[cfg.tokenizer.add_bos])
     tokenize = PieceTokenizer(tok, cfg.tokenizer.batch_size)
     seq_len, packed = cfg.pack.seq_len, cfg.pack.enabled
-    packer = Packer(seq_len, specials.pad, packed=packed, window=cfg.pack.window)
-    writer = ShardWriter(out_path, seq_len, packed=packed, max_shard_bytes=cfg.write.max_shard_bytes)
-    rejects = RejectsWriter(writer.tmp) if cfg.validate.on_invalid == "skip" else None
     files = [InputFile(p) for p in inputs]
-    doc_counts: Counter[str] = Counter()  # updated by this thread only
-    row_counts: Counter[str] = Counter()  # updated by the writer thread only
+    cut = _validation_cut(files, cfg)
+    splits = (TRAIN, VALIDATION) if cut is not None else None
+    packers = {
+        name: Packer(seq_len, specials.pad, packed=packed, window=cfg.pack.window) for name in (splits or (None,))
+    }
+    writer = ShardWriter(
+        out_path, seq_len, packed=packed, max_shard_bytes=cfg.write.max_shard_bytes, splits=splits
+    )
+    rejects = RejectsWriter(writer.tmp) if cfg.validate.on_invalid == "skip" else None
+    doc_counts = {name: Counter() for name in packers}  # updated by this thread only
+    row_counts = {name: Counter() for name in packers}  # updated by the writer thread only
 
-    def pack_and_write(docs: Documents) -> None:
-        for rows in packer.add(docs):
-            _count_rows(rows, row_counts)
-            writer.write(rows)
+    def pack_and_write(item: tuple[str | None, Documents]) -> None:
+        name, docs = item
+        for rows in packers[name].add(docs):
+            _count_rows(rows, row_counts[name])
+            writer.write(rows, name)
 
-    sink: BackgroundSink[Documents] = BackgroundSink(pack_and_write)
+    sink: BackgroundSink[tuple[str | None, Documents]] = BackgroundSink(pack_and_write)
     parsed = background(_parsed_blocks(files, cfg))
     try:
+        accepted: Counter[str] = Counter()
         for records, block_rejects, consumed in parsed:
             if rejects is not None and block_rejects:
                 rejects.write(block_rejects)
-            docs, batch_counts = document_batch(records, tokenize, specials, cfg)
-            doc_counts.update(batch_counts)
-            sink.put(docs)
+            parts = {None: records} if cut is None else split_records(records, cut, cfg.split.seed)
+            for name, part in parts.items():
+                docs, batch_counts = document_batch(part, tokenize, specials, cfg)
+                doc_counts[name].update(batch_counts)
+                sink.put((name, docs))
+            accepted["accepted"] += len(records)
             if progress is not None:
-                progress(consumed, doc_counts)
+                progress(consumed, accepted)
         sink.close()
-        for rows in packer.flush():
-            _count_rows(rows, row_counts)
-            writer.write(rows)
+        for name, packer in packers.items():
+            for rows in packer.flush():
+                _count_rows(rows, row_counts[name])
+                writer.write(rows, name)
         rejected: Counter[str] = Counter()
         if rejects is not None:
             rejects.close()
             rejected = rejects.counts
-        all_counts = doc_counts.copy()
-        all_counts.update(row_counts)
+        all_counts: Counter[str] = Counter()
+        per_split = {}
+        for name in packers:
+            split_counts = doc_counts[name].copy()
+            split_counts.update(row_counts[name])
+            all_counts.update(split_counts)
+            if name is not None:
+                per_split[name] = final_counts(split_counts, Counter(), seq_len)
         counts = final_counts(all_counts, rejected, seq_len)
         if counts["records"] == 0:
             raise UsageError(f"the input holds no records ({', '.join(inputs)}: empty or blank lines only)")
         check_accounting(counts)
+        for split_counts in per_split.values():
+            check_accounting(split_counts)
         manifest = {
             "format": FORMAT_NAME,
             "format_version": FORMAT_VERSION,
@@ -160,6 +194,7 @@ def build(
             "columns": list(PACKED_COLUMNS if packed else UNPACKED_COLUMNS),
             "rejects_file": REJECTS_NAME if rejects is not None else None,
             "counts": counts,
+            **({"splits": {name: {"counts": c} for name, c in per_split.items()}} if per_split else {}),
         }
         return writer.commit(manifest)
     except BaseException:

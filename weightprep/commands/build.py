@@ -44,6 +44,12 @@ def format_summary(manifest: dict[str, Any], out: str) -> str:
         f"  tokens {c['tokens']:,} (supervised {c['supervised_tokens']:,}, total weight {c['total_weight']:,.1f}), "
         f"pad {c['pad_tokens']:,}, fill {100 * c['fill_ratio']:.2f}%",
         f"  dropped: {dropped}; truncated {c['truncated']:,}; split {c['split']:,} into {c['split_parts']:,} parts",
+        *(
+            f"  {name}: {sc['records']:,} records, {sc['documents_written']:,} documents, {sc['rows']:,} rows, "
+            f"{sc['tokens']:,} tokens (supervised {sc['supervised_tokens']:,}), fill {100 * sc['fill_ratio']:.2f}%"
+            for name, split in (manifest.get("splits") or {}).items()
+            for sc in (split["counts"],)
+        ),
         f"  tokenizer {manifest['tokenizer']['name_or_path']} (fingerprint {manifest['tokenizer']['fingerprint'][:12]})",
     ]
     return "\n".join(lines)
@@ -70,6 +76,13 @@ def format_summary(manifest: dict[str, Any], out: str) -> str:
     help="Quarantine invalid records in OUT/rejects.jsonl instead of stopping at the first [validate.on_invalid].",
 )
 @click.option("--max-line-bytes", type=int, help="Longest input line; longer ones are invalid [read.max_line_bytes, 64 MiB].")
+@click.option(
+    "--validation-fraction",
+    type=float,
+    help="Hold out this share of the records (by a hash of each record) as a validation split [split.validation_fraction].",
+)
+@click.option("--validation-records", type=int, help="Hold out this many records instead [split.validation_records].")
+@click.option("--split-seed", type=int, help="Seed of the record hash that assigns the splits [split.seed, default 0].")
 @click.option("--overwrite", is_flag=True, help="Replace the output directory (an earlier build) if it exists.")
 @click.option(
     "--num-proc",
@@ -103,6 +116,9 @@ def build(
         "write.max_shard_bytes": flags["max_shard_bytes"],
         "read.max_line_bytes": flags["max_line_bytes"],
         "validate.on_invalid": "skip" if flags["skip_invalid"] else None,
+        "split.validation_fraction": flags["validation_fraction"],
+        "split.validation_records": flags["validation_records"],
+        "split.seed": flags["split_seed"],
     }
     cfg = load_config(pipeline_file, overrides)
     paths = expand_inputs(inputs)

@@ -19,15 +19,26 @@ from weightprep.constants import SEQ_LENGTHS
 from weightprep.errors import UsageError
 from weightprep.manifest import REBUILD, read_manifest
 
-__all__ = ["inspect", "read_row", "weight_spans"]
+__all__ = ["inspect", "read_row", "split_shards", "weight_spans"]
 
 
-def read_row(directory: Path, manifest: dict[str, Any], index: int) -> dict[str, Any]:
-    """Row ``index`` of the shards as a dict of NumPy arrays (reads only the batches it needs)."""
+def split_shards(manifest: dict[str, Any], split: str | None = None) -> list[dict[str, Any]]:
+    """The manifest's shards of ``split`` (default: ``train`` in a build with splits, else all of them)."""
+    splits = manifest.get("splits") or {}
+    if split is None:
+        split = "train" if splits else None
+    elif split not in splits:
+        have = ", ".join(splits) or "none: the build has no validation split"
+        raise UsageError(f"no split {split!r} in this build (splits: {have})")
+    return [s for s in manifest.get("shards") or [] if s.get("split") == split]
+
+
+def read_row(directory: Path, manifest: dict[str, Any], index: int, split: str | None = None) -> dict[str, Any]:
+    """Row ``index`` of the shards (of ``split``) as a dict of NumPy arrays (reads only the batches it needs)."""
     import pyarrow as pa
 
     seen = 0
-    for shard in manifest.get("shards") or []:
+    for shard in split_shards(manifest, split):
         if index < seen + shard["rows"]:
             path = directory / shard["filename"]
             try:
@@ -70,11 +81,14 @@ def _style(w: float) -> str:
 @click.command("inspect")
 @click.argument("directory", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("--row", "row_index", type=int, default=0, show_default=True, help="Which row to render.")
+@click.option("--split", help="Which split's rows, in a build with a validation split (default: train).")
 @click.option("--tokenizer", help="Tokenizer to decode with (default: the one recorded in the manifest).")
 @click.option("--max-tokens", type=int, default=300, show_default=True, help="Tokens shown per document.")
 @click.option("--color/--no-color", default=None, help="Colour spans by weight (default: when a terminal).")
 @reports_errors
-def inspect(directory: Path, row_index: int, tokenizer: str | None, max_tokens: int, color: bool | None) -> None:
+def inspect(
+    directory: Path, row_index: int, split: str | None, tokenizer: str | None, max_tokens: int, color: bool | None
+) -> None:
     """Show DIRECTORY's manifest numbers and one row decoded, with each token's weight visible."""
     from rich.console import Console
     from rich.text import Text
@@ -86,12 +100,13 @@ def inspect(directory: Path, row_index: int, tokenizer: str | None, max_tokens: 
     tok = load_tokenizer(tokenizer or manifest["tokenizer"]["name_or_path"])
     if tokenizer_fingerprint(tok) != manifest["tokenizer"]["fingerprint"]:
         click.echo("warning: this tokenizer's fingerprint differs from the one the shards were built with", err=True)
-    row = read_row(directory, manifest, row_index)
+    row = read_row(directory, manifest, row_index, split)
     console = Console(force_terminal=color, no_color=color is False, highlight=False, soft_wrap=True)
     plain = not console.is_terminal if color is None else not color
     start = 0
     n_segments = len(row[SEQ_LENGTHS])
-    click.echo(f"\nrow {row_index}: {len(row['input_ids'])} positions, segments {row[SEQ_LENGTHS].tolist()}")
+    where = f" of {split}" if split else ""
+    click.echo(f"\nrow {row_index}{where}: {len(row['input_ids'])} positions, segments {row[SEQ_LENGTHS].tolist()}")
     if not plain:
         legend = Text("weights: ")
         for label, w in (("0", 0.0), ("<1", 0.5), ("1", 1.0), ("<=2", 2.0), (">2", 3.0)):

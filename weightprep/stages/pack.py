@@ -1,8 +1,9 @@
 """Stage 7 — pack (or pad): documents into fixed-length rows.
 
-Packed: documents are collected into a window of ``window`` documents, sorted longest first and
-each put into the fullest open row that still has room (best-fit-decreasing, O(log L) per document
-through a segment tree over remaining capacity). Rows come out in the order they were opened,
+Packed: documents are collected into windows of exactly ``window`` documents (the last one shorter), in
+input order whatever batches they arrive in, so the rows do not depend on block sizes. Each window is
+sorted longest first and each document put into the fullest open row that still has room
+(best-fit-decreasing, O(log L) per document through a segment tree over remaining capacity). Rows come out in the order they were opened,
 documents within a row in the order they were placed, so the result is deterministic. Example,
 seq_len 8, documents A (3 tokens), B (2), pad id 0::
 
@@ -144,8 +145,13 @@ class Packer:
             return
         self._pending.append(docs)
         self._pending_docs += len(docs)
-        if self._pending_docs >= self.window:
-            yield from self.flush()
+        while self._pending_docs >= self.window:  # windows of exactly ``window`` documents, whatever the batches
+            pending = Documents.concat(self._pending)
+            n = len(pending)
+            window = pending.take(np.arange(self.window))
+            rest = pending.take(np.arange(self.window, n))
+            self._pending, self._pending_docs = ([rest] if len(rest) else []), n - self.window
+            yield from self._emit(window, best_fit_decreasing(window.lengths, self.seq_len))
 
     def flush(self) -> Iterator[Rows]:
         """Pack whatever is pending (call once more at the end of the input)."""

@@ -6,6 +6,10 @@ Layout of the output directory (the same as ``Dataset.save_to_disk``)::
     out/dataset_info.json, state.json   what ``datasets.load_from_disk`` reads
     out/weightprep_manifest.json        what was done (config, tokenizer, inputs, counts)
 
+With a validation split (``--validation-fraction``/``--validation-records``) it is the layout of
+``DatasetDict.save_to_disk``: ``out/dataset_dict.json``, ``out/train/...`` and ``out/validation/...``, each
+split a directory as above without the manifest, which stays at ``out/`` and lists every shard with its split.
+
 Everything is written into a hidden temporary directory beside ``out`` (``.NAME.tmp-PID``) and
 moved into place by a rename only when the whole build has succeeded, so a failed, interrupted or
 SIGKILLed build leaves nothing at ``out``, or the previous complete dataset. Replacing an existing
@@ -144,10 +148,100 @@ def prepare_output(out: str | Path, *, overwrite: bool, inputs: Sequence[str] = 
     return out
 
 
-class ShardWriter:
-    """Writes ``Rows`` into size-capped Arrow shards in a temporary directory; ``commit`` publishes."""
+class _ShardSet:
+    """The size-capped shards of one ``datasets`` directory (the whole output, or one split of it)."""
 
-    def __init__(self, out: Path, seq_len: int, *, packed: bool, max_shard_bytes: int) -> None:
+    def __init__(self, directory: Path, schema: pa.Schema, rows_per_shard: int) -> None:
+        self.directory = directory
+        directory.mkdir(parents=True, exist_ok=True)
+        self.schema = schema
+        self.rows_per_shard = rows_per_shard
+        self._shards: list[tuple[Path, int]] = []
+        self._writer: pa.ipc.RecordBatchStreamWriter | None = None
+        self._sink: Any = None
+        self._rows_in_shard = 0
+
+    def _open_next(self) -> None:
+        self.close()
+        path = self.directory / f"part-{len(self._shards):05d}.arrow"
+        self._sink = pa.OSFile(str(path), "wb")
+        self._writer = pa.ipc.new_stream(self._sink, self.schema)
+        self._shards.append((path, 0))
+        self._rows_in_shard = 0
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._sink.close()
+            path, _ = self._shards[-1]
+            self._shards[-1] = (path, self._rows_in_shard)
+            self._writer = None
+
+    def write(self, batch: pa.RecordBatch) -> None:
+        start = 0
+        while start < batch.num_rows:
+            if self._writer is None or self._rows_in_shard >= self.rows_per_shard:
+                self._open_next()
+            take = min(batch.num_rows - start, self.rows_per_shard - self._rows_in_shard)
+            self._writer.write_batch(batch.slice(start, take))  # type: ignore[union-attr]
+            self._rows_in_shard += take
+            start += take
+
+    def finish(self, root: Path) -> list[dict[str, Any]]:
+        """Name the shards ``data-i-of-n``; return their entries (file names relative to ``root``)."""
+        self.close()
+        if not self._shards:  # no rows at all: still a valid, empty dataset
+            self._open_next()
+            self.close()
+        n = len(self._shards)
+        shards = []
+        for i, (path, rows) in enumerate(self._shards):
+            final = self.directory / f"data-{i:05d}-of-{n:05d}.arrow"
+            path.rename(final)
+            shards.append({"filename": final.relative_to(root).as_posix(), "rows": rows, "bytes": final.stat().st_size})
+        return shards
+
+    def write_metadata(self, shards: list[dict[str, Any]], fingerprint: str, features: dict[str, Any], split: str | None) -> None:
+        """``state.json`` and ``dataset_info.json``, what ``datasets.load_from_disk`` reads."""
+        state = {
+            "_data_files": [{"filename": Path(s["filename"]).name} for s in shards],
+            "_fingerprint": fingerprint,
+            "_format_columns": None,
+            "_format_kwargs": {},
+            "_format_type": None,
+            "_output_all_columns": False,
+            "_split": split,
+        }
+        info = {
+            "citation": "",
+            "description": "Token-weighted rows written by weightprep; see weightprep_manifest.json.",
+            "features": features,
+            "homepage": "",
+            "license": "",
+        }
+        (self.directory / "state.json").write_text(json.dumps(state, indent=2, sort_keys=True) + "\n")
+        (self.directory / "dataset_info.json").write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
+
+    def abort(self) -> None:
+        if self._writer is not None:
+            try:
+                self._writer.close()
+                self._sink.close()
+            except Exception:  # the shard is being thrown away anyway
+                pass
+            self._writer = None
+
+
+class ShardWriter:
+    """Writes ``Rows`` into size-capped Arrow shards in a temporary directory; ``commit`` publishes.
+
+    With ``splits`` (``("train", "validation")``) the output is a ``datasets`` DatasetDict directory: one
+    subdirectory per split plus ``dataset_dict.json``, and each ``write`` names its split.
+    """
+
+    def __init__(
+        self, out: Path, seq_len: int, *, packed: bool, max_shard_bytes: int, splits: Sequence[str] | None = None
+    ) -> None:
         self.out = out
         self.tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
         if self.tmp.exists():
@@ -160,26 +254,11 @@ class ShardWriter:
         self.columns = PACKED_COLUMNS if packed else UNPACKED_COLUMNS
         per_token = sum(4 if _DTYPES[c] != "int8" else 1 for c in self.columns if c != SEQ_LENGTHS)
         self.rows_per_shard = max(1, max_shard_bytes // (seq_len * per_token + 64))
-        self._shards: list[tuple[Path, int]] = []
-        self._writer: pa.ipc.RecordBatchStreamWriter | None = None
-        self._sink: Any = None
-        self._rows_in_shard = 0
-
-    def _open_next(self) -> None:
-        self._close_current()
-        path = self.tmp / f"part-{len(self._shards):05d}.arrow"
-        self._sink = pa.OSFile(str(path), "wb")
-        self._writer = pa.ipc.new_stream(self._sink, self.schema)
-        self._shards.append((path, 0))
-        self._rows_in_shard = 0
-
-    def _close_current(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
-            self._sink.close()
-            path, _ = self._shards[-1]
-            self._shards[-1] = (path, self._rows_in_shard)
-            self._writer = None
+        self.splits = tuple(splits) if splits else None
+        self._sets = {
+            name: _ShardSet(self.tmp / name if name else self.tmp, self.schema, self.rows_per_shard)
+            for name in (self.splits or (None,))
+        }
 
     def _record_batch(self, rows: Rows) -> pa.RecordBatch:
         arrays = []
@@ -196,50 +275,25 @@ class ShardWriter:
                 arrays.append(pa.FixedSizeListArray.from_arrays(flat, self.seq_len))
         return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
 
-    def write(self, rows: Rows) -> None:
-        batch = self._record_batch(rows)
-        start = 0
-        while start < batch.num_rows:
-            if self._writer is None or self._rows_in_shard >= self.rows_per_shard:
-                self._open_next()
-            take = min(batch.num_rows - start, self.rows_per_shard - self._rows_in_shard)
-            self._writer.write_batch(batch.slice(start, take))  # type: ignore[union-attr]
-            self._rows_in_shard += take
-            start += take
+    def write(self, rows: Rows, split: str | None = None) -> None:
+        self._sets[split].write(self._record_batch(rows))
 
     def commit(self, manifest: dict[str, Any]) -> dict[str, Any]:
         """Name the shards ``data-i-of-n``, write the metadata files, move the directory to ``out``."""
-        self._close_current()
-        if not self._shards:  # no rows at all: still a valid, empty dataset
-            self._open_next()
-            self._close_current()
-        n = len(self._shards)
-        shards = []
-        for i, (path, rows) in enumerate(self._shards):
-            final = self.tmp / f"data-{i:05d}-of-{n:05d}.arrow"
-            path.rename(final)
-            shards.append({"filename": final.name, "rows": rows, "bytes": final.stat().st_size})
+        shards: list[dict[str, Any]] = []
+        per_set = {}
+        for name, shard_set in self._sets.items():
+            entries = shard_set.finish(self.tmp)
+            per_set[name] = entries
+            shards.extend({**e, "split": name} if name else e for e in entries)
         manifest = {**manifest, "shards": shards}
         manifest_text = json.dumps(manifest, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
-        fingerprint = hashlib.sha256(manifest_text.encode()).hexdigest()[:16]
-        state = {
-            "_data_files": [{"filename": s["filename"]} for s in shards],
-            "_fingerprint": fingerprint,
-            "_format_columns": None,
-            "_format_kwargs": {},
-            "_format_type": None,
-            "_output_all_columns": False,
-            "_split": None,
-        }
-        info = {
-            "citation": "",
-            "description": "Token-weighted rows written by weightprep; see weightprep_manifest.json.",
-            "features": self.features,
-            "homepage": "",
-            "license": "",
-        }
-        (self.tmp / "state.json").write_text(json.dumps(state, indent=2, sort_keys=True) + "\n")
-        (self.tmp / "dataset_info.json").write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
+        digest = hashlib.sha256(manifest_text.encode()).hexdigest()
+        for name, shard_set in self._sets.items():
+            fingerprint = hashlib.sha256(f"{digest}/{name}".encode()).hexdigest()[:16] if name else digest[:16]
+            shard_set.write_metadata(per_set[name], fingerprint, self.features, name)
+        if self.splits:
+            (self.tmp / "dataset_dict.json").write_text(json.dumps({"splits": list(self.splits)}) + "\n")
         (self.tmp / MANIFEST_NAME).write_text(manifest_text, encoding="utf-8")
         if self.out.exists():
             old = self.out.parent / f".{self.out.name}.old-{os.getpid()}"
@@ -252,11 +306,6 @@ class ShardWriter:
 
     def abort(self) -> None:
         """Remove everything written so far (the output path is left untouched)."""
-        if self._writer is not None:
-            try:
-                self._writer.close()
-                self._sink.close()
-            except Exception:  # the shard is being thrown away anyway
-                pass
-            self._writer = None
+        for shard_set in self._sets.values():
+            shard_set.abort()
         shutil.rmtree(self.tmp, ignore_errors=True)

@@ -1,0 +1,98 @@
+"""Stage 2b — split: assign whole records to ``train`` or ``validation``, before anything is tokenized.
+
+A record's split depends only on its content and ``split.seed``: the key of a record is an 8-byte BLAKE2b
+digest of the seed and its pieces (each text's UTF-8 bytes and its weight, length-prefixed), read as an
+unsigned integer. A record goes to ``validation`` when its key is below a cut:
+
+- ``--validation-fraction F``: the cut is ``F * 2**64``, so each record lands there with probability F,
+  independently of the others;
+- ``--validation-records N``: the cut is just above the N-th smallest key of the input, found by a first pass
+  over the records (read and validated, not tokenized). Identical records share a key and so a split; if
+  copies of one record straddle the N-th key they all go to ``validation`` (N is then exceeded by those copies).
+
+Nothing about the cut depends on block size, thread count or executor, and identical records (duplicates) are
+never in both splits.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections.abc import Iterable
+
+import numpy as np
+
+from weightprep.batches import Records
+from weightprep.errors import UsageError
+
+__all__ = ["TRAIN", "VALIDATION", "record_keys", "select", "fraction_cut", "count_cut", "split_records"]
+
+TRAIN = "train"
+VALIDATION = "validation"
+_FULL = 1 << 64
+
+
+def record_keys(records: Records, seed: int) -> np.ndarray:
+    """uint64[R]: the split key of each record (see the module docstring)."""
+    keys = np.empty(len(records), dtype=np.uint64)
+    prefix = struct.pack("<q", seed)
+    offsets = records.piece_offsets.tolist()
+    weights = records.piece_weights.tolist()
+    texts = records.texts
+    for r in range(len(records)):
+        h = hashlib.blake2b(prefix, digest_size=8)
+        for p in range(offsets[r], offsets[r + 1]):
+            data = texts[p].encode("utf-8", "surrogatepass")
+            h.update(struct.pack("<Qd", len(data), weights[p]))
+            h.update(data)
+        keys[r] = int.from_bytes(h.digest(), "little")
+    return keys
+
+
+def select(records: Records, keep: np.ndarray) -> Records:
+    """The records where ``keep`` is true, in order."""
+    index = np.flatnonzero(keep)
+    counts = np.diff(records.piece_offsets)[index]
+    offsets = np.zeros(len(index) + 1, dtype=np.int64)
+    np.cumsum(counts, out=offsets[1:])
+    starts = records.piece_offsets[index].tolist()
+    pieces = [p for s, n in zip(starts, counts.tolist(), strict=True) for p in range(s, s + n)]
+    return Records(
+        path=records.path,
+        lines=records.lines[index],
+        texts=[records.texts[p] for p in pieces],
+        piece_weights=records.piece_weights[np.asarray(pieces, dtype=np.int64)],
+        piece_offsets=offsets,
+    )
+
+
+def fraction_cut(fraction: float) -> int:
+    """The cut of ``--validation-fraction``: keys below it go to validation."""
+    return min(_FULL, int(fraction * _FULL))
+
+
+def count_cut(blocks: Iterable[Records], n: int, seed: int) -> int:
+    """The cut of ``--validation-records N``: one above the N-th smallest key of every record in ``blocks``."""
+    smallest = np.zeros(0, dtype=np.uint64)
+    total = 0
+    for records in blocks:
+        total += len(records)
+        smallest = np.concatenate([smallest, record_keys(records, seed)])
+        if len(smallest) > n:
+            smallest = np.partition(smallest, n - 1)[:n]
+    if total <= n:
+        raise UsageError(
+            f"--validation-records {n} would leave no training records: the input holds {total} valid record(s); "
+            "ask for fewer, or use --validation-fraction"
+        )
+    return int(smallest.max()) + 1
+
+
+def split_records(records: Records, cut: int, seed: int) -> dict[str, Records]:
+    """``records`` as ``{"train": ..., "validation": ...}`` by their keys and the cut."""
+    if cut >= _FULL:
+        to_validation = np.ones(len(records), dtype=bool)
+    else:
+        to_validation = record_keys(records, seed) < np.uint64(cut)
+    return {TRAIN: select(records, ~to_validation), VALIDATION: select(records, to_validation)}
+
