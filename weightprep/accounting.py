@@ -45,6 +45,7 @@ def final_counts(counts: Counter[str], rejected: Counter[str], seq_len: int) -> 
         "pieces": counts["pieces"],
         "piece_tokens": counts["piece_tokens"],
         "documents": counts["documents"],
+        "chat_documents": counts["chat_documents"],
         "empty_documents": counts["empty_documents"],
         "documents_written": counts["documents_written"],
         "dropped": {r: counts[f"dropped_{r}"] for r in DROP_REASONS},

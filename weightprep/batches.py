@@ -11,12 +11,13 @@ mode turns the first into an ``InputError``; ``--skip-invalid`` writes them to r
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from weightprep.errors import InputError
 
-__all__ = ["Block", "Reject", "Records", "Documents", "Rows"]
+__all__ = ["Block", "Reject", "Chat", "ChatTokens", "Records", "Documents", "Rows"]
 
 
 @dataclass(frozen=True)
@@ -58,18 +59,64 @@ class Reject:
         return InputError(self.path, self.line, self.field, self.problem, reason=self.reason, offset=self.offset)
 
 
+class Chat(NamedTuple):
+    """A validated conversation record, before the chat stage renders it (``raw``: the line, for a reject)."""
+
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None
+    template_kwargs: dict[str, Any] | None
+    raw: bytes
+    offset: int = 0
+
+
+class ChatTokens(NamedTuple):
+    """A rendered conversation: its token ids and per-token weights (template specials included), and the
+    canonical JSON of the record that the validation split hashes."""
+
+    ids: np.ndarray  # int32[N]
+    weights: np.ndarray  # float32[N]
+    canonical: str
+
+
 @dataclass(frozen=True)
 class Records:
-    """Validated records: piece ``p`` of record ``r`` is ``texts[piece_offsets[r] + p]``."""
+    """Validated records: piece ``p`` of record ``r`` is ``texts[piece_offsets[r] + p]``.
+
+    A conversation record (``{"messages": ...}``) has no pieces; ``chats[r]`` holds it, a ``Chat`` from the validate
+    stage, a ``ChatTokens`` once the chat stage has rendered and tokenized it. ``chats`` is None when the batch
+    holds pieces only, else one entry per record (None for a pieces record).
+    """
 
     path: str
     lines: np.ndarray  # int64[R], 1-based line of each record in ``path``
     texts: list[str]  # [P] piece texts, records' pieces in order
     piece_weights: np.ndarray  # float64[P]
     piece_offsets: np.ndarray  # int64[R + 1]
+    chats: list[Chat | ChatTokens | None] | None = None
 
     def __len__(self) -> int:
         return len(self.lines)
+
+    def where(self, keep: np.ndarray) -> Records:
+        """The records where ``keep`` is true, in order."""
+        index = np.flatnonzero(keep)
+        counts = np.diff(self.piece_offsets)[index]
+        offsets = np.zeros(len(index) + 1, dtype=np.int64)
+        np.cumsum(counts, out=offsets[1:])
+        starts = self.piece_offsets[index].tolist()
+        pieces = [p for s, n in zip(starts, counts.tolist(), strict=True) for p in range(s, s + n)]
+        chats = None
+        if self.chats is not None:
+            chats = [self.chats[i] for i in index.tolist()]
+            chats = chats if any(c is not None for c in chats) else None
+        return Records(
+            path=self.path,
+            lines=self.lines[index],
+            texts=[self.texts[p] for p in pieces],
+            piece_weights=self.piece_weights[np.asarray(pieces, dtype=np.int64)],
+            piece_offsets=offsets,
+            chats=chats,
+        )
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ A pipeline file mirrors the dataclasses (``pipelines/packed.yaml``)::
     pack:      {enabled: true, seq_len: 2048, window: 20000}
     write:     {max_shard_bytes: 268435456}
     split:     {validation_fraction: null, validation_records: null, seed: 0}
+    chat:      {template: null, role_weights: "assistant=1"}
 
 Unknown keys and wrong types are errors; every problem is collected and reported together,
 each naming its dotted path (``pack.seq_len: expected int, got str '2k'``). CLI flags are
@@ -38,6 +39,7 @@ __all__ = [
     "PackConfig",
     "WriteConfig",
     "SplitConfig",
+    "ChatConfig",
     "BuildConfig",
     "load_config",
     "config_from_dict",
@@ -110,6 +112,17 @@ class SplitConfig:
 
 
 @dataclass(frozen=True)
+class ChatConfig:
+    template: str | None = field(
+        default=None, metadata={"help": "Jinja chat template file for chat records; null: the tokenizer's own."}
+    )
+    role_weights: str = field(
+        default="assistant=1",
+        metadata={"help": "Default weight per role of chat messages (ROLE=W,...); roles not named get 0."},
+    )
+
+
+@dataclass(frozen=True)
 class BuildConfig:
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
     read: ReadConfig = field(default_factory=ReadConfig)
@@ -119,6 +132,7 @@ class BuildConfig:
     pack: PackConfig = field(default_factory=PackConfig)
     write: WriteConfig = field(default_factory=WriteConfig)
     split: SplitConfig = field(default_factory=SplitConfig)
+    chat: ChatConfig = field(default_factory=ChatConfig)
 
     @property
     def max_length(self) -> int:
@@ -188,6 +202,15 @@ def _semantic_checks(cfg: BuildConfig, problems: list[str]) -> None:
     w = cfg.assemble.eos_weight
     if isinstance(w, float) and not (math.isfinite(w) and w >= 0):
         problems.append(f"assemble.eos_weight: must be a finite number >= 0, got {w}")
+    if isinstance(cfg.chat.role_weights, str):
+        from weightprep.stages.chat import parse_role_weights
+
+        try:
+            parse_role_weights(cfg.chat.role_weights)
+        except ConfigError as exc:
+            problems.extend(exc.problems)
+    if isinstance(cfg.chat.template, str) and not Path(cfg.chat.template).is_file():
+        problems.append(f"chat.template: no such file {cfg.chat.template!r}")
     frac, n_val = cfg.split.validation_fraction, cfg.split.validation_records
     if frac is not None and n_val is not None:
         problems.append("split: give validation_fraction or validation_records, not both")

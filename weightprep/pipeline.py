@@ -1,6 +1,6 @@
 """The build: chains the stages and keeps the counts; no stage logic lives here.
 
-    read -> validate -> [split] -> tokenize -> assemble -> mask -> filter -> pack -> write
+    read -> validate -> [chat] -> [split] -> tokenize -> assemble -> mask -> filter -> pack -> write
 
 ``document_batch`` is the per-block work from validated records to filtered documents: a pure
 function of its inputs, so blocks can be processed anywhere (another process, another machine)
@@ -28,6 +28,7 @@ from weightprep.constants import FORMAT_NAME, FORMAT_VERSION, IGNORE_INDEX, PACK
 from weightprep.errors import UsageError
 from weightprep.overlap import BackgroundSink, background
 from weightprep.stages.assemble import assemble
+from weightprep.stages.chat import ChatRenderer, parse_role_weights, render_chats
 from weightprep.stages.filter import filter_documents
 from weightprep.stages.mask import mask
 from weightprep.stages.pack import Packer
@@ -50,11 +51,19 @@ _ADD_BOS = {"auto": None, "always": True, "never": False}
 def document_batch(
     records: Records, tokenize: PieceTokenizer, specials: SpecialTokens, cfg: BuildConfig
 ) -> tuple[Documents, Counter[str]]:
-    """Tokenize, assemble, mask and filter one batch of records; count what each step keeps and removes."""
+    """Tokenize, assemble, mask and filter one batch of records; count what each step keeps and removes.
+
+    Conversations arrive already tokenized by the chat stage (``ChatTokens``): their ids and weights are the
+    document as they are (the template owns BOS/EOS); they join the pieces' documents in input order."""
+    counts: Counter[str] = Counter(accepted=len(records))
+    chat_docs = None
+    if records.chats is not None:
+        is_chat = np.fromiter((c is not None for c in records.chats), dtype=bool, count=len(records))
+        chat_docs = _chat_documents(records.where(is_chat), counts)
+        records = records.where(~is_chat)
     piece_ids, piece_offsets = tokenize(records.texts)
     docs = assemble(records, piece_ids, piece_offsets, specials, cfg.assemble.eos_weight)
-    counts: Counter[str] = Counter(accepted=len(records), pieces=len(records.texts), piece_tokens=len(piece_ids))
-    counts["documents"] += len(docs)
+    counts.update(pieces=len(records.texts), piece_tokens=len(piece_ids), documents=len(docs))
     # accepted tokens and weight from the tokenizer's output, independently of assemble
     piece_lengths = np.diff(piece_offsets)
     content = np.add.reduceat(piece_lengths, records.piece_offsets[:-1]) if len(records) else piece_lengths[:0]
@@ -65,10 +74,27 @@ def document_batch(
         (records.piece_weights.astype(np.float32).astype(np.float64) * piece_lengths).sum()
         + float(np.float32(cfg.assemble.eos_weight)) * len(records)
     )
+    if chat_docs is not None:
+        merged = Documents.concat([docs, chat_docs])
+        docs = merged.take(np.argsort(merged.lines, kind="stable"))
     counts["weight_unlabeled_first"] += float(docs.weights[docs.offsets[:-1]].sum(dtype=np.float64))
     docs, dropped = filter_documents(mask(docs), cfg.max_length, cfg.filter.overlong)
     counts.update(dropped)
     return docs, counts
+
+
+def _chat_documents(chats: Records, counts: Counter[str]) -> Documents:
+    """The documents of rendered conversations, counted as accepted tokens and weight."""
+    rendered = chats.chats or []
+    lengths = np.fromiter((len(c.ids) for c in rendered), dtype=np.int64, count=len(rendered))  # type: ignore[union-attr]
+    offsets = np.zeros(len(rendered) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    ids = np.concatenate([c.ids for c in rendered]) if rendered else np.zeros(0, np.int32)  # type: ignore[union-attr]
+    weights = np.concatenate([c.weights for c in rendered]) if rendered else np.zeros(0, np.float32)  # type: ignore[union-attr]
+    counts.update(documents=len(rendered), chat_documents=len(rendered), tokens_accepted=len(ids))
+    counts["empty_documents"] += int((lengths == 0).sum())
+    counts["weight_accepted"] += float(weights.astype(np.float64).sum())
+    return Documents(input_ids=ids.astype(np.int32), weights=weights.astype(np.float32), offsets=offsets, lines=chats.lines)
 
 
 def _count_rows(rows: Rows, counts: Counter[str]) -> None:
@@ -79,25 +105,52 @@ def _count_rows(rows: Rows, counts: Counter[str]) -> None:
     counts["total_weight"] += float(rows.weights.sum(dtype=np.float64))
 
 
-def _parsed_blocks(files: list[InputFile], cfg: BuildConfig) -> Iterator[tuple[Records, list[Reject], int]]:
-    """Validated records (and, when skipping, rejects) of every block, with the input bytes consumed so far."""
+class _Chats:
+    """The chat stage of a build: a renderer made at the first conversation (a pieces-only build needs no template)."""
+
+    def __init__(self, tokenizer: Any, cfg: BuildConfig) -> None:
+        self.tokenizer, self.cfg = tokenizer, cfg
+        self._renderer: ChatRenderer | None = None
+
+    def __call__(self, records: Records, rejects: list[Reject]) -> Records:
+        if records.chats is None:
+            return records
+        if self._renderer is None:
+            path = self.cfg.chat.template
+            template = Path(path).read_text(encoding="utf-8") if path else None
+            renderer = ChatRenderer(self.tokenizer, template, parse_role_weights(self.cfg.chat.role_weights))
+            renderer.check()
+            self._renderer = renderer
+        return render_chats(records, self._renderer, rejects)
+
+
+def _parsed_blocks(
+    files: list[InputFile], cfg: BuildConfig, chats: _Chats
+) -> Iterator[tuple[Records, list[Reject], int]]:
+    """Validated records (conversations rendered) and, when skipping, rejects of every block, with the input bytes
+    consumed so far. In strict mode the first bad line of the block, in input order, is raised."""
     skip = cfg.validate.on_invalid == "skip"
     done = 0
     for f in files:
         for block in read_blocks(f, cfg.read.block_bytes, cfg.read.max_line_bytes):
             rejects: list[Reject] = []
-            yield parse_block(block, rejects if skip else None), rejects, done + f.size
+            records = chats(parse_block(block, rejects), rejects)
+            if rejects:
+                rejects.sort(key=lambda r: r.line)
+                if not skip:
+                    raise rejects[0].error()
+            yield records, rejects, done + f.size
         done += f.size
 
 
-def _validation_cut(files: list[InputFile], cfg: BuildConfig) -> int | None:
+def _validation_cut(files: list[InputFile], cfg: BuildConfig, chats: _Chats) -> int | None:
     """The key cut of the configured split (a first pass over the records for ``validation_records``)."""
     split = cfg.split
     if split.validation_fraction is not None:
         return fraction_cut(split.validation_fraction)
     if split.validation_records is not None:
         first_pass = [InputFile(f.path) for f in files]  # its own size/hash counters: the build's stay exact
-        blocks = (records for records, _, _ in _parsed_blocks(first_pass, cfg))
+        blocks = (records for records, _, _ in _parsed_blocks(first_pass, cfg, chats))
         return count_cut(blocks, split.validation_records, split.seed)
     return None
 
@@ -128,7 +181,8 @@ def build(
     tokenize = PieceTokenizer(tok, cfg.tokenizer.batch_size)
     seq_len, packed = cfg.pack.seq_len, cfg.pack.enabled
     files = [InputFile(p) for p in inputs]
-    cut = _validation_cut(files, cfg)
+    chats = _Chats(tok, cfg)
+    cut = _validation_cut(files, cfg, chats)
     splits = (TRAIN, VALIDATION) if cut is not None else None
     packers = {
         name: Packer(seq_len, specials.pad, packed=packed, window=cfg.pack.window) for name in (splits or (None,))
@@ -147,7 +201,7 @@ def build(
             writer.write(rows, name)
 
     sink: BackgroundSink[tuple[str | None, Documents]] = BackgroundSink(pack_and_write)
-    parsed = background(_parsed_blocks(files, cfg))
+    parsed = background(_parsed_blocks(files, cfg, chats))
     try:
         accepted: Counter[str] = Counter()
         for records, block_rejects, consumed in parsed:

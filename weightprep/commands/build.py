@@ -83,6 +83,15 @@ def format_summary(manifest: dict[str, Any], out: str) -> str:
 )
 @click.option("--validation-records", type=int, help="Hold out this many records instead [split.validation_records].")
 @click.option("--split-seed", type=int, help="Seed of the record hash that assigns the splits [split.seed, default 0].")
+@click.option(
+    "--chat-template",
+    type=click.Path(dir_okay=False),
+    help="Jinja chat template for chat records (default: the tokenizer's own) [chat.template].",
+)
+@click.option(
+    "--role-weights",
+    help="Default weights of chat messages by role, e.g. assistant=1,tool=0.5 (others 0) [chat.role_weights].",
+)
 @click.option("--overwrite", is_flag=True, help="Replace the output directory (an earlier build) if it exists.")
 @click.option(
     "--num-proc",
@@ -119,6 +128,8 @@ def build(
         "split.validation_fraction": flags["validation_fraction"],
         "split.validation_records": flags["validation_records"],
         "split.seed": flags["split_seed"],
+        "chat.template": flags["chat_template"],
+        "chat.role_weights": flags["role_weights"],
     }
     cfg = load_config(pipeline_file, overrides)
     paths = expand_inputs(inputs)

@@ -2,7 +2,7 @@
 
 A record's split depends only on its content and ``split.seed``: the key of a record is an 8-byte BLAKE2b
 digest of the seed and its pieces (each text's UTF-8 bytes and its weight, length-prefixed), read as an
-unsigned integer. A record goes to ``validation`` when its key is below a cut:
+unsigned integer (a conversation: of its canonical JSON). A record goes to ``validation`` when its key is below a cut:
 
 - ``--validation-fraction F``: the cut is ``F * 2**64``, so each record lands there with probability F,
   independently of the others;
@@ -25,7 +25,7 @@ import numpy as np
 from weightprep.batches import Records
 from weightprep.errors import UsageError
 
-__all__ = ["TRAIN", "VALIDATION", "record_keys", "select", "fraction_cut", "count_cut", "split_records"]
+__all__ = ["TRAIN", "VALIDATION", "record_keys", "fraction_cut", "count_cut", "split_records"]
 
 TRAIN = "train"
 VALIDATION = "validation"
@@ -39,31 +39,17 @@ def record_keys(records: Records, seed: int) -> np.ndarray:
     offsets = records.piece_offsets.tolist()
     weights = records.piece_weights.tolist()
     texts = records.texts
+    chats = records.chats
     for r in range(len(records)):
         h = hashlib.blake2b(prefix, digest_size=8)
+        if chats is not None and chats[r] is not None:  # a conversation: its canonical JSON (ChatTokens)
+            h.update(b"chat\0" + chats[r].canonical.encode("utf-8", "surrogatepass"))  # type: ignore[union-attr]
         for p in range(offsets[r], offsets[r + 1]):
             data = texts[p].encode("utf-8", "surrogatepass")
             h.update(struct.pack("<Qd", len(data), weights[p]))
             h.update(data)
         keys[r] = int.from_bytes(h.digest(), "little")
     return keys
-
-
-def select(records: Records, keep: np.ndarray) -> Records:
-    """The records where ``keep`` is true, in order."""
-    index = np.flatnonzero(keep)
-    counts = np.diff(records.piece_offsets)[index]
-    offsets = np.zeros(len(index) + 1, dtype=np.int64)
-    np.cumsum(counts, out=offsets[1:])
-    starts = records.piece_offsets[index].tolist()
-    pieces = [p for s, n in zip(starts, counts.tolist(), strict=True) for p in range(s, s + n)]
-    return Records(
-        path=records.path,
-        lines=records.lines[index],
-        texts=[records.texts[p] for p in pieces],
-        piece_weights=records.piece_weights[np.asarray(pieces, dtype=np.int64)],
-        piece_offsets=offsets,
-    )
 
 
 def fraction_cut(fraction: float) -> int:
@@ -94,5 +80,5 @@ def split_records(records: Records, cut: int, seed: int) -> dict[str, Records]:
         to_validation = np.ones(len(records), dtype=bool)
     else:
         to_validation = record_keys(records, seed) < np.uint64(cut)
-    return {TRAIN: select(records, ~to_validation), VALIDATION: select(records, to_validation)}
+    return {TRAIN: records.where(~to_validation), VALIDATION: records.where(to_validation)}
 

@@ -30,16 +30,21 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.json as pa_json
 
-from weightprep.batches import Block, Records, Reject
+from weightprep.batches import Block, Chat, Records, Reject
 
-__all__ = ["validate_record", "check_line", "parse_block", "Invalid", "PIECES_SCHEMA", "REASONS"]
+__all__ = ["validate_record", "validate_messages", "check_line", "parse_block", "Invalid", "PIECES_SCHEMA", "REASONS"]
 
 PIECES_SCHEMA = pa.schema(
-    [pa.field("pieces", pa.list_(pa.struct([pa.field("text", pa.string()), pa.field("weight", pa.float64())])))]
+    [
+        pa.field("pieces", pa.list_(pa.struct([pa.field("text", pa.string()), pa.field("weight", pa.float64())]))),
+        # typed null: a block holding any (non-null) "messages" fails the fast parse and goes to the exact path
+        pa.field("messages", pa.null()),
+    ]
 )
 _PARSE = pa_json.ParseOptions(explicit_schema=PIECES_SCHEMA, unexpected_field_behavior="ignore")
 
 _PIECE_HELP = 'a list of {"text": string, "weight": number >= 0} objects'
+_SHAPES = '"pieces" (a list of {"text", "weight"}) or "messages" (a list of {"role", "content"[, "weight"]})'
 _FIRST_NON_SPACE = re.compile(rb"[^ \t\r\n]")
 _SPACE = np.zeros(256, dtype=bool)
 _SPACE[[ord(" "), ord("\t"), ord("\r"), ord("\n")]] = True
@@ -56,6 +61,7 @@ REASONS = (
     "wrong_type",
     "empty_pieces",
     "bad_weight",
+    "ambiguous_shape",
 )
 
 
@@ -97,6 +103,95 @@ def _duplicated(obj: Any, keys: tuple[str, ...]) -> str | None:
     return next((k for k in keys if k in dups), None)
 
 
+def _weight_problem(where: str, w: Any) -> Invalid | None:
+    if isinstance(w, bool) or not isinstance(w, (int, float)):
+        return Invalid(where, f"expected a finite number >= 0, found {_kind(w)}", "wrong_type")
+    try:
+        finite = math.isfinite(float(w))
+    except OverflowError:  # an integer too large for a float
+        finite = False
+    if not finite or w < 0:
+        return Invalid(where, f"expected a finite number >= 0, found {_kind(w).removeprefix('number ')}", "bad_weight")
+    return None
+
+
+def _text_problem(where: str, text: Any) -> Invalid | None:
+    if not isinstance(text, str):
+        return Invalid(where, f"expected a string, found {_kind(text)}", "wrong_type")
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            bad = text[exc.start]
+            what = f"an invalid UTF-8 byte 0x{ord(bad) - 0xDC00:02x}" if 0xDC80 <= ord(bad) <= 0xDCFF else (
+                f"an unpaired surrogate \\u{ord(bad):04x}"
+            )
+            return Invalid(where, f"not valid Unicode text: {what} at character {exc.start}", "invalid_utf8")
+    return None
+
+
+def _unicode_problem(where: str, value: Any) -> Invalid | None:
+    """Invalid Unicode anywhere in a nested value that reaches the chat template."""
+    if isinstance(value, str):
+        return _text_problem(where, value)
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        problem = _unicode_problem(f"{where}.{key}" if isinstance(key, str) else f"{where}[{key}]", item)
+        if problem is not None:
+            return problem
+    return None
+
+
+def validate_messages(obj: dict) -> Invalid | None:
+    """The first problem of a chat record ``{"messages": [...], "tools"?: [...], "chat_template_kwargs"?: {...}}``."""
+    if _duplicated(obj, ("messages", "tools", "chat_template_kwargs")):
+        key = _duplicated(obj, ("messages", "tools", "chat_template_kwargs"))
+        return Invalid(key, "key given more than once in the record; keep one", "duplicate_key")
+    messages = obj["messages"]
+    if not isinstance(messages, list):
+        return Invalid("messages", f"expected a list of {{\"role\", \"content\"}} objects, found {_kind(messages)}", "wrong_type")
+    if not messages:
+        return Invalid("messages", "empty list; a conversation needs at least one message", "empty_pieces")
+    for i, m in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(m, dict):
+            return Invalid(where, f'expected an object {{"role": ..., "content": ...}}, found {_kind(m)}', "wrong_type")
+        dup = _duplicated(m, ("role", "content", "weight"))
+        if dup:
+            return Invalid(f"{where}.{dup}", "key given more than once in the message; keep one", "duplicate_key")
+        if "role" not in m:
+            return Invalid(f"{where}.role", "missing; expected a string such as \"user\" or \"assistant\"", "missing_field")
+        if not isinstance(m["role"], str) or not m["role"]:
+            return Invalid(f"{where}.role", f"expected a non-empty string, found {_kind(m['role'])}", "wrong_type")
+        content = m.get("content")
+        if content is None and not m.get("tool_calls"):
+            return Invalid(f"{where}.content", "missing; expected a string (only a message with tool_calls may omit it)", "missing_field")
+        if content is not None:
+            problem = _text_problem(f"{where}.content", content)
+            if problem is not None:
+                return problem
+        if "weight" in m:
+            problem = _weight_problem(f"{where}.weight", m["weight"])
+            if problem is not None:
+                return problem
+        for key, value in m.items():
+            if key not in ("role", "content", "weight"):
+                problem = _unicode_problem(f"{where}.{key}", value)
+                if problem is not None:
+                    return problem
+    tools = obj.get("tools")
+    if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
+        return Invalid("tools", f"expected a list of tool (JSON schema) objects, found {_kind(tools)}", "wrong_type")
+    kwargs = obj.get("chat_template_kwargs")
+    if kwargs is not None and not isinstance(kwargs, dict):
+        return Invalid("chat_template_kwargs", f"expected an object, found {_kind(kwargs)}", "wrong_type")
+    for key in ("tools", "chat_template_kwargs"):
+        problem = _unicode_problem(key, obj.get(key))
+        if problem is not None:
+            return problem
+    return None
+
+
 def validate_record(obj: Any) -> Invalid | None:
     """The first problem of a parsed record, or None if it is valid.
 
@@ -104,9 +199,15 @@ def validate_record(obj: Any) -> Invalid | None:
     Invalid(field='pieces[0].weight', problem='expected a finite number >= 0, found -1', reason='bad_weight')
     """
     if not isinstance(obj, dict):
-        return Invalid("<record>", f"expected a JSON object with a 'pieces' key, found {_kind(obj)}", "not_an_object")
+        return Invalid("<record>", f"expected a JSON object with {_SHAPES}, found {_kind(obj)}", "not_an_object")
+    if obj.get("messages") is not None:
+        if "pieces" in obj:
+            return Invalid(
+                "<record>", 'holds both "pieces" and "messages"; a record is one or the other', "ambiguous_shape"
+            )
+        return validate_messages(obj)
     if "pieces" not in obj:
-        return Invalid("pieces", f"missing; expected {_PIECE_HELP}", "missing_field")
+        return Invalid("pieces", f"missing; expected {_SHAPES}", "missing_field")
     if _duplicated(obj, ("pieces",)):
         return Invalid("pieces", "key given more than once in the record; keep one", "duplicate_key")
     pieces = obj["pieces"]
@@ -123,34 +224,20 @@ def validate_record(obj: Any) -> Invalid | None:
             return Invalid(f"{where}.{dup}", "key given more than once in the piece; keep one", "duplicate_key")
         if "text" not in piece:
             return Invalid(f"{where}.text", "missing; expected a string", "missing_field")
-        text = piece["text"]
-        if not isinstance(text, str):
-            return Invalid(f"{where}.text", f"expected a string, found {_kind(text)}", "wrong_type")
-        if not text.isascii():
-            try:
-                text.encode("utf-8")
-            except UnicodeEncodeError as exc:
-                bad = text[exc.start]
-                what = f"an invalid UTF-8 byte 0x{ord(bad) - 0xDC00:02x}" if 0xDC80 <= ord(bad) <= 0xDCFF else (
-                    f"an unpaired surrogate \\u{ord(bad):04x}"
-                )
-                return Invalid(f"{where}.text", f"not valid Unicode text: {what} at character {exc.start}", "invalid_utf8")
+        problem = _text_problem(f"{where}.text", piece["text"])
+        if problem is not None:
+            return problem
         if "weight" not in piece:
             return Invalid(f"{where}.weight", "missing; expected a finite number >= 0", "missing_field")
-        w = piece["weight"]
-        if isinstance(w, bool) or not isinstance(w, (int, float)):
-            return Invalid(f"{where}.weight", f"expected a finite number >= 0, found {_kind(w)}", "wrong_type")
-        try:
-            finite = math.isfinite(float(w))
-        except OverflowError:  # an integer too large for a float
-            finite = False
-        if not finite or w < 0:
-            return Invalid(f"{where}.weight", f"expected a finite number >= 0, found {_kind(w).removeprefix('number ')}", "bad_weight")
+        problem = _weight_problem(f"{where}.weight", piece["weight"])
+        if problem is not None:
+            return problem
     return None
 
 
-def check_line(raw: bytes) -> tuple[list[tuple[str, float]] | None, Invalid | None]:
-    """Parse one line (without its newline) exactly: its pieces as (text, weight) pairs, or why not."""
+def check_line(raw: bytes) -> tuple[list[tuple[str, float]] | Chat | None, Invalid | None]:
+    """Parse one line (without its newline) exactly: its pieces as (text, weight) pairs, or its conversation
+    (a ``Chat``), or why not."""
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
@@ -165,6 +252,8 @@ def check_line(raw: bytes) -> tuple[list[tuple[str, float]] | None, Invalid | No
     problem = validate_record(obj)
     if problem is not None:
         return None, problem
+    if obj.get("messages") is not None:
+        return Chat(obj["messages"], obj.get("tools"), obj.get("chat_template_kwargs"), raw), None
     return [(p["text"], float(p["weight"])) for p in obj["pieces"]], None
 
 
@@ -258,13 +347,17 @@ def _parse_fast(block: Block) -> Records | None:
     return Records(block.path, lines, texts, weights.astype(np.float64), offsets)
 
 
-def _records(path: str, lines: list[int], texts: list[str], weights: list[float], offsets: list[int]) -> Records:
+def _records(
+    path: str, lines: list[int], texts: list[str], weights: list[float], offsets: list[int],
+    chats: list[Chat | None] | None = None,
+) -> Records:  # fmt: skip
     return Records(
         path,
         np.asarray(lines, dtype=np.int64),
         texts,
         np.asarray(weights, dtype=np.float64),
         np.asarray(offsets, dtype=np.int64),
+        chats if chats and any(c is not None for c in chats) else None,
     )
 
 
@@ -274,6 +367,7 @@ def _parse_exact(block: Block) -> tuple[Records, list[Reject]]:
     texts: list[str] = []
     weights: list[float] = []
     offsets = [0]
+    chats: list[Chat | None] = []
     rejects: list[Reject] = []
     offset = block.offset
     for i, raw in enumerate(block.data.split(b"\n")[: block.n_lines]):
@@ -288,8 +382,13 @@ def _parse_exact(block: Block) -> tuple[Records, list[Reject]]:
             continue
         assert pieces is not None
         lines.append(line_no)
-        for t, w in pieces:
-            texts.append(t)
-            weights.append(w)
+        if isinstance(pieces, Chat):
+            bare = raw[:-1] if raw.endswith(b"\r") else raw
+            chats.append(pieces._replace(raw=bare, offset=line_offset))
+        else:
+            chats.append(None)
+            for t, w in pieces:
+                texts.append(t)
+                weights.append(w)
         offsets.append(len(texts))
-    return _records(block.path, lines, texts, weights, offsets), rejects
+    return _records(block.path, lines, texts, weights, offsets, chats), rejects

@@ -1,0 +1,121 @@
+"""Chat tokenizers for the tests: each family's template (TRL's installed ``chat_templates``, or written here) on a
+small byte-level BPE built in-process with that family's control tokens, plus a naive reference of the weights.
+
+The reference finds each message's header and content by plain string search in the rendered text, using what
+each family is known to write around a turn; it shares nothing with ``weightprep.stages.chat``, which aligns by
+prefix renders.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import trl
+from tokenizer_factory import _byte_level_bpe
+
+TEMPLATES = Path(trl.__file__).parent / "chat_templates"
+
+#: Written here (Mistral v1 has no template in TRL): BOS, ``[INST] user [/INST]`` then the answer and EOS.
+MISTRAL_V1 = (
+    "{{ bos_token }}{% for m in messages %}{% if m['role'] == 'user' %}{{ '[INST] ' + m['content'] + ' [/INST]' }}"
+    "{% elif m['role'] == 'assistant' %}{{ m['content'] + eos_token }}{% endif %}{% endfor %}"
+)
+
+
+@dataclass(frozen=True)
+class Family:
+    """A chat family: its template and tokens, and how a turn looks (for the naive reference)."""
+
+    name: str
+    template: str
+    specials: tuple[str, ...]
+    bos: str | None
+    eos: str
+    trims: bool  # the template trims content
+    roles: tuple[str, ...] = ("user", "assistant")
+
+    def header(self, role: str) -> str:
+        if self.name == "chatml":
+            return f"<|im_start|>{role}\n"
+        if self.name.startswith("llama3"):
+            return f"<|start_header_id|>{role}<|end_header_id|>\n\n"
+        if self.name == "gemma":
+            return f"<start_of_turn>{'model' if role == 'assistant' else role}\n"
+        return "[INST] " if role == "user" else ""
+
+    def end(self, role: str) -> str:
+        if self.name == "chatml":
+            return "<|im_end|>\n"
+        if self.name.startswith("llama3"):
+            return "<|eot_id|>"
+        if self.name == "gemma":
+            return "<end_of_turn>\n"
+        return " [/INST]" if role == "user" else "</s>"
+
+
+def _template(name: str) -> str:
+    return (TEMPLATES / f"{name}.jinja").read_text(encoding="utf-8")
+
+
+FAMILIES = {
+    "chatml": Family("chatml", _template("qwen2_5"), ("<|im_start|>", "<|im_end|>", "<|endoftext|>"), None, "<|im_end|>", False),
+    "llama3": Family(
+        "llama3", _template("llama3"), ("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"),
+        "<|begin_of_text|>", "<|eot_id|>", True,
+    ),
+    "llama3_1": Family(
+        "llama3_1", _template("llama3_1"), ("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"),
+        "<|begin_of_text|>", "<|eot_id|>", True,
+    ),
+    "gemma": Family("gemma", _template("gemma"), ("<bos>", "<eos>", "<start_of_turn>", "<end_of_turn>"), "<bos>", "<eos>", True),
+    "mistral_v1": Family("mistral_v1", MISTRAL_V1, ("<s>", "</s>"), "<s>", "</s>", False),
+}  # fmt: skip
+
+
+@functools.lru_cache
+def chat_tokenizer(name: str, template: str | None = None) -> Any:
+    """A fast tokenizer of family ``name`` with its chat template (or ``template``): treat as read-only."""
+    from transformers import PreTrainedTokenizerFast
+
+    fam = FAMILIES[name]
+    backend = _byte_level_bpe(list(fam.specials), 500)
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=backend, bos_token=fam.bos, eos_token=fam.eos, pad_token=fam.eos, model_max_length=8192,
+        clean_up_tokenization_spaces=False,
+    )  # fmt: skip
+    tok.add_special_tokens({"additional_special_tokens": [t for t in fam.specials if t not in (fam.bos, fam.eos)]})
+    tok.chat_template = template or fam.template
+    return tok
+
+
+def reference_char_weights(fam: Family, text: str, messages: list[dict], role_weights: dict[str, float]) -> np.ndarray:
+    """Per-character weights found by searching each turn's header and content in ``text``, left to right."""
+    w = np.zeros(len(text), dtype=np.float32)
+    cursor = 0
+    for m in messages:
+        role = m["role"]
+        content = m["content"].strip() if fam.trims else m["content"]
+        head = text.index(fam.header(role), cursor)
+        start = head + len(fam.header(role))
+        assert text.startswith(content, start), (text[start:], content)
+        end = text.index(fam.end(role), start + len(content)) + len(fam.end(role))
+        weight = m.get("weight", role_weights.get(role, 0.0))
+        w[start:end] = weight
+        cursor = end
+    return w
+
+
+def reference_token_weights(enc: Any, char_w: np.ndarray) -> tuple[np.ndarray, bool]:
+    """Each token's weight from its characters, and whether some token covers characters of two weights."""
+    out = np.zeros(len(enc.ids), dtype=np.float32)
+    straddle = False
+    for k, (s, e) in enumerate(enc.offsets):
+        if e > s:
+            values = set(char_w[s:e].tolist())
+            straddle |= len(values) > 1
+            out[k] = char_w[s]
+    return out, straddle

@@ -1,0 +1,283 @@
+"""Chat records: rendered by the model's own template, tokenized once, weights on exactly the right tokens."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from chat_support import FAMILIES, TEMPLATES, chat_tokenizer, reference_char_weights, reference_token_weights
+from click.testing import CliRunner
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from weightprep.accounting import check_accounting
+from weightprep.batches import Chat
+from weightprep.config import config_from_dict
+from weightprep.constants import IGNORE_INDEX
+from weightprep.errors import InputError
+from weightprep.pipeline import build
+from weightprep.stages.chat import ChatError, ChatRenderer, parse_role_weights
+from weightprep.stages.validate import check_line
+
+ROLE_WEIGHTS = {"assistant": 1.0}
+
+
+def _chat(messages, tools=None, kwargs=None) -> Chat:
+    return Chat(messages, tools, kwargs, json.dumps({"messages": messages}).encode())
+
+
+def _plain(messages):
+    return [{k: v for k, v in m.items() if k != "weight"} for m in messages]
+
+
+_WORDS = ["Hello", "world", "assistant", "user", "model", " spaced ", "\nnew line", "東京は", "😀🚀", "tab\there",
+          "x", "0.5", "[INST]", "the end.", "  ", "Ünïcödé"]  # fmt: skip
+_content = st.lists(st.sampled_from(_WORDS), min_size=0, max_size=5).map(" ".join)
+_weight = st.one_of(st.none(), st.sampled_from([0.0, 0.5, 1.0, 2.5]))
+
+
+@st.composite
+def conversations(draw):
+    turns = draw(st.integers(1, 3))
+    messages = []
+    for _ in range(turns):
+        messages.append({"role": "user", "content": draw(_content)})
+        answer = {"role": "assistant", "content": draw(_content)}
+        if (w := draw(_weight)) is not None:
+            answer["weight"] = w
+        messages.append(answer)
+    return messages
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(messages=conversations())
+def test_ids_and_weights_equal_the_template_and_a_naive_reference(name, messages):
+    fam, tok = FAMILIES[name], chat_tokenizer(name)
+    renderer = ChatRenderer(tok, role_weights=ROLE_WEIGHTS)
+    text = tok.apply_chat_template(_plain(messages), tokenize=False)
+    enc = tok.backend_tokenizer.encode(text, add_special_tokens=False)
+    ref_w, straddle = reference_token_weights(enc, reference_char_weights(fam, text, messages, ROLE_WEIGHTS))
+    if straddle:  # e.g. content starting with a newline right after a header's newline: one BPE token
+        with pytest.raises(ChatError) as err:
+            renderer.tokens(_chat(messages))
+        assert err.value.reason == "token_straddle"
+        return
+    out = renderer.tokens(_chat(messages))
+    assert out.ids.tolist() == tok.apply_chat_template(_plain(messages), tokenize=True)["input_ids"]
+    assert tok.decode(out.ids.tolist(), skip_special_tokens=False) == text
+    np.testing.assert_array_equal(out.weights, ref_w)
+    # every change of weight falls on a token boundary: nothing straddles, by construction of the reference
+
+
+def test_a_worked_example_token_by_token():
+    tok = chat_tokenizer("chatml")
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello!", "weight": 2.5},
+        {"role": "user", "content": "Bye"},
+        {"role": "assistant", "content": "Bye."},
+    ]
+    out = ChatRenderer(tok).tokens(_chat(messages))
+    spans: list[tuple[float, str]] = []
+    for i, w in zip(out.ids.tolist(), out.weights.tolist(), strict=True):
+        piece = tok.decode([i])
+        if spans and spans[-1][0] == w:
+            spans[-1] = (w, spans[-1][1] + piece)
+        else:
+            spans.append((w, piece))
+    assert spans == [
+        (0.0, "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"),
+        (2.5, "Hello!<|im_end|>\n"),
+        (0.0, "<|im_start|>user\nBye<|im_end|>\n<|im_start|>assistant\n"),
+        (1.0, "Bye.<|im_end|>\n"),
+    ]
+
+
+def test_weighted_user_and_system_messages_skip_headers_and_preambles():
+    tok = chat_tokenizer("llama3_1")
+    messages = [
+        {"role": "system", "content": "Answer in French.", "weight": 0.5},
+        {"role": "user", "content": "Hi", "weight": 0.25},
+        {"role": "assistant", "content": "Salut"},
+    ]
+    out = ChatRenderer(tok).tokens(_chat(messages))
+    by_weight: dict[float, str] = {}
+    for i, w in zip(out.ids.tolist(), out.weights.tolist(), strict=True):
+        by_weight[w] = by_weight.get(w, "") + tok.decode([i])
+    assert by_weight[0.5] == "Answer in French.<|eot_id|>"  # not the injected "Cutting Knowledge Date" block
+    assert by_weight[0.25] == "Hi<|eot_id|>"
+    assert by_weight[1.0] == "Salut<|eot_id|>"
+    assert "Cutting Knowledge Date" in by_weight[0.0]
+
+
+def test_role_weights_and_a_tool_turn():
+    tok = chat_tokenizer("chatml")
+    messages = [
+        {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "w", "arguments": {}}}]},
+        {"role": "tool", "content": "sunny"},
+        {"role": "assistant", "content": "It is sunny."},
+    ]  # fmt: skip
+    out = ChatRenderer(tok, role_weights=parse_role_weights("assistant=2,tool=0.5")).tokens(_chat(messages))
+    text = tok.apply_chat_template(_plain(messages), tokenize=False)
+    assert out.ids.tolist() == tok.apply_chat_template(_plain(messages), tokenize=True)["input_ids"]
+    weighted: dict[float, str] = {}
+    for i, w in zip(out.ids.tolist(), out.weights.tolist(), strict=True):
+        weighted[w] = weighted.get(w, "") + tok.decode([i])
+    # the tool turn from its content on (its "<|im_start|>user\n<tool_response>\n" header stays 0)
+    assert weighted[0.5] == "sunny\n</tool_response><|im_end|>\n"
+    assert weighted[2.0] == '<tool_call>\n{"name": "w", "arguments": {}}\n</tool_call><|im_end|>\nIt is sunny.<|im_end|>\n'
+    assert "Weather?" in weighted[0.0] and text.startswith("<|im_start|>system")
+
+
+def test_generation_tags_give_transformers_assistant_masks():
+    template = (TEMPLATES / "qwen2_5_training.jinja").read_text()
+    tok = chat_tokenizer("chatml", template)
+    messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello there."},
+                {"role": "user", "content": "More"}, {"role": "assistant", "content": "Sure: more."}]  # fmt: skip
+    out = ChatRenderer(tok).tokens(_chat(messages))
+    ref = tok.apply_chat_template(messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
+    assert out.ids.tolist() == ref["input_ids"]
+    assert (out.weights > 0).astype(int).tolist() == ref["assistant_masks"]
+    assert sum(ref["assistant_masks"]) > 0
+
+
+@pytest.mark.parametrize(
+    ("template", "messages", "reason", "field"),
+    [
+        ("qwen3", [{"role": "user", "content": "2+2?"},
+                   {"role": "assistant", "content": "4", "reasoning_content": "two and two"},
+                   {"role": "user", "content": "3+3?"}, {"role": "assistant", "content": "6"}],
+         "not_prefix_preserving", "messages[1]"),
+        ("deepseek_r1_distill", [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}],
+         "generation_prompt_mismatch", "messages[1]"),
+    ],
+)  # fmt: skip
+def test_templates_that_cannot_be_aligned_are_refused(template, messages, reason, field):
+    tok = chat_tokenizer("chatml", (TEMPLATES / f"{template}.jinja").read_text())
+    with pytest.raises(ChatError) as err:
+        ChatRenderer(tok).tokens(_chat(messages))
+    assert (err.value.reason, err.value.field) == (reason, field)
+
+
+def test_control_tokens_in_content_and_template_errors_are_refused():
+    tok = chat_tokenizer("chatml")
+    with pytest.raises(ChatError) as err:
+        ChatRenderer(tok).tokens(_chat([{"role": "user", "content": "end<|im_end|>now"}, {"role": "assistant", "content": "ok"}]))
+    assert (err.value.reason, err.value.field) == ("control_token_in_content", "messages[0].content")
+    gemma = chat_tokenizer("gemma")
+    with pytest.raises(ChatError) as err:
+        ChatRenderer(gemma).tokens(_chat([{"role": "system", "content": "x"}, {"role": "user", "content": "y"}]))
+    assert err.value.reason == "template_error" and "System role not supported" in err.value.problem
+
+
+def test_validation_of_chat_records():
+    ok, problem = check_line(b'{"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b", "weight": 2}]}')
+    assert problem is None and isinstance(ok, Chat)
+    cases = {
+        b'{"messages": [{"role": "user", "content": "a", "weight": -1}]}': ("messages[0].weight", "bad_weight"),
+        b'{"messages": [{"role": "user"}]}': ("messages[0].content", "missing_field"),
+        b'{"messages": [{"content": "a"}]}': ("messages[0].role", "missing_field"),
+        b'{"messages": []}': ("messages", "empty_pieces"),
+        b'{"messages": "hi"}': ("messages", "wrong_type"),
+        b'{"messages": [{"role": "user", "content": "a"}], "pieces": []}': ("<record>", "ambiguous_shape"),
+        b'{"messages": [{"role": "user", "content": "a"}], "tools": {}}': ("tools", "wrong_type"),
+        b'{"messages": [{"role": "user", "content": "\\ud800"}]}': ("messages[0].content", "invalid_utf8"),
+    }
+    for line, expected in cases.items():
+        _, problem = check_line(line)
+        assert problem is not None and (problem.field, problem.reason) == expected, line
+
+
+def _save(tok, path):
+    tok.save_pretrained(str(path))
+    return path
+
+
+def test_build_mixes_pieces_and_chats_in_input_order(tmp_path):
+    tok_dir = _save(chat_tokenizer("chatml"), tmp_path / "tok")
+    convo = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!", "weight": 2.0}]
+    lines = [
+        {"pieces": [{"text": "Q: one", "weight": 0}, {"text": " A: two", "weight": 1}]},
+        {"messages": convo},
+        {"pieces": [{"text": "plain text", "weight": 1}]},
+    ]
+    inp = tmp_path / "raw.jsonl"
+    inp.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    cfg = config_from_dict({"tokenizer": {"name": str(tok_dir)}, "pack": {"seq_len": 256}})
+    manifest = build([str(inp)], tmp_path / "out", cfg)
+    c = manifest["counts"]
+    assert (c["records"], c["documents"], c["chat_documents"], c["documents_written"]) == (3, 3, 1, 3)
+    check_accounting(c)
+    import datasets
+
+    row = datasets.load_from_disk(str(tmp_path / "out"))[0]
+    ids, weights, labels = (np.asarray(row[k]) for k in ("input_ids", "weights", "labels"))
+    expected = chat_tokenizer("chatml").apply_chat_template(convo, tokenize=True)["input_ids"]
+    starts = np.cumsum([0, *row["seq_lengths"]])
+    docs = [ids[a:b].tolist() for a, b in zip(starts[:-1], starts[1:], strict=True)]
+    assert expected in docs  # the conversation exactly, no BOS/EOS added by weightprep
+    k = docs.index(expected)
+    a, b = starts[k], starts[k + 1]
+    assert labels[a] == IGNORE_INDEX and set(weights[a:b].tolist()) == {0.0, 2.0}
+    assert ((labels[a:b] != IGNORE_INDEX) == (weights[a:b] > 0)).all()
+
+
+def test_strict_and_skip_invalid_name_the_message(tmp_path):
+    tok_dir = _save(chat_tokenizer("chatml"), tmp_path / "tok")
+    good = {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo"}]}
+    bad_control = {"messages": [{"role": "user", "content": "<|im_start|>x"}, {"role": "assistant", "content": "y"}]}
+    bad_weight = {"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b", "weight": "2"}]}
+    inp = tmp_path / "raw.jsonl"
+    inp.write_text("".join(json.dumps(r) + "\n" for r in [good, bad_control, good, bad_weight]))
+    cfg = config_from_dict({"tokenizer": {"name": str(tok_dir)}, "pack": {"seq_len": 128}})
+    with pytest.raises(InputError) as err:
+        build([str(inp)], tmp_path / "out", cfg)
+    assert err.value.line == 2 and err.value.field == "messages[0].content" and "control token" in str(err.value)
+    assert not (tmp_path / "out").exists()
+    skip = config_from_dict({"tokenizer": {"name": str(tok_dir)}, "pack": {"seq_len": 128}, "validate": {"on_invalid": "skip"}})
+    m = build([str(inp)], tmp_path / "out", skip)
+    assert m["counts"]["rejected"] == {"control_token_in_content": 1, "wrong_type": 1}
+    rejects = [json.loads(x) for x in (tmp_path / "out" / "rejects.jsonl").read_text().splitlines()]
+    assert [(r["line"], r["field"]) for r in rejects] == [(2, "messages[0].content"), (4, "messages[1].weight")]
+    assert json.loads(rejects[0]["original"]) == bad_control
+    check_accounting(m["counts"])
+
+
+def test_cli_chat_template_and_role_weights(tmp_path):
+    from weightprep.cli import main
+
+    tok = chat_tokenizer("chatml")
+    tok_dir = _save(tok, tmp_path / "tok")
+    template = tmp_path / "mistral.jinja"
+    from chat_support import MISTRAL_V1
+
+    template.write_text(MISTRAL_V1)
+    inp = tmp_path / "raw.jsonl"
+    inp.write_text(json.dumps({"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo"}]}) + "\n")
+    args = ["build", str(inp), "--tokenizer", str(tok_dir), "--out", str(tmp_path / "out"), "--seq-len", "64",
+            "--chat-template", str(template), "--role-weights", "assistant=3,user=0.5"]  # fmt: skip
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    manifest = json.loads((tmp_path / "out" / "weightprep_manifest.json").read_text())
+    assert manifest["config"]["chat"] == {"template": str(template), "role_weights": "assistant=3,user=0.5"}
+    assert manifest["counts"]["total_weight"] > 0
+    bad = CliRunner().invoke(main, [*args[:-2], "--role-weights", "assistant=-1", "--overwrite"])
+    assert bad.exit_code == 2 and "chat.role_weights" in bad.output
+
+
+def test_a_token_across_a_weight_change_is_refused():
+    # the generation prompt ends inside a word: "The" is one token across the prompt (0) and the answer (1)
+    template = ("{% for m in messages %}{% if m['role'] == 'user' %}{{ m['content'] + '\\n' }}{% else %}"
+                "{{ 'Th' + m['content'] + '\\n' }}{% endif %}{% endfor %}{% if add_generation_prompt %}Th{% endif %}")  # fmt: skip
+    tok = chat_tokenizer("chatml", template)
+    messages = [{"role": "user", "content": "Say it"}, {"role": "assistant", "content": "e quick brown fox."}]
+    enc = tok.backend_tokenizer.encode("Say it\nThe quick brown fox.\n", add_special_tokens=False)
+    assert any(s < 9 < e for s, e in enc.offsets)  # the premise: a token holds "Th|e"
+    with pytest.raises(ChatError) as err:
+        ChatRenderer(tok).tokens(_chat(messages))
+    assert (err.value.reason, err.value.field) == ("token_straddle", "messages[1]")
+    assert "crosses a change of weight at character 9" in err.value.problem

@@ -1,0 +1,283 @@
+"""Stage 2a — chat: render each conversation with the model's chat template, tokenize it once, weight its tokens.
+
+A record ``{"messages": [{"role", "content", "weight"?, ...}], "tools"?, "chat_template_kwargs"?}`` becomes one
+document holding exactly the tokens the model sees at inference. Render once, tokenize once, align by characters,
+fail loudly:
+
+1. ``S = render(messages)`` with the tokenizer's ``chat_template`` (or ``--chat-template FILE``) through
+   transformers' own ``render_jinja_template``, with the special tokens and keyword arguments that
+   ``apply_chat_template`` passes, so the sandbox, filters and inputs are exactly its.
+2. Message ``i`` spans the characters ``[|P_i|, |P_{i+1}|)`` of ``S``, ``P_i = render(messages[:i])``; each ``P_i``
+   must be a prefix of ``S`` (else ``not_prefix_preserving``: templates that rewrite earlier turns, like Qwen3's
+   reasoning stripping or Mistral v3's moved system prompt, are refused, never misaligned).
+3. An assistant message: ``G_i = render(messages[:i], add_generation_prompt=True)`` must satisfy
+   ``P_i ⊑ G_i ⊑ P_{i+1}`` (else ``generation_prompt_mismatch``); ``[|P_i|, |G_i|)`` is the generation prompt and
+   gets weight 0, ``[|G_i|, |P_{i+1}|)`` (content, end-of-turn token, trailing newline) the message's weight.
+   With ``{% generation %}`` tags the k-th tagged span is the k-th assistant message's instead (counts must match).
+4. Any other message with a weight > 0: the weight starts where two probe renders with different placeholder
+   contents first differ, so headers and template-injected preambles keep weight 0.
+5. ``S`` is tokenized once (``add_special_tokens=False``: the template owns BOS/EOS) with offsets; each token
+   takes the weight of its characters. A token across a weight change is ``token_straddle``; offsets that go
+   backwards or leave weighted characters uncovered are ``bad_offsets``; two leading BOS are ``double_bos``.
+6. Content holding a control token of the template (``<|im_end|>`` in a user message) is
+   ``control_token_in_content``; a template that raises is ``template_error``.
+
+Default weights: ``assistant`` 1, every other role 0 (``--role-weights``); a message's ``weight`` overrides them.
+A rejected conversation names ``messages[i]`` and the reason, in strict mode as an error, with ``--skip-invalid``
+in rejects.jsonl.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import numpy as np
+
+from weightprep.batches import Chat, ChatTokens, Records, Reject
+from weightprep.errors import ConfigError, UsageError
+
+__all__ = ["CHAT_REASONS", "ChatError", "ChatRenderer", "parse_role_weights", "render_chats"]
+
+CHAT_REASONS = (
+    "template_error",
+    "not_prefix_preserving",
+    "generation_prompt_mismatch",
+    "generation_tag_mismatch",
+    "control_token_in_content",
+    "token_straddle",
+    "bad_offsets",
+    "double_bos",
+)
+_GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%\}")
+_PROBES = ("\ue000weightprep-probe-a\ue000", "\ue001weightprep-probe-b\ue001")
+
+
+class ChatError(Exception):
+    """A conversation that cannot be rendered and aligned: the field, what is wrong, the reason code."""
+
+    def __init__(self, field: str, problem: str, reason: str) -> None:
+        super().__init__(f"{field}: {problem}")
+        self.field, self.problem, self.reason = field, problem, reason
+
+
+def parse_role_weights(spec: str) -> dict[str, float]:
+    """``"assistant=1,user=0"`` -> ``{"assistant": 1.0, "user": 0.0}``; roles not named get 0."""
+    weights: dict[str, float] = {}
+    for part in filter(None, (p.strip() for p in spec.split(","))):
+        role, sep, value = part.partition("=")
+        try:
+            w = float(value)
+        except ValueError:
+            w = float("nan")
+        if not sep or not role.strip() or not (w >= 0 and np.isfinite(w)):
+            raise ConfigError([f"chat.role_weights: expected ROLE=WEIGHT[,ROLE=WEIGHT...] with weights >= 0, got {part!r}"])
+        weights[role.strip()] = w
+    return weights
+
+
+def _diverge(a: str, b: str) -> int:
+    n = min(len(a), len(b))
+    eq = np.frombuffer(a[:n].encode("utf-32-le"), dtype=np.uint32) == np.frombuffer(b[:n].encode("utf-32-le"), dtype=np.uint32)
+    return int(np.argmin(eq)) if not eq.all() else n
+
+
+def _snippet(text: str, at: int) -> str:
+    return repr(text[max(0, at - 10) : at + 20])
+
+
+class ChatRenderer:
+    """Renders and aligns conversations for one tokenizer and template text (default: the tokenizer's own)."""
+
+    def __init__(self, tokenizer: Any, template: str | None = None, role_weights: dict[str, float] | None = None) -> None:
+        self.tok = tokenizer
+        self.template = template if template is not None else getattr(tokenizer, "chat_template", None)
+        if isinstance(self.template, dict):  # several named templates: the default one
+            self.template = self.template.get("default")
+        self.role_weights = {"assistant": 1.0} if role_weights is None else role_weights
+        self.tagged = bool(self.template and _GENERATION_TAG.search(self.template))
+        self._control: re.Pattern[str] | None = None
+        self._backend = getattr(tokenizer, "backend_tokenizer", None) or getattr(tokenizer, "_tokenizer", None)
+        self._bos = getattr(tokenizer, "bos_token_id", None)
+
+    def check(self) -> None:
+        """Refuse, before any work, a tokenizer that cannot render conversations."""
+        if not self.template:
+            raise UsageError(
+                "the input holds chat records (\"messages\") but the tokenizer has no chat_template; pass "
+                "--chat-template FILE.jinja or use the model's own tokenizer"
+            )
+        if self._backend is None:
+            raise UsageError("chat records need a fast (Rust) tokenizer with offsets; this one is slow-only")
+
+    def _control_tokens(self) -> re.Pattern[str]:
+        if self._control is None:
+            if hasattr(self.tok, "_get_control_tokens"):  # what apply_chat_template sanitizes (transformers 5)
+                tokens = tuple(self.tok._get_control_tokens(self.template))
+            else:
+                tokens = tuple(t for t in self.tok.all_special_tokens if t)
+            ordered = sorted(set(tokens), key=len, reverse=True)
+            self._control = re.compile("|".join(map(re.escape, ordered)) or "(?!)")
+        return self._control
+
+    def render(self, chat: Chat, messages: list[dict[str, Any]], *, generation: bool = False) -> tuple[str, list]:
+        from transformers.utils.chat_template_utils import render_jinja_template
+
+        kwargs = {**self.tok.special_tokens_map, **(chat.template_kwargs or {})}
+        try:
+            rendered, spans = render_jinja_template(
+                conversations=[messages],
+                tools=chat.tools,
+                chat_template=self.template,
+                add_generation_prompt=generation,
+                return_assistant_tokens_mask=self.tagged,
+                **kwargs,
+            )
+        except Exception as exc:  # jinja2 errors and raise_exception() from the template
+            raise ChatError("messages", f"the chat template failed: {type(exc).__name__}: {exc}", "template_error") from None
+        return rendered[0], (spans[0] if spans else [])
+
+    def _weight(self, i: int, message: dict[str, Any]) -> float:
+        if "weight" in message:
+            return float(message["weight"])
+        return self.role_weights.get(message["role"], 0.0)
+
+    def char_weights(self, chat: Chat) -> tuple[str, np.ndarray]:
+        """The rendered text and one weight per character (steps 1-4 of the module docstring)."""
+        # what apply_chat_template renders: keys whose value is None are dropped
+        messages = [{k: v for k, v in m.items() if v is not None and k != "weight"} for m in chat.messages]
+        control = self._control_tokens()
+        for i, m in enumerate(messages):
+            if isinstance(m.get("content"), str) and (hit := control.search(m["content"])):
+                raise ChatError(
+                    f"messages[{i}].content",
+                    f"holds the template's control token {hit.group()!r} at character {hit.start()}; as text it would "
+                    "end or forge a turn. Remove or escape it",
+                    "control_token_in_content",
+                )
+        text, tagged_spans = self.render(chat, messages)
+        weights = np.zeros(len(text), dtype=np.float32)
+        try:
+            prev = self.render(chat, [])[0]
+        except ChatError:
+            prev = ""
+        if not text.startswith(prev):
+            prev = ""
+        assistants = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+        if self.tagged and len(tagged_spans) != len(assistants):
+            raise ChatError(
+                "messages",
+                f"the template's {{% generation %}} blocks ({len(tagged_spans)}) do not match the assistant messages "
+                f"({len(assistants)})",
+                "generation_tag_mismatch",
+            )
+        for i, m in enumerate(messages):
+            here = text if i == len(messages) - 1 else self.render(chat, messages[: i + 1])[0]
+            if not text.startswith(here) or len(here) < len(prev):
+                at = _diverge(here, text)
+                raise ChatError(
+                    f"messages[{i}]",
+                    f"the template is not prefix-preserving: rendering messages[:{i + 1}] gives text that is not a "
+                    f"prefix of the whole conversation (they differ at character {at}: {_snippet(here, at)} vs "
+                    f"{_snippet(text, at)}), so turns cannot be aligned; use a template that renders earlier turns "
+                    "unchanged (--chat-template)",
+                    "not_prefix_preserving",
+                )
+            start, end = len(prev), len(here)
+            w = self._weight(i, chat.messages[i])
+            if m["role"] == "assistant":
+                if self.tagged:
+                    a, b = tagged_spans[assistants.index(i)]
+                    if not start <= a <= b <= end:
+                        raise ChatError(
+                            f"messages[{i}]", f"its {{% generation %}} block [{a}, {b}) lies outside the turn [{start}, {end})",
+                            "generation_tag_mismatch",
+                        )  # fmt: skip
+                    weights[a:b] = w
+                else:
+                    prompt = self.render(chat, messages[:i], generation=True)[0]
+                    if not (prompt.startswith(prev) and here.startswith(prompt)):
+                        at = _diverge(prompt, here)
+                        raise ChatError(
+                            f"messages[{i}]",
+                            f"the generation prompt (render with add_generation_prompt=True) is not where this turn "
+                            f"starts: they differ at character {at}: {_snippet(prompt, at)} vs {_snippet(here, at)}",
+                            "generation_prompt_mismatch",
+                        )
+                    weights[len(prompt) : end] = w
+            elif w > 0:
+                probes = [self.render(chat, [*messages[:i], {**m, "content": p}])[0] for p in _PROBES]
+                weights[max(start, _diverge(*probes)) : end] = w
+            prev = here
+        return text, weights
+
+    def tokens(self, chat: Chat) -> ChatTokens:
+        """Step 5: the conversation's token ids and weights."""
+        text, char_w = self.char_weights(chat)
+        enc = self._backend.encode(text, add_special_tokens=False)
+        ids = np.asarray(enc.ids, dtype=np.int32)
+        spans = np.asarray(enc.offsets, dtype=np.int64).reshape(-1, 2)
+        starts, ends = spans[:, 0], spans[:, 1]
+        if len(ids) and ((np.diff(starts) < 0).any() or (np.diff(ends) < 0).any() or (ends < starts).any()):
+            raise ChatError("messages", "the tokenizer's offsets go backwards; cannot align weights", "bad_offsets")
+        covered = np.zeros(len(text) + 1, dtype=np.int64)
+        np.add.at(covered, starts, 1)
+        np.add.at(covered, ends, -1)
+        uncovered = (np.cumsum(covered)[: len(text)] == 0) & (char_w > 0)
+        if uncovered.any():
+            at = int(np.argmax(uncovered))
+            raise ChatError("messages", f"weighted character {at} ({_snippet(text, at)}) is in no token", "bad_offsets")
+        changes = np.flatnonzero(np.diff(char_w)) + 1  # first character of each new weight
+        if len(changes) and len(ids):
+            k = np.searchsorted(starts, changes, side="right") - 1
+            inside = (k >= 0) & (starts[np.maximum(k, 0)] < changes) & (ends[np.maximum(k, 0)] > changes)
+            if inside.any():
+                c = int(changes[np.argmax(inside)])
+                t = int(k[np.argmax(inside)])
+                raise ChatError(
+                    self._message_at(chat, text, c),
+                    f"token {int(ids[t])} ({text[starts[t]:ends[t]]!r}, characters {starts[t]}-{ends[t]}) crosses a "
+                    f"change of weight at character {c}; the weights cannot be put on tokens exactly",
+                    "token_straddle",
+                )
+        if self._bos is not None and len(ids) > 1 and ids[0] == self._bos and ids[1] == self._bos:
+            raise ChatError("messages", "the rendered conversation starts with two BOS tokens", "double_bos")
+        safe = np.minimum(starts, max(len(text) - 1, 0))
+        token_w = char_w[safe] if len(text) else np.zeros(len(ids), dtype=np.float32)
+        token_w = np.where(ends > starts, token_w, 0).astype(np.float32)
+        canonical = json.dumps(
+            {"messages": chat.messages, "tools": chat.tools, "chat_template_kwargs": chat.template_kwargs},
+            sort_keys=True, ensure_ascii=False, separators=(",", ":"),
+        )  # fmt: skip
+        return ChatTokens(ids, token_w, canonical)
+
+    def _message_at(self, chat: Chat, text: str, char: int) -> str:
+        """The field of the message whose characters hold ``char`` (for error messages)."""
+        messages = [{k: v for k, v in m.items() if v is not None and k != "weight"} for m in chat.messages]
+        for i in range(len(messages)):
+            if len(self.render(chat, messages[: i + 1])[0]) > char:
+                return f"messages[{i}]"
+        return "messages"
+
+
+def render_chats(records: Records, render: ChatRenderer, rejects: list[Reject]) -> Records:
+    """Replace each ``Chat`` of ``records`` by its ``ChatTokens``; a conversation that fails goes to ``rejects``
+    and leaves the batch."""
+    if records.chats is None:
+        return records
+    chats: list[Any] = []
+    keep = np.ones(len(records), dtype=bool)
+    for r, chat in enumerate(records.chats):
+        if not isinstance(chat, Chat):
+            chats.append(chat)
+            continue
+        try:
+            chats.append(render.tokens(chat))
+        except ChatError as exc:
+            keep[r] = False
+            chats.append(None)
+            line = int(records.lines[r])
+            rejects.append(Reject(records.path, line, chat.offset, exc.reason, exc.field, exc.problem, chat.raw, len(chat.raw)))
+    out = Records(records.path, records.lines, records.texts, records.piece_weights, records.piece_offsets, chats)
+    return out if keep.all() else out.where(keep)
