@@ -9,7 +9,8 @@ fail loudly:
    ``apply_chat_template`` passes, so the sandbox, filters and inputs are exactly its.
 2. Message ``i`` spans the characters ``[|P_i|, |P_{i+1}|)`` of ``S``, ``P_i = render(messages[:i])``; each ``P_i``
    must be a prefix of ``S`` (else ``not_prefix_preserving``: templates that rewrite earlier turns, like Qwen3's
-   reasoning stripping or Mistral v3's moved system prompt, are refused, never misaligned).
+   reasoning stripping or Mistral v3's moved system prompt, are refused, never misaligned). Only the boundaries of
+   messages with a weight > 0 are rendered and checked: a rewrite elsewhere moves no weighted character.
 3. An assistant message: ``G_i = render(messages[:i], add_generation_prompt=True)`` must satisfy
    ``P_i ⊑ G_i ⊑ P_{i+1}`` (else ``generation_prompt_mismatch``); ``[|P_i|, |G_i|)`` is the generation prompt and
    gets weight 0, ``[|G_i|, |P_{i+1}|)`` (content, end-of-turn token, trailing newline) the message's weight.
@@ -29,6 +30,7 @@ in rejects.jsonl.
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from typing import Any
@@ -100,6 +102,7 @@ class ChatRenderer:
         self._control: re.Pattern[str] | None = None
         self._backend = getattr(tokenizer, "backend_tokenizer", None) or getattr(tokenizer, "_tokenizer", None)
         self._bos = getattr(tokenizer, "bos_token_id", None)
+        self._empty_renders: dict[tuple[str, str], str] = {}
 
     def check(self) -> None:
         """Refuse, before any work, a tokenizer that cannot render conversations."""
@@ -110,6 +113,11 @@ class ChatRenderer:
             )
         if self._backend is None:
             raise UsageError("chat records need a fast (Rust) tokenizer with offsets; this one is slow-only")
+        import tokenizers
+
+        version = tuple(int(p) for p in re.findall(r"\d+", tokenizers.__version__)[:3])
+        if version < (0, 20, 1):  # earlier offsets are wrong for Llama-3-style ignore_merges tokenizers
+            raise UsageError(f"chat records need tokenizers >= 0.20.1 (correct offsets); found {tokenizers.__version__}")
 
     def _control_tokens(self) -> re.Pattern[str]:
         if self._control is None:
@@ -138,6 +146,17 @@ class ChatRenderer:
             raise ChatError("messages", f"the chat template failed: {type(exc).__name__}: {exc}", "template_error") from None
         return rendered[0], (spans[0] if spans else [])
 
+    def _empty(self, chat: Chat, text: str) -> str:
+        """``P_0``: what the template writes for no message (a preamble), or "" where it cannot render that."""
+        key = (json.dumps(chat.tools, sort_keys=True), json.dumps(chat.template_kwargs, sort_keys=True))
+        if key not in self._empty_renders:
+            try:
+                self._empty_renders[key] = self.render(chat, [])[0]
+            except ChatError:
+                self._empty_renders[key] = ""
+        empty = self._empty_renders[key]
+        return empty if text.startswith(empty) else ""
+
     def _weight(self, i: int, message: dict[str, Any]) -> float:
         if "weight" in message:
             return float(message["weight"])
@@ -158,12 +177,6 @@ class ChatRenderer:
                 )
         text, tagged_spans = self.render(chat, messages)
         weights = np.zeros(len(text), dtype=np.float32)
-        try:
-            prev = self.render(chat, [])[0]
-        except ChatError:
-            prev = ""
-        if not text.startswith(prev):
-            prev = ""
         assistants = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
         if self.tagged and len(tagged_spans) != len(assistants):
             raise ChatError(
@@ -172,20 +185,38 @@ class ChatRenderer:
                 f"({len(assistants)})",
                 "generation_tag_mismatch",
             )
+        prefixes: dict[int, str] = {len(messages): text}
+
+        def prefix(k: int) -> str:
+            """``P_k``, checked to be a prefix of ``S`` (only the turns that carry weight are rendered)."""
+            if k not in prefixes:
+                if k == 0:
+                    prefixes[0] = self._empty(chat, text)
+                    return prefixes[0]
+                here = self.render(chat, messages[:k])[0]
+                if not text.startswith(here):
+                    at = _diverge(here, text)
+                    raise ChatError(
+                        f"messages[{k - 1}]",
+                        f"the template is not prefix-preserving: rendering messages[:{k}] gives text that is not a "
+                        f"prefix of the whole conversation (they differ at character {at}: {_snippet(here, at)} vs "
+                        f"{_snippet(text, at)}), so turns cannot be aligned; use a template that renders earlier "
+                        "turns unchanged (--chat-template)",
+                        "not_prefix_preserving",
+                    )
+                prefixes[k] = here
+            return prefixes[k]
+
         for i, m in enumerate(messages):
-            here = text if i == len(messages) - 1 else self.render(chat, messages[: i + 1])[0]
-            if not text.startswith(here) or len(here) < len(prev):
-                at = _diverge(here, text)
-                raise ChatError(
-                    f"messages[{i}]",
-                    f"the template is not prefix-preserving: rendering messages[:{i + 1}] gives text that is not a "
-                    f"prefix of the whole conversation (they differ at character {at}: {_snippet(here, at)} vs "
-                    f"{_snippet(text, at)}), so turns cannot be aligned; use a template that renders earlier turns "
-                    "unchanged (--chat-template)",
-                    "not_prefix_preserving",
-                )
-            start, end = len(prev), len(here)
             w = self._weight(i, chat.messages[i])
+            if w == 0:
+                continue
+            start, end = len(prefix(i)), len(prefix(i + 1))
+            if end < start:
+                raise ChatError(
+                    f"messages[{i}]", f"the template renders messages[:{i + 1}] shorter than messages[:{i}]",
+                    "not_prefix_preserving",
+                )  # fmt: skip
             if m["role"] == "assistant":
                 if self.tagged:
                     a, b = tagged_spans[assistants.index(i)]
@@ -197,7 +228,8 @@ class ChatRenderer:
                     weights[a:b] = w
                 else:
                     prompt = self.render(chat, messages[:i], generation=True)[0]
-                    if not (prompt.startswith(prev) and here.startswith(prompt)):
+                    here = prefix(i + 1)
+                    if not (prompt.startswith(prefix(i)) and here.startswith(prompt)):
                         at = _diverge(prompt, here)
                         raise ChatError(
                             f"messages[{i}]",
@@ -206,18 +238,41 @@ class ChatRenderer:
                             "generation_prompt_mismatch",
                         )
                     weights[len(prompt) : end] = w
-            elif w > 0:
+            else:
                 probes = [self.render(chat, [*messages[:i], {**m, "content": p}])[0] for p in _PROBES]
                 weights[max(start, _diverge(*probes)) : end] = w
-            prev = here
         return text, weights
 
     def tokens(self, chat: Chat) -> ChatTokens:
-        """Step 5: the conversation's token ids and weights."""
+        """Steps 1-6 for one conversation: its token ids and weights."""
         text, char_w = self.char_weights(chat)
-        enc = self._backend.encode(text, add_special_tokens=False)
+        return self.align(chat, text, char_w, self._backend.encode(text, add_special_tokens=False))
+
+    def tokens_batch(self, chats: list[Chat]) -> list[ChatTokens | ChatError]:
+        """``tokens`` for many conversations, tokenized in one parallel call; a failure is returned in its place."""
+        rendered: list[tuple[str, np.ndarray] | ChatError] = []
+        for chat in chats:
+            try:
+                rendered.append(self.char_weights(chat))
+            except ChatError as exc:
+                rendered.append(exc)
+        texts = [r[0] for r in rendered if not isinstance(r, ChatError)]
+        encodings = iter(self._backend.encode_batch(texts, add_special_tokens=False) if texts else [])
+        out: list[ChatTokens | ChatError] = []
+        for chat, r in zip(chats, rendered, strict=True):
+            if isinstance(r, ChatError):
+                out.append(r)
+                continue
+            try:
+                out.append(self.align(chat, r[0], r[1], next(encodings)))
+            except ChatError as exc:
+                out.append(exc)
+        return out
+
+    def align(self, chat: Chat, text: str, char_w: np.ndarray, enc: Any) -> ChatTokens:
+        """Step 5: the weights of the characters put on the tokens of ``enc`` (the encoding of ``text``)."""
         ids = np.asarray(enc.ids, dtype=np.int32)
-        spans = np.asarray(enc.offsets, dtype=np.int64).reshape(-1, 2)
+        spans = np.fromiter(itertools.chain.from_iterable(enc.offsets), dtype=np.int64, count=2 * len(ids)).reshape(-1, 2)
         starts, ends = spans[:, 0], spans[:, 1]
         if len(ids) and ((np.diff(starts) < 0).any() or (np.diff(ends) < 0).any() or (ends < starts).any()):
             raise ChatError("messages", "the tokenizer's offsets go backwards; cannot align weights", "bad_offsets")
@@ -266,18 +321,21 @@ def render_chats(records: Records, render: ChatRenderer, rejects: list[Reject]) 
     and leaves the batch."""
     if records.chats is None:
         return records
+    todo = [r for r, chat in enumerate(records.chats) if isinstance(chat, Chat)]
+    results = dict(zip(todo, render.tokens_batch([records.chats[r] for r in todo]), strict=True))  # type: ignore[misc]
     chats: list[Any] = []
     keep = np.ones(len(records), dtype=bool)
     for r, chat in enumerate(records.chats):
-        if not isinstance(chat, Chat):
-            chats.append(chat)
-            continue
-        try:
-            chats.append(render.tokens(chat))
-        except ChatError as exc:
+        result = results.get(r, chat)
+        if isinstance(result, ChatError):
             keep[r] = False
             chats.append(None)
-            line = int(records.lines[r])
-            rejects.append(Reject(records.path, line, chat.offset, exc.reason, exc.field, exc.problem, chat.raw, len(chat.raw)))
+            assert isinstance(chat, Chat)
+            rejects.append(
+                Reject(records.path, int(records.lines[r]), chat.offset, result.reason, result.field, result.problem,
+                       chat.raw, len(chat.raw))
+            )  # fmt: skip
+        else:
+            chats.append(result)
     out = Records(records.path, records.lines, records.texts, records.piece_weights, records.piece_offsets, chats)
     return out if keep.all() else out.where(keep)

@@ -1,0 +1,99 @@
+"""Chat records against the same conversations given as pre-rendered pieces: what rendering and alignment cost.
+
+    python benchmarks/chat_bench.py                      # 4,000 conversations, 3 rounds
+    python benchmarks/chat_bench.py --records 20000 --turns 4
+
+Both inputs hold the same conversations: ``chat.jsonl`` as ``{"messages": [...]}`` records (weightprep renders each
+with the ChatML template of TRL's qwen2_5.jinja), ``pieces.jsonl`` as the rendered text already cut where the
+weight changes. Each build runs as its own ``weightprep build`` subprocess, rounds interleaved; the figure is the
+median wall time of the whole process. Goal: chat within 1.5x of pieces.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tests"))
+
+_TEXT = ("the model learns weighted answers from packed rows of tokens while prompts stay at weight zero and key "
+         "phrases count twice as much as ordinary text in every conversation")  # fmt: skip
+WORDS = _TEXT.split(" ")
+
+
+def _sentence(rng: random.Random, lo: int, hi: int) -> str:
+    return " ".join(rng.choices(WORDS, k=rng.randint(lo, hi))).capitalize() + "."
+
+
+def make_inputs(work: Path, n: int, turns: int, seed: int = 7) -> tuple[Path, Path, Path]:
+    """The tokenizer directory, chat.jsonl and pieces.jsonl (same conversations)."""
+    from chat_support import chat_tokenizer
+
+    from weightprep.batches import Chat
+    from weightprep.stages.chat import ChatRenderer
+
+    tok = chat_tokenizer("chatml")
+    tok_dir = work / "tok"
+    tok.save_pretrained(str(tok_dir))
+    renderer = ChatRenderer(tok)
+    rng = random.Random(seed)
+    chat_lines, piece_lines = [], []
+    for _ in range(n):
+        messages = [{"role": "system", "content": _sentence(rng, 4, 12)}]
+        for _ in range(turns):
+            messages.append({"role": "user", "content": _sentence(rng, 5, 40)})
+            messages.append({"role": "assistant", "content": _sentence(rng, 10, 120), "weight": rng.choice([0.5, 1.0, 2.0])})
+        chat_lines.append(json.dumps({"messages": messages}))
+        text, weights = renderer.char_weights(Chat(messages, None, None, b""))
+        cuts = [0, *(i for i in range(1, len(text)) if weights[i] != weights[i - 1]), len(text)]
+        pieces = [{"text": text[a:b], "weight": float(weights[a])} for a, b in zip(cuts[:-1], cuts[1:], strict=True)]
+        piece_lines.append(json.dumps({"pieces": pieces}))
+    (work / "chat.jsonl").write_text("\n".join(chat_lines) + "\n")
+    (work / "pieces.jsonl").write_text("\n".join(piece_lines) + "\n")
+    return tok_dir, work / "chat.jsonl", work / "pieces.jsonl"
+
+
+def run(inp: Path, tok_dir: Path, out: Path) -> float:
+    cmd = [sys.executable, "-m", "weightprep", "build", str(inp), "--tokenizer", str(tok_dir), "--out", str(out),
+           "--overwrite", "--seq-len", "4096"]  # fmt: skip
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    took = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise SystemExit(proc.stderr[-3000:])
+    return took
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--records", type=int, default=4000)
+    ap.add_argument("--turns", type=int, default=2)
+    ap.add_argument("--repeat", type=int, default=3)
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="chat-bench-") as tmp:
+        work = Path(tmp)
+        tok_dir, chat, pieces = make_inputs(work, args.records, args.turns)
+        times: dict[str, list[float]] = {"chat": [], "pieces": []}
+        for _ in range(args.repeat):
+            for name, inp in (("chat", chat), ("pieces", pieces)):
+                times[name].append(run(inp, tok_dir, work / f"out-{name}"))
+        manifest = json.loads((work / "out-chat" / "weightprep_manifest.json").read_text())
+        tokens = manifest["counts"]["accounting"]["tokens"]["accepted"]
+    med = {k: statistics.median(v) for k, v in times.items()}
+    print(f"{args.records:,} conversations x {args.turns} turns, {tokens:,} tokens; whole-process medians of {args.repeat}")
+    for name in ("chat", "pieces"):
+        print(f"  {name:7s} {med[name]:7.2f} s  {tokens / med[name]:>10,.0f} tokens/s   runs {' '.join(f'{t:.2f}' for t in times[name])}")
+    ratio = med["chat"] / med["pieces"]
+    print(f"  chat / pieces wall time: {ratio:.2f}x (goal <= 1.5x: {'met' if ratio <= 1.5 else 'MISSED'})")
+
+
+if __name__ == "__main__":
+    main()
