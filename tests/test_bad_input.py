@@ -16,7 +16,7 @@ GOOD = json.dumps({"pieces": [{"text": "Q: hi\n", "weight": 0}, {"text": "Hello!
 CASES = {
     "malformed_json": ('{"pieces": [{"text": "a", "weight": 1}', "<json>", "malformed JSON"),
     "not_an_object": ("[1, 2, 3]", "<record>", "JSON object"),
-    "missing_pieces": ('{"text": "no pieces here"}', "pieces", "missing"),
+    "missing_pieces": ('{"body": "no accepted shape here"}', "pieces", "missing"),
     "pieces_not_list": ('{"pieces": "abc"}', "pieces", "expected a list"),
     "empty_pieces": ('{"pieces": []}', "pieces", "empty list"),
     "piece_not_object": ('{"pieces": ["abc"]}', "pieces[0]", "expected an object"),

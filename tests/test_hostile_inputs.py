@@ -58,7 +58,7 @@ REJECTED: dict[str, tuple[bytes, int, str, str, str, bytes]] = {
     "bom_mid_file": (_around(b"\xef\xbb\xbf" + G), 2, "<json>", "malformed_json", "BOM", b"\xef\xbb\xbf" + G),
     "two_objects_one_line": (_around(G + b" " + G), 2, "<json>", "malformed_json", "Extra data", G + b" " + G),
     "empty_pieces": (_around(b'{"pieces": []}'), 2, "pieces", "empty_pieces", "empty list", b'{"pieces": []}'),
-    "missing_pieces": (_around(b'{"text": "a"}'), 2, "pieces", "missing_field", "missing", b'{"text": "a"}'),
+    "missing_pieces": (_around(b'{"txt": "a"}'), 2, "pieces", "missing_field", "missing", b'{"txt": "a"}'),
     "deep_nesting_in_pieces": (_around(b'{"pieces": ' + DEEP + b"}"), 2, "<json>", "too_deep", "nested too deeply",
                                b'{"pieces": ' + DEEP + b"}"),
     "crlf_bad_line": (G + b"\r\n" + b'{"pieces": [{"text": "a"}]}\r\n', 2, "pieces[0].weight", "missing_field", "missing",

@@ -39,12 +39,20 @@ PIECES_SCHEMA = pa.schema(
         pa.field("pieces", pa.list_(pa.struct([pa.field("text", pa.string()), pa.field("weight", pa.float64())]))),
         # typed null: a block holding any (non-null) "messages" fails the fast parse and goes to the exact path
         pa.field("messages", pa.null()),
+        pa.field("text", pa.string()),
+        pa.field("prompt", pa.string()),  # a message-list prompt fails the fast parse: the exact path takes it
+        pa.field("completion", pa.string()),
+        pa.field("prompt_weight", pa.float64()),
+        pa.field("completion_weight", pa.float64()),
     ]
 )
 _PARSE = pa_json.ParseOptions(explicit_schema=PIECES_SCHEMA, unexpected_field_behavior="ignore")
 
 _PIECE_HELP = 'a list of {"text": string, "weight": number >= 0} objects'
-_SHAPES = '"pieces" (a list of {"text", "weight"}) or "messages" (a list of {"role", "content"[, "weight"]})'
+_SHAPES = (
+    '"pieces" (a list of {"text", "weight"}), "messages" (a list of {"role", "content"[, "weight"]}), "text", '
+    'or "prompt" + "completion"'
+)
 _FIRST_NON_SPACE = re.compile(rb"[^ \t\r\n]")
 _SPACE = np.zeros(256, dtype=bool)
 _SPACE[[ord(" "), ord("\t"), ord("\r"), ord("\n")]] = True
@@ -147,13 +155,18 @@ def validate_messages(obj: dict) -> Invalid | None:
     if _duplicated(obj, ("messages", "tools", "chat_template_kwargs")):
         key = _duplicated(obj, ("messages", "tools", "chat_template_kwargs"))
         return Invalid(key, "key given more than once in the record; keep one", "duplicate_key")
-    messages = obj["messages"]
+    problem = _messages_problem(obj["messages"], "messages")
+    return problem if problem is not None else _chat_extras_problem(obj)
+
+
+def _messages_problem(messages: Any, name: str, *, allow_empty: bool = False) -> Invalid | None:
+    """The first problem of a list of chat messages at field ``name``."""
     if not isinstance(messages, list):
-        return Invalid("messages", f"expected a list of {{\"role\", \"content\"}} objects, found {_kind(messages)}", "wrong_type")
-    if not messages:
-        return Invalid("messages", "empty list; a conversation needs at least one message", "empty_pieces")
+        return Invalid(name, f"expected a list of {{\"role\", \"content\"}} objects, found {_kind(messages)}", "wrong_type")
+    if not messages and not allow_empty:
+        return Invalid(name, "empty list; a conversation needs at least one message", "empty_pieces")
     for i, m in enumerate(messages):
-        where = f"messages[{i}]"
+        where = f"{name}[{i}]"
         if not isinstance(m, dict):
             return Invalid(where, f'expected an object {{"role": ..., "content": ...}}, found {_kind(m)}', "wrong_type")
         dup = _duplicated(m, ("role", "content", "weight"))
@@ -179,6 +192,10 @@ def validate_messages(obj: dict) -> Invalid | None:
                 problem = _unicode_problem(f"{where}.{key}", value)
                 if problem is not None:
                     return problem
+    return None
+
+
+def _chat_extras_problem(obj: dict) -> Invalid | None:
     tools = obj.get("tools")
     if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
         return Invalid("tools", f"expected a list of tool (JSON schema) objects, found {_kind(tools)}", "wrong_type")
@@ -192,6 +209,74 @@ def validate_messages(obj: dict) -> Invalid | None:
     return None
 
 
+def _shape(obj: dict) -> str | Invalid:
+    """Which accepted shape ``obj`` has: ``pieces``, ``messages``, ``text`` or ``prompt/completion``.
+
+    A key whose value is null does not count; ``"pieces": null`` alone is a pieces record (rejected as such)."""
+    others = [k for k in ("messages", "text") if obj.get(k) is not None]
+    if obj.get("prompt") is not None or obj.get("completion") is not None:
+        others.append("prompt/completion")
+    shapes = (["pieces"] if "pieces" in obj and (obj["pieces"] is not None or not others) else []) + others
+    if len(shapes) > 1:
+        return Invalid(
+            "<record>", f"holds {' and '.join(map(repr, shapes))}; a record has exactly one of {_SHAPES}", "ambiguous_shape"
+        )
+    if not shapes:
+        return Invalid("pieces", f"missing; expected {_SHAPES}", "missing_field")
+    return shapes[0]
+
+
+def _prompt_completion_problem(obj: dict) -> Invalid | None:
+    dup = _duplicated(obj, ("prompt", "completion", "prompt_weight", "completion_weight"))
+    if dup:
+        return Invalid(dup, "key given more than once in the record; keep one", "duplicate_key")
+    for key in ("prompt", "completion"):
+        if obj.get(key) is None:
+            other = "completion" if key == "prompt" else "prompt"
+            return Invalid(key, f"missing; a record with {other!r} needs both prompt and completion", "missing_field")
+    for key in ("prompt_weight", "completion_weight"):
+        if obj.get(key) is not None:
+            problem = _weight_problem(key, obj[key])
+            if problem is not None:
+                return problem
+    prompt, completion = obj["prompt"], obj["completion"]
+    if isinstance(prompt, str) and isinstance(completion, str):
+        return _text_problem("prompt", prompt) or _text_problem("completion", completion)
+    if isinstance(prompt, list) and isinstance(completion, list):  # a conversation, TRL's conversational form
+        return (
+            _messages_problem(prompt, "prompt", allow_empty=True)
+            or _messages_problem(completion, "completion")
+            or _chat_extras_problem(obj)
+        )
+    return Invalid(
+        "completion" if isinstance(prompt, (str, list)) else "prompt",
+        f"prompt and completion must both be strings or both message lists; found {_kind(prompt)} and "
+        f"{_kind(completion)}",
+        "wrong_type",
+    )
+
+
+def record_content(obj: dict) -> list[tuple[str, float]] | Chat:
+    """A valid record as its pieces (``text`` and string ``prompt``/``completion`` forms included) or its
+    conversation (``messages``, or message-list ``prompt``/``completion``: prompt messages at ``prompt_weight``,
+    default 0, unless they carry their own; completion messages at their own weight, else ``completion_weight``,
+    else the role's default)."""
+    shape = _shape(obj)
+    if shape == "pieces":
+        return [(p["text"], float(p["weight"])) for p in obj["pieces"]]
+    if shape == "text":
+        return [(obj["text"], 1.0)]
+    if shape == "messages":
+        return Chat(obj["messages"], obj.get("tools"), obj.get("chat_template_kwargs"), b"")
+    pw = obj.get("prompt_weight")
+    cw = obj.get("completion_weight")
+    if isinstance(obj["prompt"], str):
+        return [(obj["prompt"], 0.0 if pw is None else float(pw)), (obj["completion"], 1.0 if cw is None else float(cw))]
+    prompt = [m if "weight" in m else {**m, "weight": 0.0 if pw is None else float(pw)} for m in obj["prompt"]]
+    completion = [m if "weight" in m or cw is None else {**m, "weight": float(cw)} for m in obj["completion"]]
+    return Chat([*prompt, *completion], obj.get("tools"), obj.get("chat_template_kwargs"), b"")
+
+
 def validate_record(obj: Any) -> Invalid | None:
     """The first problem of a parsed record, or None if it is valid.
 
@@ -200,14 +285,17 @@ def validate_record(obj: Any) -> Invalid | None:
     """
     if not isinstance(obj, dict):
         return Invalid("<record>", f"expected a JSON object with {_SHAPES}, found {_kind(obj)}", "not_an_object")
-    if obj.get("messages") is not None:
-        if "pieces" in obj:
-            return Invalid(
-                "<record>", 'holds both "pieces" and "messages"; a record is one or the other', "ambiguous_shape"
-            )
+    shape = _shape(obj)
+    if isinstance(shape, Invalid):
+        return shape
+    if shape == "messages":
         return validate_messages(obj)
-    if "pieces" not in obj:
-        return Invalid("pieces", f"missing; expected {_SHAPES}", "missing_field")
+    if shape == "text":
+        if _duplicated(obj, ("text",)):
+            return Invalid("text", "key given more than once in the record; keep one", "duplicate_key")
+        return _text_problem("text", obj["text"])
+    if shape == "prompt/completion":
+        return _prompt_completion_problem(obj)
     if _duplicated(obj, ("pieces",)):
         return Invalid("pieces", "key given more than once in the record; keep one", "duplicate_key")
     pieces = obj["pieces"]
@@ -252,9 +340,8 @@ def check_line(raw: bytes) -> tuple[list[tuple[str, float]] | Chat | None, Inval
     problem = validate_record(obj)
     if problem is not None:
         return None, problem
-    if obj.get("messages") is not None:
-        return Chat(obj["messages"], obj.get("tools"), obj.get("chat_template_kwargs"), raw), None
-    return [(p["text"], float(p["weight"])) for p in obj["pieces"]], None
+    content = record_content(obj)
+    return (content._replace(raw=raw) if isinstance(content, Chat) else content), None
 
 
 def _check_deep(raw: bytes) -> tuple[list[tuple[str, float]] | None, Invalid | None]:
@@ -328,7 +415,9 @@ def _parse_fast(block: Block) -> Records | None:
             return None
     pieces = table.column("pieces").combine_chunks()
     if pieces.null_count:
-        return None
+        return _fast_other_shapes(block.path, lines, table)
+    if any(table.column(k).null_count != table.num_rows for k in ("text", "prompt", "completion")):
+        return None  # a pieces record with another shape too: the exact path rejects it as ambiguous
     offsets = pieces.offsets.to_numpy().astype(np.int64)
     offsets -= offsets[0]
     if len(offsets) > 1 and (np.diff(offsets) == 0).any():
@@ -345,6 +434,49 @@ def _parse_fast(block: Block) -> Records | None:
     except UnicodeDecodeError:
         return None
     return Records(block.path, lines, texts, weights.astype(np.float64), offsets)
+
+
+def _fast_other_shapes(path: str, lines: np.ndarray, table: pa.Table) -> Records | None:
+    """The fast path for blocks with ``text`` and string ``prompt``/``completion`` records (and pieces)."""
+    cols = {name: table.column(name).combine_chunks() for name in table.column_names}
+    has = {name: ~np.asarray(cols[name].is_null()) for name in ("pieces", "text", "prompt", "completion")}
+    pc = has["prompt"] | has["completion"]
+    shapes = has["pieces"].astype(int) + has["text"] + pc
+    if (shapes != 1).any() or (pc & ~(has["prompt"] & has["completion"])).any():
+        return None  # ambiguous, missing or half a pair: the exact path says which
+    weights_of = {}
+    for key, default in (("prompt_weight", 0.0), ("completion_weight", 1.0)):
+        null = np.asarray(cols[key].is_null())
+        w = np.where(null, default, cols[key].to_numpy(zero_copy_only=False).astype(np.float64))
+        if (pc & ~(np.isfinite(w) & (w >= 0))).any():
+            return None
+        weights_of[key] = w
+    try:
+        text_col, prompt_col, completion_col = (cols[k].to_pylist() for k in ("text", "prompt", "completion"))
+        piece_rows = cols["pieces"].to_pylist()
+    except UnicodeDecodeError:
+        return None
+    texts: list[str] = []
+    weights: list[float] = []
+    offsets = [0]
+    for r in range(len(lines)):
+        if has["text"][r]:
+            texts.append(text_col[r])
+            weights.append(1.0)
+        elif pc[r]:
+            texts += (prompt_col[r], completion_col[r])
+            weights += (float(weights_of["prompt_weight"][r]), float(weights_of["completion_weight"][r]))
+        else:
+            row = piece_rows[r]
+            if not row or any(p is None or p["text"] is None or p["weight"] is None for p in row):
+                return None
+            for p in row:
+                if not (math.isfinite(p["weight"]) and p["weight"] >= 0):
+                    return None
+                texts.append(p["text"])
+                weights.append(float(p["weight"]))
+        offsets.append(len(texts))
+    return _records(path, lines.tolist(), texts, weights, offsets)
 
 
 def _records(

@@ -1,0 +1,117 @@
+"""TRL's dataset formats as input: each gives the same documents, byte for byte, as the pieces form it stands for."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from weightprep.batches import Block
+from weightprep.config import config_from_dict
+from weightprep.errors import InputError
+from weightprep.pipeline import build
+from weightprep.stages.validate import _parse_exact, _parse_fast, check_line, parse_block
+
+
+def _write(path: Path, records: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records), encoding="utf-8")
+    return path
+
+
+def _arrow(out: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(out.glob("*.arrow"))}
+
+
+def _same_shards(tmp_path: Path, tok, a: list[dict], b: list[dict], **cfg) -> dict:
+    config = config_from_dict({"pack": {"seq_len": 128}, **cfg})
+    ma = build([str(_write(tmp_path / "a.jsonl", a))], tmp_path / "out-a", config, tokenizer=tok)
+    mb = build([str(_write(tmp_path / "b.jsonl", b))], tmp_path / "out-b", config, tokenizer=tok)
+    assert _arrow(tmp_path / "out-a") == _arrow(tmp_path / "out-b") and _arrow(tmp_path / "out-a")
+    assert ma["counts"] == mb["counts"]
+    return ma
+
+
+def test_text_and_prompt_completion_equal_their_pieces(tmp_path, sample_tok):
+    forms = [
+        {"text": "Plain language-modeling text, all of it learned."},
+        {"prompt": "Q: 2+2?\nA:", "completion": " 4"},
+        {"prompt": "Translate: chat", "completion": " cat", "prompt_weight": 0.25, "completion_weight": 2.5},
+        {"text": "second text", "id": 7},
+    ]
+    pieces = [
+        {"pieces": [{"text": "Plain language-modeling text, all of it learned.", "weight": 1}]},
+        {"pieces": [{"text": "Q: 2+2?\nA:", "weight": 0}, {"text": " 4", "weight": 1}]},
+        {"pieces": [{"text": "Translate: chat", "weight": 0.25}, {"text": " cat", "weight": 2.5}]},
+        {"pieces": [{"text": "second text", "weight": 1}]},
+    ]
+    m = _same_shards(tmp_path, sample_tok, forms, pieces)
+    assert m["counts"]["documents_written"] == 4
+
+
+def test_conversational_prompt_completion_equals_messages(tmp_path):
+    from chat_support import chat_tokenizer
+
+    tok = chat_tokenizer("chatml")
+    prompt = [{"role": "system", "content": "Be kind."}, {"role": "user", "content": "Hi"}]
+    completion = [{"role": "assistant", "content": "Hello!"}]
+    trl_form = [{"prompt": prompt, "completion": completion}, {"prompt": prompt, "completion": completion, "completion_weight": 3}]
+    messages = [
+        {"messages": [{**prompt[0], "weight": 0}, {**prompt[1], "weight": 0}, completion[0]]},
+        {"messages": [{**prompt[0], "weight": 0}, {**prompt[1], "weight": 0}, {**completion[0], "weight": 3}]},
+    ]
+    # prompt messages stay 0 even where the role default would weight them
+    m = _same_shards(tmp_path, tok, trl_form, messages, chat={"role_weights": "assistant=1,user=0.5"})
+    assert m["counts"]["chat_documents"] == 2
+
+
+@pytest.mark.parametrize(
+    ("line", "field", "reason"),
+    [
+        ('{"text": "a", "pieces": [{"text": "b", "weight": 1}]}', "<record>", "ambiguous_shape"),
+        ('{"text": "a", "prompt": "b", "completion": "c"}', "<record>", "ambiguous_shape"),
+        ('{"text": "a", "messages": [{"role": "user", "content": "b"}]}', "<record>", "ambiguous_shape"),
+        ('{"prompt": "only a prompt"}', "completion", "missing_field"),
+        ('{"completion": "only"}', "prompt", "missing_field"),
+        ('{"prompt": "a", "completion": "b", "completion_weight": -1}', "completion_weight", "bad_weight"),
+        ('{"prompt": "a", "completion": "b", "prompt_weight": "1"}', "prompt_weight", "wrong_type"),
+        ('{"prompt": "a", "completion": [{"role": "assistant", "content": "b"}]}', "completion", "wrong_type"),
+        ('{"prompt": [], "completion": [{"role": "assistant"}]}', "completion[0].content", "missing_field"),
+        ('{"text": 5}', "text", "wrong_type"),
+    ],
+)
+def test_ambiguous_and_bad_records_are_rejected_by_both_paths(tmp_path, line, field, reason):
+    _, problem = check_line(line.encode())
+    assert problem is not None and (problem.field, problem.reason) == (field, reason)
+    good = '{"text": "fine"}'
+    block = Block("raw.jsonl", 1, 3, f"{good}\n{line}\n{good}\n".encode())
+    assert _parse_fast(block) is None  # the columnar path never accepts it
+    with pytest.raises(InputError) as err:
+        parse_block(block)
+    assert (err.value.line, err.value.field, err.value.reason) == (2, field, reason)
+
+
+_text = st.text(st.characters(blacklist_categories=("Cs",)), max_size=20)
+_w = st.floats(0, 10, allow_nan=False)
+_record = st.one_of(
+    st.builds(lambda t: {"text": t}, _text),
+    st.builds(lambda p, c: {"prompt": p, "completion": c}, _text, _text),
+    st.builds(lambda p, c, pw, cw: {"prompt": p, "completion": c, "prompt_weight": pw, "completion_weight": cw}, _text, _text, _w, _w),
+    st.builds(lambda ps: {"pieces": [{"text": t, "weight": w} for t, w in ps]}, st.lists(st.tuples(_text, _w), min_size=1, max_size=3)),
+)  # fmt: skip
+
+
+@settings(max_examples=150, deadline=None)
+@given(records=st.lists(_record, min_size=1, max_size=12))
+def test_columnar_path_equals_the_exact_path(records):
+    data = "".join(json.dumps(r) + "\n" for r in records).encode()
+    block = Block("raw.jsonl", 1, len(records), data)
+    fast = _parse_fast(block)
+    exact, rejects = _parse_exact(block)
+    assert not rejects and fast is not None
+    assert fast.texts == exact.texts
+    assert fast.piece_weights.tolist() == exact.piece_weights.tolist()
+    assert fast.piece_offsets.tolist() == exact.piece_offsets.tolist()
+    assert fast.lines.tolist() == exact.lines.tolist()
