@@ -63,6 +63,10 @@ class ReadConfig:
     max_line_bytes: int = field(
         default=64 << 20, metadata={"help": "Longest line read; a longer one is rejected without being held in memory."}
     )
+    columns: str | None = field(
+        default=None,
+        metadata={"help": "Rename input columns of Parquet/Arrow inputs: TARGET=SOURCE,... (prompt=question,...)."},
+    )
 
 
 @dataclass(frozen=True)
@@ -202,6 +206,14 @@ def _semantic_checks(cfg: BuildConfig, problems: list[str]) -> None:
     w = cfg.assemble.eos_weight
     if isinstance(w, float) and not (math.isfinite(w) and w >= 0):
         problems.append(f"assemble.eos_weight: must be a finite number >= 0, got {w}")
+    if isinstance(cfg.read.columns, str):
+        from weightprep.errors import UsageError
+        from weightprep.stages.columnar import parse_columns
+
+        try:
+            parse_columns(cfg.read.columns)
+        except UsageError as exc:
+            problems.append(f"read.columns: {exc}".replace("--columns: ", ""))
     if isinstance(cfg.chat.role_weights, str):
         from weightprep.stages.chat import parse_role_weights
 

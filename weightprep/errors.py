@@ -46,7 +46,7 @@ class InputError(WeightprepError):
         self.problem = problem
         self.reason = reason
         self.offset = offset
-        where = f"{path}:{line}"
+        where = f"{path}: row {line}" if is_columnar(path) else f"{path}:{line}"
         if offset is not None and is_compressed(path):
             where += f" (decompressed byte {offset})"
         super().__init__(f"{where}: {field}: {problem}")
@@ -82,6 +82,11 @@ class AccountingError(WeightprepError):
             + "\n".join(f"  - {p}" for p in self.problems)
             + "\nplease report this with the command line and the manifest counts"
         )
+
+
+def is_columnar(path: str) -> bool:
+    """True for Parquet and Arrow inputs, whose records are rows (numbered from 0), not lines."""
+    return path.endswith((".parquet", ".arrow"))
 
 
 def is_compressed(path: str) -> bool:

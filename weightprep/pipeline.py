@@ -25,10 +25,11 @@ from weightprep.accounting import check_accounting, final_counts
 from weightprep.batches import Documents, Records, Reject, Rows
 from weightprep.config import BuildConfig, config_to_dict
 from weightprep.constants import FORMAT_NAME, FORMAT_VERSION, IGNORE_INDEX, PACKED_COLUMNS, UNPACKED_COLUMNS
-from weightprep.errors import UsageError
+from weightprep.errors import UsageError, is_columnar
 from weightprep.overlap import BackgroundSink, background
 from weightprep.stages.assemble import assemble
 from weightprep.stages.chat import ChatRenderer, parse_role_weights, render_chats
+from weightprep.stages.columnar import parse_columns
 from weightprep.stages.filter import filter_documents
 from weightprep.stages.mask import mask
 from weightprep.stages.pack import Packer
@@ -132,7 +133,7 @@ def _parsed_blocks(
     skip = cfg.validate.on_invalid == "skip"
     done = 0
     for f in files:
-        for block in read_blocks(f, cfg.read.block_bytes, cfg.read.max_line_bytes):
+        for block in read_blocks(f, cfg.read.block_bytes, cfg.read.max_line_bytes, parse_columns(cfg.read.columns)):
             rejects: list[Reject] = []
             records = chats(parse_block(block, rejects), rejects)
             if rejects:
@@ -173,6 +174,11 @@ def build(
 
     inputs = expand_inputs(inputs)
     check_inputs(inputs)
+    if cfg.read.columns and (jsonl := [p for p in inputs if not is_columnar(p)]):
+        raise UsageError(
+            f"--columns renames the columns of Parquet/Arrow inputs; {jsonl[0]} is JSONL: give its records the "
+            "field names pieces/messages/text/prompt+completion"
+        )
     out_path = prepare_output(out, overwrite=overwrite, inputs=inputs)
     tok = tokenizer if tokenizer is not None else load_tokenizer(
         cfg.tokenizer.name, trust_remote_code=cfg.tokenizer.trust_remote_code

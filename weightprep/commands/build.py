@@ -92,6 +92,10 @@ def format_summary(manifest: dict[str, Any], out: str) -> str:
     "--role-weights",
     help="Default weights of chat messages by role, e.g. assistant=1,tool=0.5 (others 0) [chat.role_weights].",
 )
+@click.option(
+    "--columns",
+    help="Rename columns of Parquet/Arrow inputs, TARGET=SOURCE,...: --columns prompt=question,completion=answer.",
+)
 @click.option("--overwrite", is_flag=True, help="Replace the output directory (an earlier build) if it exists.")
 @click.option(
     "--num-proc",
@@ -104,8 +108,8 @@ def build(
 ) -> None:
     """Tokenize, weight, mask, pack and write INPUTS as Arrow shards.
 
-    INPUTS are .jsonl, .jsonl.gz or .jsonl.zst files, directories (their *.jsonl* files, sorted) or
-    quoted globs."""
+    INPUTS are .jsonl, .jsonl.gz, .jsonl.zst or .parquet files, datasets.save_to_disk directories,
+    directories (their *.jsonl* and *.parquet files, sorted) or quoted globs."""
     from rich.console import Console
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 
@@ -128,6 +132,7 @@ def build(
         "split.validation_fraction": flags["validation_fraction"],
         "split.validation_records": flags["validation_records"],
         "split.seed": flags["split_seed"],
+        "read.columns": flags["columns"],
         "chat.template": flags["chat_template"],
         "chat.role_weights": flags["role_weights"],
     }

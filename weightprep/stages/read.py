@@ -1,4 +1,5 @@
-"""Stage 1 — read: stream JSONL (.jsonl, .jsonl.gz, .jsonl.zst) files as blocks of whole lines.
+"""Stage 1 — read: stream JSONL (.jsonl, .jsonl.gz, .jsonl.zst) files as blocks of whole lines
+(Parquet and Arrow inputs: ``weightprep.stages.columnar``).
 
 Memory is bounded whatever the file: each block is the next ``block_bytes`` of the (decompressed)
 stream cut back to its last newline, tagged with the line number and byte offset it starts at, so
@@ -8,8 +9,8 @@ a ``too_long`` block, which validate rejects. A UTF-8 byte order mark at the sta
 dropped; a missing final newline is supplied. The raw bytes of every file are hashed (SHA-256) and
 counted on the way, for the manifest; nothing is read twice.
 
-Inputs may be files, directories (their ``*.jsonl``, ``*.jsonl.gz`` and ``*.jsonl.zst`` files,
-not recursive, sorted by name) or quoted globs; ``expand_inputs`` resolves them, and the same
+Inputs may be files, directories (their ``*.jsonl``, ``*.jsonl.gz``, ``*.jsonl.zst`` and ``*.parquet``
+files, not recursive, sorted by name; a ``datasets.save_to_disk`` directory: its Arrow files) or quoted globs; ``expand_inputs`` resolves them, and the same
 file given twice is an error (its records would be counted twice).
 """
 
@@ -28,12 +29,13 @@ from typing import Any, BinaryIO
 
 from weightprep.batches import Block
 from weightprep.errors import InputError, UsageError, is_compressed
+from weightprep.stages.columnar import COLUMNAR_SUFFIXES, columnar_blocks, dataset_dir_files
 
 __all__ = ["InputFile", "read_blocks", "check_inputs", "expand_inputs", "SUFFIXES", "HEAD_BYTES"]
 
 #: File names weightprep reads; a directory input contributes its files ending in one of the first three.
-SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst", ".json", ".ndjson")
-_DIR_SUFFIXES = SUFFIXES[:3]
+SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst", ".json", ".ndjson", *COLUMNAR_SUFFIXES)
+_DIR_SUFFIXES = (*SUFFIXES[:3], ".parquet")
 #: Bytes kept of a line that is too long to read whole (for the error and rejects.jsonl).
 HEAD_BYTES = 1024
 _BOM = b"\xef\xbb\xbf"
@@ -126,6 +128,8 @@ def expand_inputs(patterns: list[str] | tuple[str, ...]) -> list[str]:
             if not matches:
                 raise UsageError(f"no file matches {p!r}")
             paths.extend(expand_inputs(matches) if any(Path(m).is_dir() for m in matches) else matches)
+        elif Path(p).is_dir() and (arrow := dataset_dir_files(Path(p))) is not None:
+            paths.extend(arrow)  # a datasets.save_to_disk directory: its Arrow files, in its order
         elif Path(p).is_dir():
             found = sorted(
                 str(c) for c in Path(p).iterdir() if c.is_file() and not c.name.startswith(".") and c.name.endswith(_DIR_SUFFIXES)
@@ -155,7 +159,10 @@ def check_inputs(paths: list[str]) -> None:
         if not path.is_file():
             raise UsageError(f"input is not a regular file: {p}")
         if not p.endswith(SUFFIXES):
-            raise UsageError(f"{p}: expected a .jsonl, .jsonl.gz or .jsonl.zst file (one JSON object per line)")
+            raise UsageError(
+                f"{p}: expected a .jsonl, .jsonl.gz or .jsonl.zst file (one JSON object per line), a .parquet file "
+                "or a datasets.save_to_disk directory"
+            )
 
 
 def _open(record: InputFile, raw: BinaryIO) -> BinaryIO:
@@ -167,8 +174,15 @@ def _open(record: InputFile, raw: BinaryIO) -> BinaryIO:
     return hashed  # type: ignore[no-any-return]
 
 
-def read_blocks(record: InputFile, block_bytes: int, max_line_bytes: int = 64 << 20) -> Iterator[Block]:
-    """Yield ``Block``s of whole lines of ``record.path``; fills in its size, hash and line count."""
+def read_blocks(
+    record: InputFile, block_bytes: int, max_line_bytes: int = 64 << 20, columns: dict[str, str] | None = None
+) -> Iterator[Block]:
+    """Yield ``Block``s of whole lines of ``record.path``; fills in its size, hash and line count. Parquet and
+    Arrow files give a block per batch of rows (``weightprep.stages.columnar``), their columns renamed by
+    ``columns`` (source -> target)."""
+    if record.path.endswith(COLUMNAR_SUFFIXES):
+        yield from columnar_blocks(record, max(64, block_bytes // 2048), columns or {})
+        return
     with open(record.path, "rb") as raw:
         yield from _Lines(record, _open(record, raw), block_bytes, max_line_bytes).blocks()
     # hash only complete once the stream is drained (the compressed trailer included)

@@ -7,7 +7,8 @@ bytes::
      "field": "pieces[1].weight", "problem": "expected a finite number >= 0, found -0.5",
      "original": "{\\"pieces\\": [...]}"}
 
-``original`` is the line verbatim as a string, without its line ending (``\\n`` or ``\\r\\n``).
+A row of a Parquet or Arrow input has ``"row"`` (from 0) in place of ``line`` and ``byte_offset``, and its
+``original`` is the row as JSON. ``original`` is the line verbatim as a string, without its line ending (``\\n`` or ``\\r\\n``).
 A line that is not valid UTF-8 has ``original_base64`` (its exact bytes, base64) instead, so
 nothing is lost or altered. A ``line_too_long`` reject keeps only the first bytes of the line
 (``original_truncated: true``, ``line_bytes`` its full length); the rest was never read into memory.
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from weightprep.batches import Reject
+from weightprep.errors import is_columnar
 
 __all__ = ["REJECTS_NAME", "RejectsWriter", "reject_as_json"]
 
@@ -31,10 +33,10 @@ REJECTS_NAME = "rejects.jsonl"
 
 def reject_as_json(reject: Reject) -> dict[str, Any]:
     """The rejects.jsonl object of one reject (see the module docstring)."""
+    where = {"row": reject.line} if is_columnar(reject.path) else {"line": reject.line, "byte_offset": reject.offset}
     entry: dict[str, Any] = {
         "source": reject.path,
-        "line": reject.line,
-        "byte_offset": reject.offset,
+        **where,
         "reason": reject.reason,
         "field": reject.field,
         "problem": reject.problem,

@@ -1,0 +1,134 @@
+"""Stage 1, columnar inputs: Parquet files and ``datasets.save_to_disk`` directories (Arrow), read in record batches.
+
+Each batch of rows becomes a ``Block`` of JSON lines, one per row, so the records go through exactly the validation
+of JSONL input (the same shapes, the same checks, the same rejects, which keep the row as JSON). A block's "lines"
+are row numbers, counted from 0 as ``datasets`` indexes them; errors read ``train-00003.parquet: row 18211:
+pieces[2].weight: ...``. Memory is bounded by the batch: Parquet is read by row group and batch
+(``ParquetFile.iter_batches``), Arrow memory-mapped batch by batch.
+
+``--columns prompt=question,completion=answer`` renames columns before anything else (target=source). A file
+whose columns can hold no accepted shape (``pieces``, ``messages``, ``text``, ``prompt`` + ``completion``) fails
+before any row is read, naming the columns it has.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from weightprep.batches import Block
+from weightprep.errors import UsageError
+
+if TYPE_CHECKING:
+    from weightprep.stages.read import InputFile
+
+__all__ = ["COLUMNAR_SUFFIXES", "columnar_blocks", "check_schema", "dataset_dir_files", "parse_columns"]
+
+COLUMNAR_SUFFIXES = (".parquet", ".arrow")
+_SHAPES = ({"pieces"}, {"messages"}, {"text"}, {"prompt", "completion"})
+
+
+def parse_columns(spec: str | None) -> dict[str, str]:
+    """``"prompt=question,completion=answer"`` -> ``{"question": "prompt", "answer": "completion"}`` (source -> target)."""
+    mapping: dict[str, str] = {}
+    for part in filter(None, (p.strip() for p in (spec or "").split(","))):
+        target, sep, source = part.partition("=")
+        if not sep or not target.strip() or not source.strip():
+            raise UsageError(f"--columns: expected TARGET=SOURCE[,TARGET=SOURCE...], got {part!r}")
+        mapping[source.strip()] = target.strip()
+    return mapping
+
+
+def dataset_dir_files(directory: Path) -> list[str] | None:
+    """The Arrow files of a ``Dataset.save_to_disk`` directory in their order, or None if it is not one."""
+    state = directory / "state.json"
+    if (directory / "dataset_dict.json").is_file():
+        splits = json.loads((directory / "dataset_dict.json").read_text()).get("splits", [])
+        raise UsageError(
+            f"{directory} is a DatasetDict ({', '.join(splits)}); give the split to read, e.g. {directory / 'train'}"
+        )
+    if not state.is_file():
+        return None
+    files = [f["filename"] for f in json.loads(state.read_text()).get("_data_files", [])]
+    return [str(directory / f) for f in files]
+
+
+def _open_arrow(path: str) -> Any:
+    import pyarrow as pa
+
+    source = pa.memory_map(path)
+    try:
+        return pa.ipc.open_stream(source)
+    except pa.ArrowInvalid:
+        return pa.ipc.open_file(source)
+
+
+def _schema(path: str) -> Any:
+    import pyarrow.parquet as pq
+
+    if path.endswith(".parquet"):
+        return pq.ParquetFile(path).schema_arrow
+    return _open_arrow(path).schema
+
+
+def check_schema(path: str, columns: dict[str, str]) -> None:
+    """Refuse, before reading rows, a file none of whose column sets is an accepted shape."""
+    import pyarrow as pa
+
+    try:
+        names = [columns.get(n, n) for n in _schema(path).names]
+    except (OSError, pa.ArrowInvalid) as exc:
+        raise UsageError(f"{path}: not a readable {Path(path).suffix[1:]} file ({exc})") from exc
+    if not any(shape <= set(names) for shape in _SHAPES):
+        mapped = f" (after --columns: {', '.join(names)})" if columns else ""
+        raise UsageError(
+            f"{path}: no column holds a record: expected 'pieces', 'messages', 'text' or 'prompt' + 'completion', "
+            f"found {', '.join(_schema(path).names) or 'no columns'}{mapped}; map yours with --columns, e.g. "
+            "--columns prompt=question,completion=answer"
+        )
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, (bytes, bytearray)):
+        return base64.b64encode(value).decode("ascii")
+    return str(value)
+
+
+def _batches(path: str, rows: int) -> Iterator[Any]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    if path.endswith(".parquet"):
+        yield from pq.ParquetFile(path).iter_batches(batch_size=rows)
+        return
+    reader = _open_arrow(path)
+    if isinstance(reader, pa.ipc.RecordBatchFileReader):
+        for i in range(reader.num_record_batches):
+            yield reader.get_batch(i)
+    else:
+        yield from reader
+
+
+def columnar_blocks(record: InputFile, rows: int, columns: dict[str, str]) -> Iterator[Block]:
+    """``Block``s of JSON lines, one per row of ``record.path``; fills in its size, hash and row count."""
+    check_schema(record.path, columns)
+    row = 0
+    for batch in _batches(record.path, rows):
+        names = [columns.get(n, n) for n in batch.schema.names]
+        table = batch.rename_columns(names) if names != batch.schema.names else batch
+        lines = [json.dumps(r, ensure_ascii=False, default=_json_default) for r in table.to_pylist()]
+        if lines:
+            data = ("\n".join(lines) + "\n").encode("utf-8", "surrogatepass")
+            yield Block(record.path, row, len(lines), data)
+        row += len(lines)
+    record.lines = row
+    digest = hashlib.sha256()
+    with open(record.path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+            record.size += len(chunk)
+    record.sha256 = digest.hexdigest()
