@@ -42,43 +42,6 @@ def test_weighted_loss_matches_reference(llama, packed, normalize, seed):
     assert abs(ours.item() - ref.item()) < TOL, (ours.item(), ref.item())
 
 
-def _family(name: str):
-    """Tiny models whose LM heads differ: untied, tied, GPT-2 (Conv1D body, tied), bias (Phi), softcap (Gemma2)."""
-    import transformers as tf
-
-    torch.manual_seed(0)
-    common = {"vocab_size": VOCAB, "bos_token_id": ts.BOS, "eos_token_id": ts.EOS, "pad_token_id": ts.PAD}
-    if name == "llama":
-        return ts.tiny_llama(VOCAB)
-    if name == "qwen2-tied":
-        cfg = tf.Qwen2Config(
-            hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=True, **common,
-        )  # fmt: skip
-        return tf.Qwen2ForCausalLM(cfg).eval()
-    if name == "gpt2":
-        cfg = tf.GPT2Config(n_embd=32, n_layer=2, n_head=4, n_positions=256, **common)
-        return tf.GPT2LMHeadModel(cfg).eval()
-    if name == "phi-bias":
-        cfg = tf.PhiConfig(
-            hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-            max_position_embeddings=256, **common,
-        )  # fmt: skip
-        model = tf.PhiForCausalLM(cfg).eval()
-        assert model.lm_head.bias is not None
-        with torch.no_grad():
-            model.lm_head.bias.normal_(0, 1.0)  # a bias large enough to matter
-        return model
-    if name == "gemma2-softcap":
-        cfg = tf.Gemma2Config(
-            hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, head_dim=8, max_position_embeddings=256, final_logit_softcapping=1.5,
-            attn_implementation="eager", **common,
-        )  # fmt: skip
-        return tf.Gemma2ForCausalLM(cfg).eval()
-    raise AssertionError(name)
-
-
 def _ours_and_reference(model, batch, normalize):
     """(our loss, our gradients, reference loss, reference gradients), each from its own backward."""
     results = []
@@ -94,7 +57,7 @@ def _ours_and_reference(model, batch, normalize):
 
 @pytest.mark.parametrize("family", ["llama", "qwen2-tied", "gpt2", "phi-bias", "gemma2-softcap"])
 def test_loss_and_gradients_match_reference_across_heads(family):
-    model = _family(family)
+    model = ts.tiny_family(family, VOCAB)
     batch = _batch(3, packed=False, rows=3, seq_len=40)  # unpacked: every family honours attention_mask
     ours, g_ours, ref, g_ref = _ours_and_reference(model, batch, "weight")
     assert abs(ours - ref) < TOL, (family, ours, ref)

@@ -55,6 +55,43 @@ def tiny_llama(
     return LlamaForCausalLM(cfg).eval()
 
 
+def tiny_family(name: str, vocab: int = 96):
+    """Tiny models whose LM heads differ: untied, tied, GPT-2 (Conv1D body, tied), bias (Phi), softcap (Gemma2)."""
+    import transformers as tf
+
+    torch.manual_seed(0)
+    common = {"vocab_size": vocab, "bos_token_id": BOS, "eos_token_id": EOS, "pad_token_id": PAD}
+    if name == "llama":
+        return tiny_llama(vocab)
+    if name == "qwen2-tied":
+        cfg = tf.Qwen2Config(
+            hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=True, **common,
+        )  # fmt: skip
+        return tf.Qwen2ForCausalLM(cfg).eval()
+    if name == "gpt2":
+        cfg = tf.GPT2Config(n_embd=32, n_layer=2, n_head=4, n_positions=256, **common)
+        return tf.GPT2LMHeadModel(cfg).eval()
+    if name == "phi-bias":
+        cfg = tf.PhiConfig(
+            hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+            max_position_embeddings=256, **common,
+        )  # fmt: skip
+        model = tf.PhiForCausalLM(cfg).eval()
+        assert model.lm_head.bias is not None
+        with torch.no_grad():
+            model.lm_head.bias.normal_(0, 1.0)  # a bias large enough to matter
+        return model
+    if name == "gemma2-softcap":
+        cfg = tf.Gemma2Config(
+            hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=8, max_position_embeddings=256, final_logit_softcapping=1.5,
+            attn_implementation="eager", **common,
+        )  # fmt: skip
+        return tf.Gemma2ForCausalLM(cfg).eval()
+    raise AssertionError(name)
+
+
 def make_document(
     rng: np.random.Generator, length: int, vocab: int, *, zero_frac: float = 0.3
 ) -> dict[str, Any]:
