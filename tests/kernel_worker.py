@@ -3,7 +3,9 @@
     python tests/kernel_worker.py triton   # the Triton kernels, in Triton's CPU interpreter (TRITON_INTERPRET=1)
     python tests/kernel_worker.py torch    # the kernel's torch fallback (what CPU runs by default)
 
-``tests/test_train_kernel.py`` runs the torch mode in-process and the Triton mode in a subprocess.
+    python tests/kernel_worker.py memory   # bytes the kernel allocates (Triton path, interpreter), for the plan
+
+``tests/test_train_kernel.py`` runs the torch mode in-process, the others in a subprocess.
 A separate process because the interpreter must be switched on before ``triton`` and TRL's kernel module are first
 imported. The Triton path is forced by replacing ``trl.kernels.chunked_logprob._use_triton`` (True only on
 CUDA/XPU otherwise), so the real ``_forward_kernel`` / ``_backward_kernel`` run, tile by tile. The vocabulary (300)
@@ -17,7 +19,7 @@ import json
 import os
 import sys
 
-if __name__ == "__main__" and sys.argv[1:] == ["triton"]:
+if __name__ == "__main__" and sys.argv[1:] in (["triton"], ["memory"]):
     os.environ["TRITON_INTERPRET"] = "1"  # before triton is first imported
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -90,5 +92,53 @@ def run_all(mode: str, patch) -> dict:
     return out
 
 
+def kernel_memory(case: str) -> dict[str, int]:
+    """Bytes the kernel allocates inside the real ``weighted_lm_loss``, forward and backward (peak of new storages,
+    tracked per op), for one case: ``fp32``, ``bf16`` (bf16 weights), ``mixed`` (fp32 weights under bf16
+    autocast) or ``frozen-head`` (fp32, LM head not trained, as under LoRA). Returns the measurement and what the
+    kernel saw, for ``weightprep.plan.estimate.weighted_loss_bytes``."""
+    from memory_recipes import LiveTensorTracker, triton_path_in_interpreter
+
+    model = ts.tiny_llama(3000, hidden=64)
+    if case == "bf16":
+        model = model.to(torch.bfloat16)
+    if case == "frozen-head":
+        model.lm_head.weight.requires_grad_(False)
+    batch = WeightedCollator()(ts.random_rows(9, 3, 80, 3000, packed=False))
+    seen: dict[str, int] = {}
+    fn = ck.ChunkedLogProbFunction
+    forward, backward = fn.forward, fn.backward
+
+    def tracked(name, inner):
+        def run(ctx, *args):
+            tensors = [a for a in args if isinstance(a, torch.Tensor)]
+            if name == "backward":
+                tensors += [t for t in ctx.saved_tensors if t is not None]
+            with LiveTensorTracker(tensors) as tracker:
+                out = inner(ctx, *args)
+            seen[name] = tracker.peak
+            if name == "forward":
+                h, w = args[0], args[1]
+                seen.update(n=h.shape[0], hidden=h.shape[1], vocab=w.shape[0], hidden_dtype=h.element_size(),
+                            weight_dtype=w.element_size(), chunk=args[5])  # fmt: skip
+            return out
+
+        return staticmethod(run)
+
+    fn.forward, fn.backward = tracked("forward", forward), tracked("backward", backward)
+    try:
+        with triton_path_in_interpreter():
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=case == "mixed"):
+                loss = weighted_lm_loss(model, batch, vocab_chunk=1024).loss
+            loss.backward()
+    finally:
+        fn.forward, fn.backward = staticmethod(forward), staticmethod(backward)
+    seen["compute"] = 2 if case in ("bf16", "mixed") else 4
+    return seen
+
+
 if __name__ == "__main__":
-    print(json.dumps(run_all(sys.argv[1], setattr)))
+    if sys.argv[1:2] == ["memory"]:
+        print(json.dumps({case: kernel_memory(case) for case in ("fp32", "bf16", "mixed", "frozen-head")}))
+    else:
+        print(json.dumps(run_all(sys.argv[1], setattr)))

@@ -47,3 +47,29 @@ def test_triton_kernels_in_the_interpreter_match_full_logits():
                           timeout=600, env=env)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     _check(json.loads(proc.stdout.strip().splitlines()[-1]))
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed (pip install triton)")
+def test_the_plan_models_the_bytes_the_kernel_allocates():
+    """``weighted_loss_bytes`` against the kernel's own allocations inside the real ``weighted_lm_loss``, on its
+    Triton path (the kernels fold tiles in registers, so the torch tensors are all a GPU allocates). One CPU-only
+    difference is added to the prediction: off CUDA, ``_addmm_fp32`` upcasts its bf16 operands (a tile and a weight or
+    hidden chunk, fp32) where CUDA accumulates with ``out_dtype=float32``."""
+    from weightprep.plan.estimate import weighted_loss_bytes
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, str(HERE / "kernel_worker.py"), "memory"], capture_output=True, text=True,
+                          timeout=600, env=env)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for case, m in json.loads(proc.stdout.strip().splitlines()[-1]).items():
+        n, h, v, vt = m["n"], m["hidden"], m["vocab"], m["chunk"]
+        plan = weighted_loss_bytes(n, h, v, compute=m["compute"], hidden_dtype=m["hidden_dtype"],
+                                   weight_dtype=m["weight_dtype"], head_trainable=case != "frozen-head", vocab_tile=vt)  # fmt: skip
+        backward = plan["backward"]
+        if m["compute"] != 4:  # the CPU-only upcasts, alive inside the tile loop (before the gradients' casts)
+            grad_casts = plan["head_cast"] + (n * h * m["hidden_dtype"] if m["hidden_dtype"] != 4 else 0)
+            backward = max(backward, backward - grad_casts + n * vt * 4 + max(vt, n) * h * 4)
+        assert abs(plan["forward"] / m["forward"] - 1) < 0.02, (case, plan, m)
+        assert abs(backward / m["backward"] - 1) < 0.02, (case, backward, m)
+        if case != "frozen-head":  # the whole head's fp32 gradient, whatever the sharding
+            assert m["backward"] > v * h * 4

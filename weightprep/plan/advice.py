@@ -163,7 +163,7 @@ def _suggestions(shape: ModelShape, result: PlanResult, kwargs: dict[str, Any]) 
                               "supervised_fraction", "grad_accum", "attention", "packed")}
     candidates = [
         ("--gradient-checkpointing", {"gradient_checkpointing": True}),
-        ("the weightprep chunked loss instead of full logits", {"loss": "weightprep"}),
+        ("weightprep's chunked loss (TRL's kernel) instead of full logits", {"loss": "weightprep"}),
         ("--strategy fsdp", {"strategy": "fsdp"}),
         ("--precision pure (bf16 weights and AdamW states)", {"precision": "pure"}),
         ("--lora-r 16", {"lora_r": 16}),

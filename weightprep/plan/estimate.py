@@ -20,8 +20,11 @@ The step's peak is the largest of four moments, each a sum of the terms alive th
 
 * forward end: weights, optimizer states, saved activations, autocast's cached weight copies and,
   for the full-logits recipe, the model-dtype logits;
-* loss: saved activations plus the loss's own buffers (full logits and their fp32 copies, or one
-  chunk of weightprep's chunked loss);
+* loss: saved activations plus the loss's own buffers (full logits and their fp32 copies, or the
+  forward of TRL's chunked log-prob kernel that ``weighted_lm_loss`` runs: one projection tile);
+* loss backward: the kernel's backward, which accumulates fp32 gradients of the supervised hidden
+  states and of the *whole* LM head (V x H x 4 B, on every rank, whatever the sharding), then casts
+  them to the parameters' dtypes (:func:`weighted_loss_bytes`);
 * backward, top layer: activations still saved + lm_head gradient + one layer recomputed;
 * backward, bottom layer: all gradients + one layer's activations.
 Gradients of the previous micro-batch are alive throughout when gradient accumulation > 1.
@@ -48,6 +51,7 @@ __all__ = [
     "DEFAULT_LOSS_VOCAB_CHUNK",
     "GiB",
     "layer_activation_bytes_per_token",
+    "weighted_loss_bytes",
 ]
 
 GiB = 1024**3
@@ -64,6 +68,35 @@ NCCL_BYTES = int(0.5 * GiB)
 FRAGMENTATION = 0.05
 #: bytes per token of the collated batch on the GPU (int64 ids, labels, position_ids; fp32 weights)
 BATCH_BYTES_PER_TOKEN = 8 + 8 + 8 + 4
+
+
+def weighted_loss_bytes(
+    n_supervised: int, hidden: int, vocab: int, *, compute: int, hidden_dtype: int, weight_dtype: int,
+    head_trainable: bool, bias: bool = False, token_tile: int = DEFAULT_LOSS_CHUNK_TOKENS,
+    vocab_tile: int = DEFAULT_LOSS_VOCAB_CHUNK,
+) -> dict[str, int]:  # fmt: skip
+    """Bytes that ``trl.kernels.ChunkedLogProbFunction`` (the kernel of ``weighted_lm_loss``) allocates on a GPU,
+    beyond its saved inputs, at the peak of its forward and of its backward. Byte sizes: ``compute`` of the
+    autocast (or model) dtype, ``hidden_dtype`` of the supervised hidden states, ``weight_dtype`` of the LM head
+    as the kernel sees it (gathered, under FSDP). The Triton kernels fold each tile in registers: the torch
+    tensors below are all there is, which is why Triton's CPU interpreter measures them exactly on CPU.
+
+    * forward: the projection tile ``mm_buf`` (T x Vt x c), the token chunk cast to c (T x H, if the dtypes
+      differ), one weight tile cast (Vt x H, idem), 7 fp32 statistics per token, the fp32 log-probabilities;
+    * backward, at its return: fp32 ``grad_hidden`` (N x H) and ``grad_weight`` (V x H, the whole head, when it
+      is trained) and ``grad_bias``, ``mm_buf`` and the casts as in forward, and the casts of the gradients to
+      the inputs' dtypes (N x H x hidden_dtype, V x H x weight_dtype; none for fp32).
+    """
+    n = max(1, n_supervised)
+    t, vt = min(n, token_tile), min(vocab, vocab_tile)
+    tile = t * vt * compute
+    casts = (t * hidden * compute if hidden_dtype != compute else 0) + (vt * hidden * compute if weight_dtype != compute else 0)
+    forward = tile + casts + 8 * n * 4
+    head = vocab * hidden * 4 + (vocab * 4 if bias else 0) if head_trainable else 0
+    head_cast = vocab * hidden * weight_dtype if head_trainable and weight_dtype != 4 else 0
+    hidden_grad = n * hidden * 4 + (n * hidden * hidden_dtype if hidden_dtype != 4 else 0)
+    backward = hidden_grad + head + head_cast + tile + casts + 2 * n * 4
+    return {"forward": forward, "backward": backward, "head_fp32": head, "head_cast": head_cast}
 
 
 @dataclass(frozen=True)
@@ -383,14 +416,19 @@ def _estimate(shape: ModelShape, s: dict[str, Any], gpu_memory: int | None) -> M
 
     v = shape.vocab
     softcap = 2 * c if shape.final_logit_softcapping else 0
-    up = 4 if c < 4 else 0  # the fp32 copy (a no-op in fp32)
+    up = 4 if c < 4 else 0  # the fp32 copy of the full logits (a no-op in fp32)
     full_fwd = (c + up + 4 + softcap) * tokens * v
     full_peak = max(full_fwd, 12 * tokens * v)
     chunk = min(s["loss_chunk_tokens"], sup_tokens)
     tile_v = min(v, DEFAULT_LOSS_VOCAB_CHUNK)
-    chunk_peak = (c + up + 4) * chunk * tile_v
+    kernel = weighted_loss_bytes(
+        sup_tokens, shape.hidden, v, compute=c, hidden_dtype=out_b, weight_dtype=c if (fsdp and mode == "mixed") else w_b,
+        head_trainable=not lora, token_tile=s["loss_chunk_tokens"],
+    )  # fmt: skip
+    chunk_peak = max(kernel["forward"], kernel["backward"])
     logits_in_forward = c * tokens * v if s["loss"] == "full" else 0
-    logits_peak = full_peak if s["loss"] == "full" else chunk_peak
+    logits_peak = full_peak if s["loss"] == "full" else kernel["forward"]
+    loss_backward = kernel["backward"] if s["loss"] == "weightprep" else 0
     batch = tokens * BATCH_BYTES_PER_TOKEN
 
     static = weights + fsdp_units + optim + buckets + batch
@@ -398,6 +436,7 @@ def _estimate(shape: ModelShape, s: dict[str, Any], gpu_memory: int | None) -> M
     phases = {
         "forward end": static + g_live + act_fwd + cast_fwd_end + logits_in_forward,
         "loss": static + g_live + act_fwd + cast_saved + logits_peak,
+        "loss backward": static + g_live + act_fwd + cast_saved + loss_backward,
         "backward (top layer)": static + (grads if accum else head_grad) + act_fwd + recompute
         + (cast_saved if not ckpt else cast_layer),
         "backward (bottom layer)": static + grads + int(act_layer) + cast_layer + mask,
@@ -406,6 +445,7 @@ def _estimate(shape: ModelShape, s: dict[str, Any], gpu_memory: int | None) -> M
     at = {
         "forward end": dict(grads=g_live, act=act_fwd, cast=cast_fwd_end, logits=logits_in_forward),
         "loss": dict(grads=g_live, act=act_fwd, cast=cast_saved, logits=logits_peak),
+        "loss backward": dict(grads=g_live, act=act_fwd, cast=cast_saved, logits=loss_backward),
         "backward (top layer)": dict(grads=grads if accum else head_grad, act=act_fwd + recompute,
                                      cast=cast_saved if not ckpt else cast_layer, logits=0),
         "backward (bottom layer)": dict(grads=grads, act=int(act_layer) + mask, cast=cast_layer, logits=0),
@@ -440,9 +480,13 @@ def _estimate(shape: ModelShape, s: dict[str, Any], gpu_memory: int | None) -> M
                           f"{tokens:,} tokens x {v:,} vocab x max({c + up + 4 + softcap} B forward, 12 B backward):"
                           " logits, fp32 copy, log-softmax, its gradient"))
     else:
-        terms.append(Term("logits_weightprep", "logits + loss, weightprep chunked", chunk_peak, at["logits"],
-                          f"{chunk:,}-token x {tile_v:,}-column tile x {c + up + 4} B: tile logits, fp32 copy,"
-                          " log-sum-exp temporary"))
+        head_note = (f" + fp32 gradient of the whole head {v:,} x {shape.hidden:,} x 4 B"
+                     + (f" and its {kernel['head_cast'] // (v * shape.hidden)} B cast" if kernel["head_cast"] else "")
+                     if not lora else "")  # fmt: skip
+        terms.append(Term("logits_weightprep", "logits + loss, weightprep (TRL kernel)", chunk_peak, at["logits"],
+                          f"max(forward {kernel['forward'] / GiB:.2f} GiB, backward {kernel['backward'] / GiB:.2f} "
+                          f"GiB): {chunk:,}-token x {tile_v:,}-column tile x {c} B, fp32 grad of {sup_tokens:,}"
+                          f" supervised hidden states{head_note}"))
     terms.append(Term("batch", "input batch", batch, batch, f"{tokens:,} tokens x {BATCH_BYTES_PER_TOKEN} B"))
 
     peak = phases[peak_phase]

@@ -1,23 +1,23 @@
-"""The two loss recipes whose memory the plan models, and a CPU peak-memory tracker to check it.
+"""Test and benchmark support for the memory plan: the seed recipe and a CPU peak-memory tracker.
 
 * :func:`full_logits_loss` -- the seed recipe: ``model(...).logits`` (B x L x V in the model dtype),
   ``.float()``, ``cross_entropy(reduction="none")``, times the weights. Labels are shifted, not the
   logits, so no extra B x L x V copy is made (``logits[:, :-1].contiguous()`` would add one).
-* :func:`chunked_weighted_loss` -- the weightprep recipe: gather the supervised positions' hidden
-  states, project them through lm_head ``chunk`` tokens at a time in an autograd Function that
-  keeps only the log-sum-exp and recomputes the chunk's logits in backward. Peak: one
-  chunk x V block (model-dtype logits, their fp32 copy, logsumexp's temporary).
 * :class:`LiveTensorTracker` -- a ``TorchDispatchMode`` that records every storage an op creates and
   the peak of the live total at op boundaries: a CPU stand-in for ``torch.cuda.max_memory_allocated``
   (it misses temporaries that live only inside one kernel).
 
-Both recipes return ``sum(w_t * nll_t) / sum(w_t)`` over the supervised positions. This module
-imports torch; ``weightprep.train`` holds the trainer's own implementation.
+weightprep's own loss is ``weightprep.train.weighted_lm_loss`` itself, measured as it is (the plan models TRL's
+kernel that it runs; ``tests/kernel_worker.py memory`` measures that kernel on its Triton path, in the interpreter).
 """
 
 from __future__ import annotations
 
+import contextlib
+import gc
+from collections.abc import Iterator
 from typing import Any
+from unittest import mock
 
 import torch
 import torch.nn.functional as F
@@ -26,7 +26,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from weightprep.constants import IGNORE_INDEX
 
-__all__ = ["full_logits_loss", "chunked_weighted_loss", "LiveTensorTracker", "shift_targets"]
+__all__ = ["full_logits_loss", "LiveTensorTracker", "shift_targets", "triton_path_in_interpreter"]
 
 
 def shift_targets(labels: torch.Tensor, weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -48,65 +48,6 @@ def full_logits_loss(model: torch.nn.Module, input_ids: torch.Tensor, labels: to
                           ignore_index=IGNORE_INDEX)
     w = w.view(-1)
     return (nll * w).sum() / w.sum().clamp_min(1e-12)
-
-
-class _ChunkedNLL(torch.autograd.Function):
-    """Per-token negative log-likelihood of ``hidden @ weight.T`` without keeping the logits."""
-
-    @staticmethod
-    def forward(ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
-                chunk: int) -> torch.Tensor:
-        lse = torch.empty(hidden.size(0), dtype=torch.float32, device=hidden.device)
-        nll = torch.empty_like(lse)
-        w = weight.to(hidden.dtype)
-        for start in range(0, hidden.size(0), chunk):
-            sl = slice(start, start + chunk)
-            logits = (hidden[sl] @ w.T).float()
-            lse[sl] = torch.logsumexp(logits, dim=-1)
-            nll[sl] = lse[sl] - logits.gather(1, targets[sl, None]).squeeze(1)
-            del logits
-        ctx.save_for_backward(hidden, weight, targets, lse)
-        ctx.chunk = chunk
-        return nll
-
-    @staticmethod
-    def backward(ctx: Any, grad_nll: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        hidden, weight, targets, lse = ctx.saved_tensors
-        w = weight.to(hidden.dtype)
-        grad_h = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
-        grad_w = torch.zeros_like(weight, dtype=torch.float32) if ctx.needs_input_grad[1] else None
-        for start in range(0, hidden.size(0), ctx.chunk):
-            sl = slice(start, start + ctx.chunk)
-            p = (hidden[sl] @ w.T).float()
-            p.sub_(lse[sl, None]).exp_()  # softmax
-            p.scatter_add_(1, targets[sl, None], torch.full_like(lse[sl, None], -1.0))
-            p.mul_(grad_nll[sl, None])
-            g = p.to(hidden.dtype)
-            del p
-            if grad_h is not None:
-                grad_h[sl] = g @ w
-            if grad_w is not None:
-                grad_w.addmm_(g.T.float(), hidden[sl].float()) if hidden.dtype != torch.float32 else grad_w.addmm_(
-                    g.T, hidden[sl])
-            del g
-        if grad_w is not None and grad_w.dtype != weight.dtype:
-            grad_w = grad_w.to(weight.dtype)
-        return grad_h, grad_w, None, None
-
-
-def chunked_weighted_loss(model: torch.nn.Module, input_ids: torch.Tensor, labels: torch.Tensor,
-                          weights: torch.Tensor, position_ids: torch.Tensor | None = None,
-                          chunk: int = 4096) -> torch.Tensor:
-    """weightprep's recipe: run the decoder, project only supervised positions, chunk by chunk."""
-    out = model.model(input_ids=input_ids, position_ids=position_ids, use_cache=False) if hasattr(
-        model, "model") else model.transformer(input_ids=input_ids, position_ids=position_ids, use_cache=False)
-    hidden = out.last_hidden_state
-    lab, w = shift_targets(labels, weights)
-    sel = (lab != IGNORE_INDEX).view(-1)
-    h = hidden.reshape(-1, hidden.size(-1))[sel]
-    nll = _ChunkedNLL.apply(h, model.get_output_embeddings().weight, lab.view(-1)[sel], chunk)
-    ws = w.view(-1)[sel]
-    return (nll * ws).sum() / ws.sum().clamp_min(1e-12)
 
 
 class LiveTensorTracker(TorchDispatchMode):
@@ -155,3 +96,39 @@ def _tensors(obj: Any) -> list[torch.Tensor]:
     if isinstance(obj, (list, tuple)):
         return [t for o in obj for t in _tensors(o)]
     return []
+
+
+class _CollectingLaunch:
+    """A Triton kernel whose launches (``kernel[grid](...)``) are followed by ``gc.collect()``: Triton's interpreter
+    leaves reference cycles that keep a launch's argument tensors alive until the next collection, which a GPU
+    launch never does. Without it the tracker's peak depends on when Python's collector last ran (measured: the
+    same loss at 3.29 MB alone, 5.40 MB after other tests had run)."""
+
+    def __init__(self, kernel: Any) -> None:
+        self.kernel = kernel
+
+    def __getitem__(self, grid: Any) -> Any:
+        launch = self.kernel[grid]
+
+        def run(*args: Any, **kwargs: Any) -> Any:
+            out = launch(*args, **kwargs)
+            gc.collect()
+            return out
+
+        return run
+
+
+@contextlib.contextmanager
+def triton_path_in_interpreter(token_tile: int | None = None) -> Iterator[Any]:
+    """TRL's chunked log-prob kernel on its Triton path on CPU (``TRITON_INTERPRET=1`` must be set before triton is
+    imported): ``_use_triton`` forced, the token tile set, launches that free their arguments as on a GPU. Yields
+    the kernel module. The kernels fold their tiles in registers, so the torch tensors are all a GPU allocates."""
+    import trl.kernels.chunked_logprob as ck
+
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(mock.patch.object(ck, "_use_triton", lambda device: True))
+        if token_tile is not None:
+            stack.enter_context(mock.patch.object(ck, "TOKEN_CHUNK_SIZE", token_tile))
+        for name in ("_forward_kernel", "_backward_kernel"):
+            stack.enter_context(mock.patch.object(ck, name, _CollectingLaunch(getattr(ck, name))))
+        yield ck
