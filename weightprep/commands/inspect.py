@@ -85,17 +85,41 @@ def _style(w: float) -> str:
 @click.option("--tokenizer", help="Tokenizer to decode with (default: the one recorded in the manifest).")
 @click.option("--max-tokens", type=int, default=300, show_default=True, help="Tokens shown per document.")
 @click.option("--color/--no-color", default=None, help="Colour spans by weight (default: when a terminal).")
+@click.option(
+    "--html",
+    "html_out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write a self-contained HTML report of the build (numbers, histograms, rows token by token) to this file.",
+)
+@click.option("--report-rows", type=click.IntRange(min=0), default=3, show_default=True,
+              help="Rows per split shown token by token in the HTML report.")  # fmt: skip
 @reports_errors
 def inspect(
-    directory: Path, row_index: int, split: str | None, tokenizer: str | None, max_tokens: int, color: bool | None
+    directory: Path,
+    row_index: int,
+    split: str | None,
+    tokenizer: str | None,
+    max_tokens: int,
+    color: bool | None,
+    html_out: Path | None,
+    report_rows: int,
 ) -> None:
-    """Show DIRECTORY's manifest numbers and one row decoded, with each token's weight visible."""
+    """Show DIRECTORY's manifest numbers and one row decoded, with each token's weight visible; or, with --html,
+    write all of it and more as one web page."""
     from rich.console import Console
     from rich.text import Text
 
     from weightprep.tokenizer import load_tokenizer, tokenizer_fingerprint
 
     manifest = read_manifest(directory)
+    if html_out is not None:
+        from weightprep.report import write_report
+
+        if not html_out.parent.is_dir():
+            raise UsageError(f"--html {html_out}: directory {html_out.parent} does not exist")
+        write_report(directory, html_out, tokenizer=tokenizer, rows=report_rows)
+        click.echo(f"wrote {html_out} ({html_out.stat().st_size:,} bytes)")
+        return
     click.echo(format_summary(manifest, str(directory).rstrip("/")))
     tok = load_tokenizer(tokenizer or manifest["tokenizer"]["name_or_path"])
     if tokenizer_fingerprint(tok) != manifest["tokenizer"]["fingerprint"]:
