@@ -26,6 +26,17 @@ def sample_tok():
     return sample_tokenizer()
 
 
+@pytest.fixture(scope="session")
+def sample_shards(tmp_path_factory, sample_tok) -> Path:
+    """The sample data built by the real pipeline, rows of 256 tokens (small rows keep CPU steps short)."""
+    from weightprep.config import config_from_dict
+    from weightprep.pipeline import build
+
+    out = tmp_path_factory.mktemp("sample") / "shards"
+    build([str(SAMPLE_RAW)], out, config_from_dict({"pack": {"seq_len": 256}}), tokenizer=sample_tok)
+    return out
+
+
 @pytest.fixture
 def write_jsonl(tmp_path):
     """write_jsonl(records | lines, name) -> path; str items are written verbatim as lines."""

@@ -114,17 +114,6 @@ def test_weight_buckets():
     assert WeightBuckets.from_weights(np.arange(1, 9, dtype=float)).names == tuple(str(i) for i in range(1, 9))
 
 
-@pytest.fixture(scope="module")
-def sample_shards(tmp_path_factory, sample_tok) -> Path:
-    from weightprep.config import config_from_dict
-    from weightprep.pipeline import build
-
-    out = tmp_path_factory.mktemp("sample") / "shards"
-    build([str(REPO / "sample_data" / "raw.jsonl")], out, config_from_dict({"pack": {"seq_len": 256}}),
-          tokenizer=sample_tok)  # fmt: skip
-    return out
-
-
 @pytest.mark.slow
 def test_cli_evaluates_every_eval_steps_and_draws_the_loss_plot(sample_shards, tmp_path):
     from weightprep.cli import main

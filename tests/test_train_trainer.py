@@ -155,18 +155,6 @@ def test_packed_documents_are_isolated_in_the_trainer_forward(tmp_path):
     assert (leaky_out.log_probs[0, 9:] - packed_out.log_probs[0, 9:]).abs().max() > 1e-3
 
 
-@pytest.fixture(scope="module")
-def sample_shards(tmp_path_factory, sample_tok) -> Path:
-    """The sample data built by the real pipeline, rows of 256 tokens (small rows keep CPU steps short)."""
-    from weightprep.config import config_from_dict
-    from weightprep.pipeline import build
-
-    out = tmp_path_factory.mktemp("sample") / "shards"
-    build([str(REPO / "sample_data" / "raw.jsonl")], out, config_from_dict({"pack": {"seq_len": 256}}),
-          tokenizer=sample_tok)  # fmt: skip
-    return out
-
-
 def _train_cli(*args: str) -> None:
     from weightprep.cli import main
 

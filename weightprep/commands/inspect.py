@@ -68,14 +68,14 @@ def weight_spans(input_ids: np.ndarray, weights: np.ndarray) -> list[tuple[float
     return spans
 
 
+#: terminal colours of the weight buckets (the HTML report's classes)
+_STYLES = {"w0": "dim", "wlt1": "cyan", "w1": "green", "wle2": "bold yellow", "wgt2": "bold red"}
+
+
 def _style(w: float) -> str:
-    if w == 0:
-        return "dim"
-    if w < 1:
-        return "cyan"
-    if w == 1:
-        return "green"
-    return "bold yellow" if w <= 2 else "bold red"
+    from weightprep.report.page import weight_class
+
+    return _STYLES[weight_class(w)]
 
 
 @click.command("inspect")
