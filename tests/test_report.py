@@ -229,3 +229,20 @@ def test_chromium_loads_the_page_and_renders_it(built, tmp_path):
     pixels = np.asarray(Image.open(shot).convert("RGB"), dtype=np.float64)
     assert pixels.shape[0] >= 1000 and pixels.std() > 10  # not blank
     assert len(np.unique(pixels.reshape(-1, 3)[::97], axis=0)) > 20  # text, bars and weight colours
+
+
+def test_unpacked_build_stats_match_the_manifest(tmp_path, sample_tok):
+    from weightprep.config import config_from_dict
+    from weightprep.pipeline import build
+    from weightprep.report.stats import split_stats
+
+    out = tmp_path / "unpacked"
+    cfg = config_from_dict({"pack": {"enabled": False, "seq_len": 1024}})
+    build([str(Path(__file__).resolve().parent.parent / "sample_data" / "raw.jsonl")], out, cfg, tokenizer=sample_tok)
+    manifest = read_manifest(out)
+    stats = split_stats(out, split_shards(manifest), manifest["tokenizer"]["pad_used"])
+    counts = manifest["counts"]
+    assert stats.rows == counts["rows"] == counts["documents_written"] == len(stats.lengths)
+    assert stats.pad_positions == counts["pad_tokens"]
+    assert sum(stats.weight_counts.values()) == counts["tokens"] == int(stats.lengths.sum())
+    assert np.allclose(stats.fill, stats.lengths / 1024)
