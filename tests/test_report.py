@@ -16,8 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from weightprep.cli import main
-from weightprep.commands.inspect import read_row, split_shards
-from weightprep.manifest import read_manifest
+from weightprep.manifest import read_manifest, read_row, split_shards
 from weightprep.report.tokens import token_groups
 
 
@@ -246,3 +245,19 @@ def test_unpacked_build_stats_match_the_manifest(tmp_path, sample_tok):
     assert stats.pad_positions == counts["pad_tokens"]
     assert sum(stats.weight_counts.values()) == counts["tokens"] == int(stats.lengths.sum())
     assert np.allclose(stats.fill, stats.lengths / 1024)
+
+
+@pytest.mark.parametrize("damage", ["cut", "garbage"])
+def test_a_damaged_shard_is_refused_by_inspect_and_the_report(built, tmp_path, damage):
+    out, _ = built
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    shard = copy / read_manifest(copy)["shards"][0]["filename"]
+    data = shard.read_bytes()
+    shard.write_bytes(data[: len(data) // 2] if damage == "cut" else b"not arrow" * 100)
+    for args in (["inspect", str(copy)], ["inspect", str(copy), "--html", str(tmp_path / "r.html")]):
+        res = CliRunner().invoke(main, args)
+        assert res.exit_code != 0, res.output
+        assert "unreadable shard" in res.output or "truncated or was replaced" in res.output, res.output
+        assert "Traceback" not in res.output
+    assert not (tmp_path / "r.html").exists()

@@ -2,18 +2,23 @@
 
 ``weightprep train``, ``weightprep inspect`` and ``weightprep plan --shards`` all open a shard directory through
 :func:`read_manifest`, which refuses, with the fix, a directory that is not a finished build of this format.
+``inspect`` and its HTML report read the shards the manifest lists through :func:`shard_batches` and
+:func:`read_row`, which refuse a damaged or truncated shard the same way.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from weightprep.constants import FORMAT_NAME, FORMAT_VERSION, MANIFEST_NAME
 from weightprep.errors import UsageError
 
-__all__ = ["REBUILD", "build_setting", "read_manifest"]
+__all__ = ["REBUILD", "build_setting", "read_manifest", "read_row", "shard_batches", "split_shards"]
 
 #: The fix for shards this version cannot use.
 REBUILD = "rebuild them with `weightprep build` from this version"
@@ -51,3 +56,49 @@ def build_setting(config: dict[str, Any], flat: str, nested: tuple[str, str]) ->
         return config[flat]
     section = config.get(nested[0])
     return section.get(nested[1]) if isinstance(section, dict) else None
+
+
+def split_shards(manifest: dict[str, Any], split: str | None = None) -> list[dict[str, Any]]:
+    """The manifest's shards of ``split`` (default: ``train`` in a build with splits, else all of them)."""
+    splits = manifest.get("splits") or {}
+    if split is None:
+        split = "train" if splits else None
+    elif split not in splits:
+        have = ", ".join(splits) or "none: the build has no validation split"
+        raise UsageError(f"no split {split!r} in this build (splits: {have})")
+    return [s for s in manifest.get("shards") or [] if s.get("split") == split]
+
+
+def shard_batches(directory: Path, shard: dict[str, Any]) -> Iterator[Any]:
+    """The record batches of one shard (a manifest entry), memory-mapped; a shard that cannot be read, or holds
+    other than the manifest's number of rows, is refused with the fix."""
+    import pyarrow as pa
+
+    path = directory / shard["filename"]
+    rows = 0
+    try:
+        with pa.memory_map(str(path)) as source:
+            for batch in pa.ipc.open_stream(source):
+                rows += batch.num_rows
+                yield batch
+    except (OSError, pa.ArrowInvalid) as exc:
+        raise UsageError(f"{path}: unreadable shard ({exc}); the directory is damaged: {REBUILD}") from exc
+    if rows != shard["rows"]:
+        raise UsageError(
+            f"{path}: {rows} rows where the manifest records {shard['rows']}; the shard is truncated or was "
+            f"replaced: {REBUILD}"
+        )
+
+
+def read_row(directory: Path, manifest: dict[str, Any], index: int, split: str | None = None) -> dict[str, Any]:
+    """Row ``index`` of the shards (of ``split``) as a dict of NumPy arrays (reads only the shard it is in)."""
+    import pyarrow as pa
+
+    seen = 0
+    for shard in split_shards(manifest, split):
+        if index < seen + shard["rows"]:
+            table = pa.Table.from_batches(list(shard_batches(directory, shard)))
+            row = table.slice(index - seen, 1).to_pylist()[0]
+            return {k: np.asarray(v) for k, v in row.items()}
+        seen += shard["rows"]
+    raise UsageError(f"row {index} does not exist: {directory} has {seen} rows (0..{seen - 1})")

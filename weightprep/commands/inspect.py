@@ -8,7 +8,6 @@ Document boundaries are drawn as rules, the pad tail is summarized, not printed.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import click
 import numpy as np
@@ -17,44 +16,11 @@ from weightprep.commands._errors import reports_errors
 from weightprep.commands.build import format_summary
 from weightprep.constants import SEQ_LENGTHS
 from weightprep.errors import UsageError
-from weightprep.manifest import REBUILD, read_manifest
+from weightprep.manifest import read_manifest, read_row, split_shards
+from weightprep.report.page import weight_class
+from weightprep.report.stats import row_segments
 
-__all__ = ["inspect", "read_row", "split_shards", "weight_spans"]
-
-
-def split_shards(manifest: dict[str, Any], split: str | None = None) -> list[dict[str, Any]]:
-    """The manifest's shards of ``split`` (default: ``train`` in a build with splits, else all of them)."""
-    splits = manifest.get("splits") or {}
-    if split is None:
-        split = "train" if splits else None
-    elif split not in splits:
-        have = ", ".join(splits) or "none: the build has no validation split"
-        raise UsageError(f"no split {split!r} in this build (splits: {have})")
-    return [s for s in manifest.get("shards") or [] if s.get("split") == split]
-
-
-def read_row(directory: Path, manifest: dict[str, Any], index: int, split: str | None = None) -> dict[str, Any]:
-    """Row ``index`` of the shards (of ``split``) as a dict of NumPy arrays (reads only the batches it needs)."""
-    import pyarrow as pa
-
-    seen = 0
-    for shard in split_shards(manifest, split):
-        if index < seen + shard["rows"]:
-            path = directory / shard["filename"]
-            try:
-                with pa.memory_map(str(path)) as source:
-                    table = pa.ipc.open_stream(source).read_all()
-            except (OSError, pa.ArrowInvalid) as exc:
-                raise UsageError(f"{path}: unreadable shard ({exc}); the directory is damaged: {REBUILD}") from exc
-            if table.num_rows != shard["rows"]:
-                raise UsageError(
-                    f"{path}: {table.num_rows} rows where the manifest records {shard['rows']}; the shard is "
-                    f"truncated or was replaced: {REBUILD}"
-                )
-            row = table.slice(index - seen, 1).to_pylist()[0]
-            return {k: np.asarray(v) for k, v in row.items()}
-        seen += shard["rows"]
-    raise UsageError(f"row {index} does not exist: {directory} has {seen} rows (0..{seen - 1})")
+__all__ = ["inspect", "weight_spans"]
 
 
 def weight_spans(input_ids: np.ndarray, weights: np.ndarray) -> list[tuple[float, list[int]]]:
@@ -73,8 +39,6 @@ _STYLES = {"w0": "dim", "wlt1": "cyan", "w1": "green", "wle2": "bold yellow", "w
 
 
 def _style(w: float) -> str:
-    from weightprep.report.page import weight_class
-
     return _STYLES[weight_class(w)]
 
 
@@ -128,7 +92,6 @@ def inspect(
     console = Console(force_terminal=color, no_color=color is False, highlight=False, soft_wrap=True)
     plain = not console.is_terminal if color is None else not color
     start = 0
-    n_segments = len(row[SEQ_LENGTHS])
     where = f" of {split}" if split else ""
     click.echo(f"\nrow {row_index}{where}: {len(row['input_ids'])} positions, segments {row[SEQ_LENGTHS].tolist()}")
     if not plain:
@@ -136,22 +99,21 @@ def inspect(
         for label, w in (("0", 0.0), ("<1", 0.5), ("1", 1.0), ("<=2", 2.0), (">2", 3.0)):
             legend.append(f" {label} ", style=_style(w))
         console.print(legend)
-    for k, length in enumerate(row[SEQ_LENGTHS].tolist()):
+    documents, pad = row_segments(row, manifest["tokenizer"].get("pad_used"))
+    for k, length in enumerate(documents):
         ids = row["input_ids"][start : start + length]
         weights = row["weights"][start : start + length]
-        # every written document has a supervised token, so an unsupervised last segment is the pad tail
-        if k == n_segments - 1 and not (weights > 0).any():
-            click.echo(f"── padding: {length} positions (label -100, weight 0) ──")
-        else:
-            click.echo(f"── document {k + 1}: {length} tokens, {int((weights > 0).sum())} supervised ──")
-            text = Text()
-            for w, span in weight_spans(ids[:max_tokens], weights[:max_tokens]):
-                piece = tok.decode(span, skip_special_tokens=False)
-                if plain:
-                    text.append(f"[w={w:g}]{piece}")
-                else:
-                    text.append(piece, style=_style(w))
-            if length > max_tokens:
-                text.append(f" … ({length - max_tokens} more tokens; --max-tokens to see more)", style="italic")
-            console.print(text)
+        click.echo(f"── document {k + 1}: {length} tokens, {int((weights > 0).sum())} supervised ──")
+        text = Text()
+        for w, span in weight_spans(ids[:max_tokens], weights[:max_tokens]):
+            piece = tok.decode(span, skip_special_tokens=False)
+            if plain:
+                text.append(f"[w={w:g}]{piece}")
+            else:
+                text.append(piece, style=_style(w))
+        if length > max_tokens:
+            text.append(f" … ({length - max_tokens} more tokens; --max-tokens to see more)", style="italic")
+        console.print(text)
         start += length
+    if pad:
+        click.echo(f"── padding: {pad} positions (label -100, weight 0) ──")

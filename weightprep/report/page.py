@@ -238,8 +238,7 @@ def _row_html(tok: Any, row: dict[str, Any], pad_id: int | None, max_tokens: int
 def render_report(directory: Path, *, tokenizer: str | None = None, rows: int = 3, max_tokens: int = 2048) -> str:
     """The page for the build in ``directory``, as a string."""
     from weightprep.commands.build import format_summary
-    from weightprep.commands.inspect import read_row, split_shards
-    from weightprep.manifest import read_manifest
+    from weightprep.manifest import read_manifest, read_row, split_shards
     from weightprep.tokenizer import load_tokenizer, tokenizer_fingerprint
 
     directory = Path(directory)

@@ -28,8 +28,8 @@ def token_groups(tok: Any, ids: list[int]) -> list[tuple[int, int, str]]:
     groups: list[tuple[int, int, str]] = []
     start = 0  # first token of the pending group
     context = 0  # first token of the decode context
+    before = ""  # decode(ids[context:start])
     for i in range(len(ids)):
-        before = decode(ids[context:start])
         now = decode(ids[context : i + 1])
         if now.endswith("\ufffd") and i + 1 < len(ids) and i + 1 - start < 8:
             continue  # inside a character: wait for the rest of its bytes
@@ -38,6 +38,7 @@ def token_groups(tok: Any, ids: list[int]) -> list[tuple[int, int, str]]:
         groups.append((start, i + 1, now[len(before) :]))
         start = i + 1
         context = max(0, start - _CONTEXT)
+        before = decode(ids[context:start])
     text = "".join(g[2] for g in groups)
     full = decode(ids)
     if text != full:  # a decoder with effects beyond the context: fall back to exact prefix differences
