@@ -16,7 +16,7 @@ from weightprep.commands._errors import reports_errors
 from weightprep.commands.build import format_summary
 from weightprep.constants import SEQ_LENGTHS
 from weightprep.errors import UsageError
-from weightprep.manifest import read_manifest, read_row, split_shards
+from weightprep.manifest import read_manifest, read_row
 from weightprep.report.page import weight_class
 from weightprep.report.stats import row_segments
 
