@@ -4,6 +4,7 @@ computed independently here (row by row in Python); and the page loaded in headl
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 from html.parser import HTMLParser
@@ -105,6 +106,14 @@ def test_the_page_fetches_nothing_and_escapes_the_data(built):
         for key in ("src", "href"):
             assert key not in attrs, (tag, attrs)
     assert "<script>alert" not in text and "<b>" not in text
+    # inside every token span, only the report's own markup (newline and empty markers) and escaped characters:
+    # the hostile prompt's <, >, & and quotes are all in tokens of this build
+    inner = re.findall(r'<span class="t [^"]*"[^>]*>(.*?)</span>(?=<span class="t |</div>)', text, flags=re.S)
+    assert len(inner) > 100
+    raw = "".join(inner).replace('<span class="nl">↵</span>', "").replace('<span class="empty">∅</span>', "")
+    assert "<" not in raw and ">" not in raw
+    assert re.findall(r"&(?!lt;|gt;|amp;|quot;|#x27;)", raw) == []
+    assert all(c in raw for c in ("&lt;", "&gt;", "&amp;", "&quot;"))
     assert "<script>alert('x')</script>" in "".join(page.text)  # shown as text
     assert any("not json <b>" in t for t in page.text)  # the reject's original, escaped
 
