@@ -7,6 +7,7 @@ against a second implementation rather than against itself.
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from typing import Any
 
@@ -16,15 +17,41 @@ IGNORE = -100
 TOKEN_COLUMNS = ("input_ids", "labels", "weights", "position_ids")
 
 
+def continuation_ids(tok: Any, text: str) -> list[int]:
+    """``text`` tokenized as the continuation of a sequence: no word-start marker in front of it.
+
+    Computed by hand for each marker-adding family, from the model alone (``model.tokenize`` on a pre-token):
+    the legacy SentencePiece normalizer and ``Metaspace(split=False)`` both make one pre-token of the text
+    with spaces as "▁"; ``ByteLevel`` splits by its regex and maps bytes to characters. Other tokenizers add
+    nothing at the start of a call and are called as they are."""
+    backend = tok.backend_tokenizer
+    spec = json.loads(backend.to_str())
+    normalizer, pre = spec["normalizer"] or {}, spec["pre_tokenizer"] or {}
+    prepends = any(n.get("type") == "Prepend" for n in normalizer.get("normalizers", [normalizer]))
+    if prepends or (pre.get("type") == "Metaspace" and not pre["split"]):
+        pre_tokens = [text.replace(" ", "▁")] if text else []
+    elif pre.get("type") == "ByteLevel" and pre["add_prefix_space"]:
+        from tokenizers import pre_tokenizers
+
+        pre_tokens = [w for w, _ in pre_tokenizers.ByteLevel(add_prefix_space=False).pre_tokenize_str(text)]
+    else:
+        return tok(text, add_special_tokens=False)["input_ids"]
+    return [t.id for w in pre_tokens for t in backend.model.tokenize(w)]
+
+
 def reference_document(tok: Any, pieces: list[dict], *, add_bos: bool = True, eos_weight: float = 1.0):
-    """(ids, weights) of one record: BOS? + each piece tokenized alone + EOS; first token weight 0."""
+    """(ids, weights) of one record: BOS? + its pieces + EOS; first token weight 0. The first non-empty piece is
+    tokenized as the start of a sequence, every later one as a continuation (``continuation_ids``)."""
     ids: list[int] = []
     weights: list[float] = []
     if add_bos and tok.bos_token_id is not None:
         ids.append(tok.bos_token_id)
         weights.append(0.0)
+    started = False
     for piece in pieces:
-        piece_ids = tok(piece["text"], add_special_tokens=False)["input_ids"]
+        text = piece["text"]
+        piece_ids = continuation_ids(tok, text) if started else tok(text, add_special_tokens=False)["input_ids"]
+        started = started or bool(text)
         ids.extend(piece_ids)
         weights.extend([float(np.float32(piece["weight"]))] * len(piece_ids))
     ids.append(tok.eos_token_id)

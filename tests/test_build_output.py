@@ -21,7 +21,7 @@ from reference import (
 )
 
 from weightprep.config import config_from_dict
-from weightprep.constants import MANIFEST_NAME
+from weightprep.constants import FORMAT_VERSION, MANIFEST_NAME
 from weightprep.pipeline import build
 
 SEQ = 2048
@@ -107,7 +107,7 @@ def test_manifest(sample_build, sample_tok):
     out, manifest = sample_build
     on_disk = json.loads((out / MANIFEST_NAME).read_text())
     assert on_disk == manifest
-    assert manifest["format"] == "weightprep-shards" and manifest["format_version"] == 1
+    assert manifest["format"] == "weightprep-shards" and manifest["format_version"] == FORMAT_VERSION
     assert manifest["tokenizer"]["fingerprint"] == tokenizer_fingerprint(sample_tok)
     assert manifest["config"]["pack"]["seq_len"] == SEQ
     (inp,) = manifest["inputs"]
@@ -202,11 +202,11 @@ def test_error_mid_build_stops_every_thread(sample_tok, tmp_path, monkeypatch):
     calls = {"n": 0}
     real_encode = PieceTokenizer.encode
 
-    def failing_encode(self, texts):
+    def failing_encode(self, texts, *args):
         calls["n"] += 1
         if calls["n"] == 3:
             raise RuntimeError("tokenizer exploded")
-        return real_encode(self, texts)
+        return real_encode(self, texts, *args)
 
     monkeypatch.setattr(PieceTokenizer, "encode", failing_encode)
     cfg = config_from_dict({"read": {"block_bytes": 4096}})

@@ -69,7 +69,7 @@ def test_missing_column(tmp_path):
     cols = {k: [np.asarray(r[k]).tolist() for r in rows] for k in rows[0]}
     datasets.Dataset.from_dict(cols).save_to_disk(str(tmp_path / "s"))
     (tmp_path / "s" / MANIFEST_NAME).write_text(
-        json.dumps({"format": "weightprep-shards", "format_version": 1, "config": {"seq_len": SEQ}})
+        json.dumps({"format": "weightprep-shards", "format_version": FORMAT_VERSION, "config": {"seq_len": SEQ}})
     )
     with pytest.raises(UsageError, match="lack column.*weights"):
         load_shards(tmp_path / "s")

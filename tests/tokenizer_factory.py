@@ -21,6 +21,15 @@ The families, and the trap each one guards against:
     Byte-level BPE, ``<|begin_of_text|>`` / ``<|end_of_text|>`` / ``<|pad|>``, whose ``TemplateProcessing``
     post-processor adds BOS when called with ``add_special_tokens=True``, like Llama. weightprep adds BOS
     itself and must call the tokenizer with ``add_special_tokens=False``, or every document gets two BOS.
+``sentencepiece_legacy()``
+    BPE with byte fallback behind the legacy SentencePiece conversion, normalizer ``Prepend("▁")`` +
+    ``Replace(" ", "▁")`` (Llama-2, Mistral v0.1, TinyLlama, CodeLlama): a word-start marker at the start of
+    every call. Pieces after the first must be tokenized as continuations, or each gets a space in front.
+``sentencepiece_metaspace()``
+    The same model behind pre-tokenizer ``Metaspace(prepend_scheme="first")`` (newer conversions, Mistral
+    v0.3): the same trap, set in another component.
+``byte_level_prefix_space()``
+    Byte-level BPE with ``ByteLevel(add_prefix_space=True)`` (RoBERTa-style): a space before every call.
 ``wordpiece_like()``
     A WordPiece model with a whitespace pre-tokenizer and ``[UNK]``: not byte-level, so unseen characters
     become ``[UNK]`` and decoding does not give the text back (spaces are normalized). For robustness tests
@@ -42,11 +51,15 @@ __all__ = [
     "BYTE_LEVEL_FAMILIES",
     "CORPUS",
     "FAMILIES",
+    "ROUND_TRIP_FAMILIES",
     "SAMPLE_TOKENIZER_DIR",
     "bos_eos_distinct",
     "bos_eos_pad_same",
+    "byte_level_prefix_space",
     "no_bos_pad_is_eos",
     "sample_tokenizer",
+    "sentencepiece_legacy",
+    "sentencepiece_metaspace",
     "template_adds_bos",
     "wordpiece_like",
 ]
@@ -68,11 +81,11 @@ CORPUS: tuple[str, ...] = (
 ) * 4
 
 
-def _byte_level_bpe(specials: list[str], vocab_size: int) -> Any:
+def _byte_level_bpe(specials: list[str], vocab_size: int, add_prefix_space: bool = False) -> Any:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=add_prefix_space)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
@@ -82,6 +95,35 @@ def _byte_level_bpe(specials: list[str], vocab_size: int) -> Any:
     )
     tok.train_from_iterator(CORPUS, trainer=trainer)
     return tok
+
+
+def _sentencepiece(specials: list[str], vocab_size: int, form: str) -> Any:
+    """BPE with byte fallback as ``transformers`` converts a SentencePiece model: ``form`` "legacy" puts the
+    "▁" marker in the normalizer, "metaspace" in the pre-tokenizer. Characters outside the 60 most frequent
+    are left out of the alphabet, so byte fallback (``<0xNN>``) is exercised."""
+    import json
+
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE(byte_fallback=True))
+    if form == "legacy":
+        tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    else:
+        tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first", split=False)
+    tok.decoder = decoders.Sequence(
+        [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
+    )
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials, limit_alphabet=60, show_progress=False)
+    tok.train_from_iterator(CORPUS, trainer=trainer)
+    # the 256 byte tokens, right after the specials as in a Llama vocabulary
+    spec = json.loads(tok.to_str())
+    vocab = spec["model"]["vocab"]
+    ordered = sorted(vocab, key=vocab.__getitem__)
+    tokens = ordered[: len(specials)] + [f"<0x{b:02X}>" for b in range(256)] + ordered[len(specials) :]
+    spec["model"]["vocab"] = {t: i for i, t in enumerate(tokens)}
+    for added in spec["added_tokens"]:
+        added["id"] = spec["model"]["vocab"][added["content"]]
+    return Tokenizer.from_str(json.dumps(spec))
 
 
 def _wordpiece(specials: list[str], vocab_size: int) -> Any:
@@ -112,13 +154,15 @@ def _build(
     unk: str | None = None,
     template_bos: bool = False,
     vocab_size: int = 400,
+    **model_options: Any,
 ) -> Any:
     """Train a tokenizer of the given kind on CORPUS and wrap it as a ``PreTrainedTokenizerFast``."""
     from tokenizers import processors
     from transformers import PreTrainedTokenizerFast
 
     specials = list(dict.fromkeys(t for t in (bos, eos, pad, unk) if t is not None))  # unique, in order
-    backend = {"byte_level_bpe": _byte_level_bpe, "wordpiece": _wordpiece}[model](specials, vocab_size)
+    builders = {"byte_level_bpe": _byte_level_bpe, "sentencepiece": _sentencepiece, "wordpiece": _wordpiece}
+    backend = builders[model](specials, vocab_size, **model_options)
     if template_bos:
         assert bos is not None, "a template that adds BOS needs a BOS token"
         backend.post_processor = processors.TemplateProcessing(
@@ -160,6 +204,24 @@ def template_adds_bos() -> Any:
 
 
 @functools.lru_cache
+def sentencepiece_legacy() -> Any:
+    """Legacy SentencePiece conversion: normalizer ``Prepend("▁")`` + ``Replace``, byte fallback (like Llama-2)."""
+    return _build(model="sentencepiece", form="legacy", bos="<s>", eos="</s>", pad="<unk>", unk="<unk>", template_bos=True)
+
+
+@functools.lru_cache
+def sentencepiece_metaspace() -> Any:
+    """SentencePiece conversion with ``Metaspace(prepend_scheme="first")``, byte fallback (like Mistral v0.3)."""
+    return _build(model="sentencepiece", form="metaspace", bos="<s>", eos="</s>", pad="<unk>", unk="<unk>")
+
+
+@functools.lru_cache
+def byte_level_prefix_space() -> Any:
+    """Byte-level BPE with ``ByteLevel(add_prefix_space=True)``: a space before every call (RoBERTa-style)."""
+    return _build(bos="<s>", eos="</s>", pad="<pad>", add_prefix_space=True)
+
+
+@functools.lru_cache
 def wordpiece_like() -> Any:
     """WordPiece, whitespace pre-tokenizer, ``[UNK]``: not byte-level, decoding does not round-trip."""
     return _build(model="wordpiece", bos="[BOS]", eos="[EOS]", pad="[PAD]", unk="[UNK]", vocab_size=300)
@@ -179,9 +241,16 @@ FAMILIES: dict[str, Callable[[], Any]] = {
     "no_bos_pad_is_eos": no_bos_pad_is_eos,
     "bos_eos_pad_same": bos_eos_pad_same,
     "template_adds_bos": template_adds_bos,
+    "sentencepiece_legacy": sentencepiece_legacy,
+    "sentencepiece_metaspace": sentencepiece_metaspace,
+    "byte_level_prefix_space": byte_level_prefix_space,
     "wordpiece_like": wordpiece_like,
 }
 #: The families for which ``decode(encode(text)) == text`` holds for every string.
 BYTE_LEVEL_FAMILIES: dict[str, Callable[[], Any]] = {
-    k: v for k, v in FAMILIES.items() if k != "wordpiece_like"
+    k: v for k, v in FAMILIES.items() if k in ("bos_eos_distinct", "no_bos_pad_is_eos", "bos_eos_pad_same", "template_adds_bos")
 }
+#: The families whose decoding loses nothing a piece boundary could add or remove: for these a document decodes
+#: exactly as its pieces' texts joined and tokenized in one call (SentencePiece drops a leading space and
+#: reads a literal "▁" as a space; ByteLevel with a prefix space puts one before the text).
+ROUND_TRIP_FAMILIES: dict[str, Callable[[], Any]] = {k: v for k, v in FAMILIES.items() if k != "wordpiece_like"}

@@ -26,7 +26,7 @@ IGNORE_INDEX = -100
 
 #: Written into the manifest; the trainer refuses shards of another format.
 FORMAT_NAME = "weightprep-shards"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 
 INPUT_IDS = "input_ids"
 LABELS = "labels"

@@ -62,7 +62,7 @@ def document_batch(
         is_chat = np.fromiter((c is not None for c in records.chats), dtype=bool, count=len(records))
         chat_docs = _chat_documents(records.where(is_chat), counts)
         records = records.where(~is_chat)
-    piece_ids, piece_offsets = tokenize(records.texts)
+    piece_ids, piece_offsets = tokenize(records.texts, records.piece_offsets)
     docs = assemble(records, piece_ids, piece_offsets, specials, cfg.assemble.eos_weight)
     counts.update(pieces=len(records.texts), piece_tokens=len(piece_ids), documents=len(docs))
     # accepted tokens and weight from the tokenizer's output, independently of assemble

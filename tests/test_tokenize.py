@@ -1,0 +1,137 @@
+"""The tokenize stage: later pieces of a document are continuations, for every tokenizer family.
+
+The bug these guard: tokenizers that put a word-start marker at the start of every call (SentencePiece
+conversions, ByteLevel with a prefix space) put a space in front of every piece after the first when each
+piece is tokenized alone, so a document no longer decodes to its pieces back to back.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import datasets
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from reference import continuation_ids
+from tokenizer_factory import (
+    FAMILIES,
+    bos_eos_distinct,
+    byte_level_prefix_space,
+    sample_tokenizer,
+    sentencepiece_legacy,
+    sentencepiece_metaspace,
+)
+
+from weightprep.cli import main
+from weightprep.errors import UsageError
+from weightprep.stages.tokenize import PieceTokenizer, continuation_spec, document_starts
+
+MARKER_FAMILIES = [sentencepiece_legacy, sentencepiece_metaspace, byte_level_prefix_space]
+#: the issue's example: a prompt ending in a blank line, then the next turn
+PIECES = [{"text": "System: be brief.\n[]\n\n", "weight": 0}, {"text": "User:", "weight": 0}, {"text": " hi there", "weight": 1}]
+
+
+@pytest.mark.parametrize("make_tok", MARKER_FAMILIES, ids=lambda f: f.__name__)
+def test_the_cli_build_from_a_saved_tokenizer_joins_pieces_without_spaces(make_tok, tmp_path):
+    """The user's path: a tokenizer directory loaded by AutoTokenizer, `weightprep build`, shards read back."""
+    tok = make_tok()
+    tok.save_pretrained(tmp_path / "tok")
+    raw = tmp_path / "raw.jsonl"
+    raw.write_text(json.dumps({"pieces": PIECES}) + "\n", encoding="utf-8")
+    out = tmp_path / "out"
+    result = CliRunner().invoke(main, ["build", str(raw), "--tokenizer", str(tmp_path / "tok"), "--out", str(out), "--seq-len", "64"])
+    assert result.exit_code == 0, result.output
+    row = datasets.load_from_disk(str(out))[0]
+    doc = row["input_ids"][: row["seq_lengths"][0]]
+    joined = "".join(p["text"] for p in PIECES)
+    assert tok.decode(doc, skip_special_tokens=True) == tok.decode(tok(joined)["input_ids"], skip_special_tokens=True)
+    assert "\n\n User:" not in tok.decode(doc) and "\n\nUser: hi there" in tok.decode(doc)
+
+
+@pytest.mark.parametrize("make_tok", MARKER_FAMILIES, ids=lambda f: f.__name__)
+def test_later_pieces_are_continuations_and_the_first_is_a_start(make_tok):
+    tok = make_tok()
+    texts = ["Hello", " world", "x"]
+    ids, offsets = PieceTokenizer(tok)(texts, np.array([0, 3]))
+    pieces = [ids[offsets[i] : offsets[i + 1]].tolist() for i in range(3)]
+    assert pieces[0] == tok("Hello", add_special_tokens=False)["input_ids"]
+    assert pieces[1:] == [continuation_ids(tok, " world"), continuation_ids(tok, "x")]
+    assert pieces[2] != tok("x", add_special_tokens=False)["input_ids"]  # the marker is what differs
+
+
+@pytest.mark.parametrize("make_tok", MARKER_FAMILIES, ids=lambda f: f.__name__)
+def test_empty_leading_pieces_do_not_make_the_first_text_a_continuation(make_tok):
+    tok = make_tok()
+    ids, offsets = PieceTokenizer(tok)(["", "", "Hello", "", " you", "Hi"], np.array([0, 5, 6]))
+    assert ids[offsets[2] : offsets[3]].tolist() == tok("Hello", add_special_tokens=False)["input_ids"]
+    assert ids[offsets[4] : offsets[5]].tolist() == continuation_ids(tok, " you")
+    assert ids[offsets[5] : offsets[6]].tolist() == tok("Hi", add_special_tokens=False)["input_ids"]  # a new record
+
+
+@settings(max_examples=200, deadline=None)
+@given(records=st.lists(st.lists(st.sampled_from(["", "a", " b"]), max_size=5), max_size=8))
+def test_document_starts_are_each_records_first_non_empty_piece(records):
+    texts = [t for r in records for t in r]
+    offsets = np.cumsum([0, *map(len, records)])
+    expected = []
+    for r, record in enumerate(records):
+        first = next((i for i, t in enumerate(record) if t), None)
+        if first is not None:
+            expected.append(int(offsets[r]) + first)
+    assert document_starts(texts, offsets).tolist() == expected
+
+
+@pytest.mark.parametrize("make_tok", [bos_eos_distinct, sample_tokenizer], ids=["byte_level", "sample"])
+def test_tokenizers_without_a_marker_use_one_backend(make_tok):
+    """GPT-2/Llama-3/Qwen-style byte-level BPE adds nothing at the start of a call: no continuation copy."""
+    tok = make_tok()
+    assert continuation_spec(json.loads(tok.backend_tokenizer.to_str())) is None
+    assert PieceTokenizer(tok).continuation is None
+
+
+def test_the_continuation_is_configured_not_the_text():
+    legacy = continuation_spec(json.loads(sentencepiece_legacy().backend_tokenizer.to_str()))
+    assert [n["type"] for n in legacy["normalizer"]["normalizers"]] == ["Replace"]
+    metaspace = continuation_spec(json.loads(sentencepiece_metaspace().backend_tokenizer.to_str()))
+    assert metaspace["pre_tokenizer"]["prepend_scheme"] == "never" and metaspace["normalizer"] is None
+    prefix = continuation_spec(json.loads(byte_level_prefix_space().backend_tokenizer.to_str()))
+    assert prefix["pre_tokenizer"]["add_prefix_space"] is False
+    assert sentencepiece_legacy().backend_tokenizer.normalizer is not None  # the caller's tokenizer is untouched
+
+
+def _with_normalizer(normalizer):
+    tok = copy.deepcopy(bos_eos_distinct())
+    tok.backend_tokenizer.normalizer = normalizer
+    return tok
+
+
+def test_a_tokenizer_that_strips_every_call_is_refused():
+    from tokenizers import normalizers
+
+    with pytest.raises(UsageError, match="Strip removes the leading whitespace"):
+        PieceTokenizer(_with_normalizer(normalizers.Strip(left=True, right=False)))
+
+
+def test_an_unknown_component_is_refused():
+    spec = json.loads(bos_eos_distinct().backend_tokenizer.to_str())
+    spec["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [{"type": "FancyPrefixer"}]}
+    with pytest.raises(UsageError, match="pre-tokenizer 'FancyPrefixer'"):
+        continuation_spec(spec)
+
+
+def test_a_marker_left_after_the_known_ones_are_off_is_refused():
+    """The probe: a Prepend the spec cannot see, as a second normalizer in a Sequence, still raises."""
+    from tokenizers import normalizers
+
+    tok = _with_normalizer(normalizers.Sequence([normalizers.Replace("x", "▁x")]))
+    with pytest.raises(UsageError, match="still change 'x'"):
+        PieceTokenizer(tok)
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_every_family_establishes_its_continuation(family):
+    PieceTokenizer(FAMILIES[family]())  # raises for none of the suite's tokenizers
