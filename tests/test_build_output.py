@@ -200,15 +200,15 @@ def test_error_mid_build_stops_every_thread(sample_tok, tmp_path, monkeypatch):
     from weightprep.stages.tokenize import PieceTokenizer
 
     calls = {"n": 0}
-    real_encode = PieceTokenizer.encode
+    real_call = PieceTokenizer.__call__
 
-    def failing_encode(self, texts, *args):
+    def failing_call(self, records):
         calls["n"] += 1
         if calls["n"] == 3:
             raise RuntimeError("tokenizer exploded")
-        return real_encode(self, texts, *args)
+        return real_call(self, records)
 
-    monkeypatch.setattr(PieceTokenizer, "encode", failing_encode)
+    monkeypatch.setattr(PieceTokenizer, "__call__", failing_call)
     cfg = config_from_dict({"read": {"block_bytes": 4096}})
     out = tmp_path / "out"
     try:

@@ -26,9 +26,19 @@ from tokenizer_factory import (
     sentencepiece_metaspace,
 )
 
+from weightprep.batches import Records
 from weightprep.cli import main
 from weightprep.errors import UsageError
 from weightprep.stages.tokenize import PieceTokenizer, continuation_spec, document_starts
+
+
+def _records(texts: list[str], piece_offsets: list[int]) -> Records:
+    n = len(piece_offsets) - 1
+    return Records(
+        path="mem.jsonl", lines=np.arange(1, n + 1), texts=texts, piece_weights=np.ones(len(texts)),
+        piece_offsets=np.asarray(piece_offsets, dtype=np.int64),
+    )
+
 
 MARKER_FAMILIES = [sentencepiece_legacy, sentencepiece_metaspace, byte_level_prefix_space]
 #: the issue's example: a prompt ending in a blank line, then the next turn
@@ -56,7 +66,7 @@ def test_the_cli_build_from_a_saved_tokenizer_joins_pieces_without_spaces(make_t
 def test_later_pieces_are_continuations_and_the_first_is_a_start(make_tok):
     tok = make_tok()
     texts = ["Hello", " world", "x"]
-    ids, offsets = PieceTokenizer(tok)(texts, np.array([0, 3]))
+    ids, offsets = PieceTokenizer(tok)(_records(texts, [0, 3]))
     pieces = [ids[offsets[i] : offsets[i + 1]].tolist() for i in range(3)]
     assert pieces[0] == tok("Hello", add_special_tokens=False)["input_ids"]
     assert pieces[1:] == [continuation_ids(tok, " world"), continuation_ids(tok, "x")]
@@ -66,7 +76,7 @@ def test_later_pieces_are_continuations_and_the_first_is_a_start(make_tok):
 @pytest.mark.parametrize("make_tok", MARKER_FAMILIES, ids=lambda f: f.__name__)
 def test_empty_leading_pieces_do_not_make_the_first_text_a_continuation(make_tok):
     tok = make_tok()
-    ids, offsets = PieceTokenizer(tok)(["", "", "Hello", "", " you", "Hi"], np.array([0, 5, 6]))
+    ids, offsets = PieceTokenizer(tok)(_records(["", "", "Hello", "", " you", "Hi"], [0, 5, 6]))
     assert ids[offsets[2] : offsets[3]].tolist() == tok("Hello", add_special_tokens=False)["input_ids"]
     assert ids[offsets[4] : offsets[5]].tolist() == continuation_ids(tok, " you")
     assert ids[offsets[5] : offsets[6]].tolist() == tok("Hi", add_special_tokens=False)["input_ids"]  # a new record
@@ -135,3 +145,124 @@ def test_a_marker_left_after_the_known_ones_are_off_is_refused():
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_every_family_establishes_its_continuation(family):
     PieceTokenizer(FAMILIES[family]())  # raises for none of the suite's tokenizers
+
+
+# --- backends: fastokens and tokenizers give the same shards ---------------------------------------------------
+
+FASTOKENS_LOADS = {"bos_eos_distinct", "no_bos_pad_is_eos", "bos_eos_pad_same", "template_adds_bos",
+                   "sentencepiece_legacy", "byte_level_prefix_space"}  # fastokens 0.3.5 lacks Metaspace, Whitespace
+
+
+def _backend_build(tok, raw, out, backend, notes=None):
+    from weightprep.config import config_from_dict
+    from weightprep.pipeline import build
+
+    cfg = config_from_dict({"pack": {"seq_len": 128}, "tokenizer": {"backend": backend}, "read": {"block_bytes": 1 << 14}})
+    return build([str(raw)], out, cfg, tokenizer=tok, notify=None if notes is None else notes.append)
+
+
+def _digests(out):
+    import hashlib
+
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(out.glob("*.arrow"))}
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_both_backends_write_byte_identical_shards(family, tmp_path):
+    from conftest import SAMPLE_RAW
+
+    tok = FAMILIES[family]()
+    hf = _backend_build(tok, SAMPLE_RAW, tmp_path / "hf", "hf")
+    notes: list[str] = []
+    auto = _backend_build(tok, SAMPLE_RAW, tmp_path / "auto", "auto", notes)
+    assert hf["tokenizer"]["backend"] == "hf"
+    assert auto["tokenizer"]["backend"] == ("fastokens" if family in FASTOKENS_LOADS else "hf")
+    assert bool(notes) == (family not in FASTOKENS_LOADS) and all("not fastokens" in n for n in notes)
+    assert _digests(tmp_path / "hf") and _digests(tmp_path / "hf") == _digests(tmp_path / "auto")
+    assert hf["counts"] == auto["counts"]
+
+
+def test_fastokens_on_a_tokenizer_it_cannot_load_is_a_clear_error(tmp_path, write_jsonl):
+    tok = FAMILIES["sentencepiece_metaspace"]()
+    with pytest.raises(UsageError, match="fastokens cannot load this tokenizer.*--tokenizer-backend hf"):
+        _backend_build(tok, write_jsonl([{"pieces": PIECES}]), tmp_path / "out", "fastokens")
+    assert not (tmp_path / "out").exists()
+
+
+def test_without_fastokens_auto_falls_back_and_says_so(tmp_path, write_jsonl, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "fastokens", None)  # import fails
+    notes: list[str] = []
+    manifest = _backend_build(bos_eos_distinct(), write_jsonl([{"pieces": PIECES}]), tmp_path / "out", "auto", notes)
+    assert manifest["tokenizer"]["backend"] == "hf" and "not installed" in notes[0]
+    with pytest.raises(UsageError, match="not installed"):
+        _backend_build(bos_eos_distinct(), write_jsonl([{"pieces": PIECES}]), tmp_path / "o2", "fastokens")
+
+
+def test_the_guard_stops_the_build_at_a_piece_fastokens_gets_wrong(tmp_path, write_jsonl, monkeypatch):
+    """A fastokens bug on one text: the sampled re-encode catches it, names file:line and both ids, writes nothing."""
+    from weightprep.stages import tokenize as stage
+
+    real = stage._FastokensEncoder.__call__
+
+    def wrong_on_weird(self, texts):
+        ids, offsets = real(self, texts)
+        ids = ids.copy()
+        for i, t in enumerate(texts):
+            if t == "weird" and offsets[i + 1] > offsets[i]:
+                ids[offsets[i]] += 1
+        return ids, offsets
+
+    monkeypatch.setattr(stage._FastokensEncoder, "__call__", wrong_on_weird)
+    lines = [{"pieces": [{"text": "fine", "weight": 1}]}] * 4 + [{"pieces": [{"text": "ok ", "weight": 0}, {"text": "weird", "weight": 1}]}]
+    raw = write_jsonl(lines)
+    monkeypatch.setattr(stage, "GUARD_PIECES", 10)  # every piece of this small block is sampled
+    with pytest.raises(UsageError) as err:
+        _backend_build(bos_eos_distinct(), raw, tmp_path / "out", "auto")
+    want = bos_eos_distinct()("weird", add_special_tokens=False)["input_ids"]
+    assert f"{raw}:5: pieces[1].text" in str(err.value) and f"tokenizers {want}" in str(err.value)
+    assert "--tokenizer-backend hf" in str(err.value) and not (tmp_path / "out").exists()
+
+
+def test_the_guard_samples_every_block_deterministically():
+    from weightprep.stages import tokenize as stage
+
+    tok = PieceTokenizer(sentencepiece_legacy(), backend="fastokens")
+    seen: list[list[str]] = []
+    ref_start, ref_cont = tok.reference
+
+    class Spy:
+        def __init__(self, inner):
+            self.inner = inner
+
+        def __call__(self, texts):
+            seen.append(list(texts))
+            return self.inner(texts)
+
+    tok.reference = (Spy(ref_start), Spy(ref_cont))
+    texts = [f"w{i}" for i in range(1000)]
+    records = _records(texts, list(range(0, 1001, 4)))
+    tok(records)
+    first = [list(s) for s in seen]
+    seen.clear()
+    tok(records)
+    assert seen == first and sum(map(len, first)) == stage.GUARD_PIECES
+    assert {"w0", "w999"} <= {t for s in first for t in s}  # both ends of the block
+
+
+@settings(max_examples=100, deadline=None)
+@given(lengths=st.lists(st.integers(0, 4), max_size=30), data=st.data())
+def test_interleave_puts_pieces_back_in_order(lengths, data):
+    from weightprep.stages.tokenize import _interleave
+
+    pieces = [np.arange(n, dtype=np.int32) + 10 * i for i, n in enumerate(lengths)]
+    order = np.asarray(data.draw(st.permutations(range(len(lengths)))), dtype=np.int64)
+    cut = data.draw(st.integers(0, len(order)))
+
+    def flat(index):
+        parts = [pieces[i] for i in index]
+        return (np.concatenate(parts) if parts else np.zeros(0, np.int32)), np.cumsum([0, *(len(p) for p in parts)])
+
+    ids, offsets = _interleave([flat(order[:cut]), flat(order[cut:])], order)
+    assert [ids[offsets[i] : offsets[i + 1]].tolist() for i in range(len(lengths))] == [p.tolist() for p in pieces]

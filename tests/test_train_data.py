@@ -55,7 +55,7 @@ def test_missing_manifest(good, tmp_path):
 def test_other_format_version(good, tmp_path):
     path = _copy(good, tmp_path)
     _edit_manifest(path, format_version=99)
-    with pytest.raises(UsageError, match="version 99, expected 'weightprep-shards' version 1"):
+    with pytest.raises(UsageError, match=f"version 99, expected 'weightprep-shards' version {FORMAT_VERSION}"):
         load_shards(path)
 
 

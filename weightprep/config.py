@@ -55,6 +55,10 @@ class TokenizerConfig:
     )
     trust_remote_code: bool = field(default=False, metadata={"help": "Allow custom tokenizer code from the hub."})
     batch_size: int = field(default=16384, metadata={"help": "Piece texts per call of the fast tokenizer."})
+    backend: Literal["auto", "fastokens", "hf"] = field(
+        default="auto",
+        metadata={"help": "auto: fastokens where it loads the tokenizer and agrees with tokenizers, else tokenizers (hf)."},
+    )
 
 
 @dataclass(frozen=True)

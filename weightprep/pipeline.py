@@ -62,7 +62,7 @@ def document_batch(
         is_chat = np.fromiter((c is not None for c in records.chats), dtype=bool, count=len(records))
         chat_docs = _chat_documents(records.where(is_chat), counts)
         records = records.where(~is_chat)
-    piece_ids, piece_offsets = tokenize(records.texts, records.piece_offsets)
+    piece_ids, piece_offsets = tokenize(records)
     docs = assemble(records, piece_ids, piece_offsets, specials, cfg.assemble.eos_weight)
     counts.update(pieces=len(records.texts), piece_tokens=len(piece_ids), documents=len(docs))
     # accepted tokens and weight from the tokenizer's output, independently of assemble
@@ -164,8 +164,11 @@ def build(
     tokenizer: Any = None,
     overwrite: bool = False,
     progress: ProgressFn | None = None,
+    notify: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Run the whole pipeline from JSONL ``inputs`` to shards at ``out``; return the manifest.
+
+    ``notify`` receives the notes worth telling the user (e.g. that fastokens could not run this tokenizer).
 
     Three threads overlap: read+validate (background), tokenize+assemble+mask+filter (this one),
     pack+write (background); see ``weightprep.overlap``. The rows do not depend on their timing.
@@ -184,7 +187,9 @@ def build(
         cfg.tokenizer.name, trust_remote_code=cfg.tokenizer.trust_remote_code
     )
     specials = special_tokens(tok, add_bos=_ADD_BOS[cfg.tokenizer.add_bos])
-    tokenize = PieceTokenizer(tok, cfg.tokenizer.batch_size)
+    tokenize = PieceTokenizer(tok, cfg.tokenizer.batch_size, cfg.tokenizer.backend)
+    if tokenize.note is not None and notify is not None:
+        notify(tokenize.note)
     seq_len, packed = cfg.pack.seq_len, cfg.pack.enabled
     files = [InputFile(p) for p in inputs]
     chats = _Chats(tok, cfg)
@@ -249,7 +254,10 @@ def build(
             "format_version": FORMAT_VERSION,
             "weightprep_version": __version__,
             "config": config_to_dict(cfg),
-            "tokenizer": {**tokenizer_summary(tok), "bos_added": specials.bos is not None, "pad_used": specials.pad},
+            "tokenizer": {
+                **tokenizer_summary(tok), "bos_added": specials.bos is not None, "pad_used": specials.pad,
+                "backend": tokenize.backend,
+            },
             "inputs": [f.as_manifest() for f in files],
             "columns": list(PACKED_COLUMNS if packed else UNPACKED_COLUMNS),
             "rejects_file": REJECTS_NAME if rejects is not None else None,

@@ -50,7 +50,8 @@ def format_summary(manifest: dict[str, Any], out: str) -> str:
             for name, split in (manifest.get("splits") or {}).items()
             for sc in (split["counts"],)
         ),
-        f"  tokenizer {manifest['tokenizer']['name_or_path']} (fingerprint {manifest['tokenizer']['fingerprint'][:12]})",
+        f"  tokenizer {manifest['tokenizer']['name_or_path']} (fingerprint {manifest['tokenizer']['fingerprint'][:12]}, "
+        f"tokenized by {manifest['tokenizer'].get('backend', 'hf')})",
     ]
     return "\n".join(lines)
 
@@ -68,6 +69,12 @@ def format_summary(manifest: dict[str, Any], out: str) -> str:
 @click.option("--add-bos", type=click.Choice(["auto", "always", "never"]), help="Prepend BOS [default auto].")
 @click.option("--window", type=int, help="Documents per best-fit-decreasing packing window.")
 @click.option("--max-shard-bytes", type=int, help="Upper bound on one shard's size in bytes.")
+@click.option(
+    "--tokenizer-backend",
+    type=click.Choice(["auto", "fastokens", "hf"]),
+    help="auto (default): fastokens where it loads the tokenizer and agrees with tokenizers, else tokenizers; "
+    "hf: tokenizers always [tokenizer.backend].",
+)
 @click.option("--trust-remote-code", is_flag=True, default=None, help="Allow custom tokenizer code from the hub.")
 @click.option(
     "--skip-invalid",
@@ -120,6 +127,7 @@ def build(
         "tokenizer.name": flags["tokenizer"],
         "tokenizer.add_bos": flags["add_bos"],
         "tokenizer.trust_remote_code": flags["trust_remote_code"],
+        "tokenizer.backend": flags["tokenizer_backend"],
         "pack.seq_len": flags["seq_len"],
         "pack.enabled": flags["packed"],
         "pack.window": flags["window"],
@@ -162,5 +170,7 @@ def build(
         def progress(consumed: int, counts: Counter) -> None:
             bar.update(task, completed=consumed, records=counts["accepted"])
 
-        manifest = run_build(paths, out, cfg, overwrite=overwrite, progress=progress)
+        manifest = run_build(
+            paths, out, cfg, overwrite=overwrite, progress=progress, notify=lambda m: click.echo(f"note: {m}", err=True)
+        )
     click.echo(format_summary(manifest, out.rstrip("/")))

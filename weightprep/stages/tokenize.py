@@ -15,6 +15,13 @@ later piece would get a space in front of it. The continuation tokenizer is a co
 that marker switched off in its configuration (``continuation_spec``); the text is never edited.
 Byte-level tokenizers without a prefix space (GPT-2, Llama-3, Qwen) have no marker: one tokenizer does both.
 
+Two backends run the same ``tokenizer.json`` (start and continuation alike): ``tokenizers`` (``hf``) and
+fastokens (Rust, several times faster, flat ids with no per-token Python objects), which reads most but not all
+tokenizers. ``auto`` takes fastokens where it loads the tokenizer and agrees with tokenizers on a fixed set of
+probe texts, else tokenizers (with a note saying why). Whatever runs, every block re-encodes a deterministic
+sample of its pieces with tokenizers; a difference stops the build, naming the piece's file:line and both id
+sequences.
+
 Example: texts ``["Q: 2+2?\n", "A: 4"]`` -> ids ``[48, 27, 17, ...]`` with offsets ``[0, 6, 9]``:
 piece ``p`` is ``ids[offsets[p]:offsets[p + 1]]``.
 """
@@ -29,9 +36,10 @@ from typing import Any
 
 import numpy as np
 
+from weightprep.batches import Records
 from weightprep.errors import UsageError
 
-__all__ = ["PieceTokenizer", "continuation_spec", "document_starts"]
+__all__ = ["AGREEMENT_PROBES", "BACKENDS", "GUARD_PIECES", "PieceTokenizer", "continuation_spec", "document_starts"]
 
 #: Components known to add nothing at the start of a call (beyond what ``continuation_spec`` switches off).
 _NORMALIZERS = {
@@ -110,57 +118,33 @@ def document_starts(texts: list[str], piece_offsets: np.ndarray) -> np.ndarray:
     return candidates[candidates < piece_offsets[1:]]
 
 
-class PieceTokenizer:
-    """Callable turning a list of piece texts into flat int32 ids plus int64 offsets."""
+#: Texts on which fastokens must give tokenizers' ids before ``auto`` uses it: scripts, emoji with joiners,
+#: whitespace runs, control characters, code, special-token look-alikes.
+AGREEMENT_PROBES: tuple[str, ...] = (
+    "Hello, wörld! The quick brown fox jumps over the lazy dog.",
+    " leading space", "trailing space ", "  two  spaces\n\n\tand a tab\r\n",
+    "東京は日本の首都です。北京是中国的首都。", "مرحبا بالعالم. שלום עולם.", "😀🚀 👨‍👩‍👧 👍🏽 🇯🇵",
+    "def add(a, b):\n    return a + b  # 3.14159, 1e-9, 0x1F\n", "<s></s><|endoftext|><pad>[UNK]", "\u00a0\u200b\x00\x7f",
+    "Ünïcödé ﬁ ｆｕｌｌｗｉｄｔｈ ℌ", "a" * 300, "",
+)
+#: Pieces per block that the guard re-encodes with tokenizers when fastokens runs.
+GUARD_PIECES = 64
+BACKENDS = ("auto", "fastokens", "hf")
 
-    def __init__(self, tokenizer: Any, batch_size: int = 4096) -> None:
-        backend = tokenizer.backend_tokenizer
-        if backend.truncation is not None or backend.padding is not None:
-            backend = copy.deepcopy(backend)  # never change the caller's tokenizer
-            backend.no_truncation()
-            backend.no_padding()
-        self.backend = backend
-        self.batch_size = batch_size
-        self.continuation = self._continuation(backend)
 
-    @staticmethod
-    def _continuation(backend: Any) -> Any | None:
-        from tokenizers import Tokenizer
+class _HFEncoder:
+    """tokenizers' backend: ``encode_batch_fast`` in batches, then flat arrays."""
 
-        spec = continuation_spec(json.loads(backend.to_str()))
-        cont = backend if spec is None else Tokenizer.from_str(json.dumps(spec))
-        if not _probe_adds_nothing(cont):
-            raise _refuse(f"normalizer and pre-tokenizer still change {_PROBE!r} with their start marker off")
-        return None if spec is None else cont
+    name = "hf"
 
-    def __call__(self, texts: list[str], piece_offsets: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """Ids and offsets of ``texts``, the pieces of records ``piece_offsets`` (``None``: one record each)."""
-        if self.continuation is None or piece_offsets is None:
-            return self.to_arrays(self.encode(texts))
-        is_start = np.zeros(len(texts), dtype=bool)
-        is_start[document_starts(texts, piece_offsets)] = True
-        order = np.concatenate([np.flatnonzero(is_start), np.flatnonzero(~is_start)])
-        encodings = self.encode([texts[i] for i in order[: is_start.sum()]]) + self.encode(
-            [texts[i] for i in order[is_start.sum() :]], self.continuation
-        )
-        by_piece = [None] * len(texts)
-        for i, encoding in zip(order.tolist(), encodings, strict=True):
-            by_piece[i] = encoding
-        return self.to_arrays(by_piece)
+    def __init__(self, backend: Any, batch_size: int) -> None:
+        self.backend, self.batch_size = backend, batch_size
+        self._encode = getattr(backend, "encode_batch_fast", backend.encode_batch)
 
-    def encode(self, texts: list[str], backend: Any = None) -> list[Any]:
-        """The Rust side: ``Encoding`` objects, computed on all cores with the GIL released."""
-        backend = self.backend if backend is None else backend
-        encode = getattr(backend, "encode_batch_fast", backend.encode_batch)
+    def __call__(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         encodings: list[Any] = []
         for start in range(0, len(texts), self.batch_size):
-            encodings.extend(encode(texts[start : start + self.batch_size], add_special_tokens=False))
-        return encodings
-
-    @staticmethod
-    def to_arrays(encodings: list[Any]) -> tuple[np.ndarray, np.ndarray]:
-        """The Python side: flat int32 ids and int64 offsets from the encodings, in one pass over the ids
-        (``len(encoding)`` is its number of ids, so no list of id lists is kept)."""
+            encodings.extend(self._encode(texts[start : start + self.batch_size], add_special_tokens=False))
         lengths = np.fromiter(map(len, encodings), dtype=np.int64, count=len(encodings))
         offsets = np.zeros(len(encodings) + 1, dtype=np.int64)
         np.cumsum(lengths, out=offsets[1:])
@@ -168,3 +152,148 @@ class PieceTokenizer:
             chain.from_iterable(map(attrgetter("ids"), encodings)), dtype=np.int32, count=int(offsets[-1])
         )
         return flat, offsets
+
+
+class _FastokensEncoder:
+    """fastokens' ``encode_batch_flat``: little-endian uint32 ids and uint64 offsets, read as numpy arrays."""
+
+    name = "fastokens"
+
+    def __init__(self, spec_json: str, batch_size: int) -> None:
+        import fastokens
+
+        self.tokenizer, self.batch_size = fastokens.Tokenizer.from_json_str(spec_json), batch_size
+
+    def __call__(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        parts = [self._flat(texts[s : s + self.batch_size]) for s in range(0, len(texts), self.batch_size)]
+        return _concat(parts) if parts else (np.zeros(0, np.int32), np.zeros(1, np.int64))
+
+    def _flat(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        ids, offsets = self.tokenizer.encode_batch_flat(texts, add_special_tokens=False)
+        return np.frombuffer(ids, dtype="<u4").astype(np.int32), np.frombuffer(offsets, dtype="<u8").astype(np.int64)
+
+
+def _concat(parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """Flat (ids, offsets) pairs one after the other, as one pair."""
+    if len(parts) == 1:
+        return parts[0]
+    ids = np.concatenate([p[0] for p in parts])
+    shifts = np.cumsum([0] + [len(p[0]) for p in parts[:-1]])
+    offsets = np.concatenate([[0]] + [p[1][1:] + shift for p, shift in zip(parts, shifts, strict=True)])
+    return ids, offsets.astype(np.int64)
+
+
+def _interleave(parts: list[tuple[np.ndarray, np.ndarray]], order: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Pieces encoded in ``order`` (the concatenation of ``parts``) put back in their own order."""
+    ids, offsets = _concat(parts)
+    position = np.empty_like(order)
+    position[order] = np.arange(len(order))  # where each piece sits in the concatenation
+    lengths = np.diff(offsets)[position]
+    out_offsets = np.zeros(len(order) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=out_offsets[1:])
+    gather = np.repeat(offsets[:-1][position] - out_offsets[:-1], lengths) + np.arange(out_offsets[-1])
+    return ids[gather], out_offsets
+
+
+class PieceTokenizer:
+    """Callable turning a batch of records' piece texts into flat int32 ids plus int64 offsets.
+
+    ``backend`` is ``auto``, ``fastokens`` or ``hf`` (see the module docstring); ``self.backend`` is the one that
+    runs and ``self.note`` says why ``auto`` did not take fastokens (None when it did, or was not asked)."""
+
+    def __init__(self, tokenizer: Any, batch_size: int = 4096, backend: str = "hf") -> None:
+        from tokenizers import Tokenizer
+
+        if backend not in BACKENDS:
+            raise UsageError(f"tokenizer backend {backend!r}: choose one of {', '.join(BACKENDS)}")
+        hf = tokenizer.backend_tokenizer
+        if hf.truncation is not None or hf.padding is not None:
+            hf = copy.deepcopy(hf)  # never change the caller's tokenizer
+            hf.no_truncation()
+            hf.no_padding()
+        spec_json = hf.to_str()
+        cont = continuation_spec(json.loads(spec_json))
+        cont_json = None if cont is None else json.dumps(cont)
+        hf_cont = None if cont_json is None else Tokenizer.from_str(cont_json)
+        if not _probe_adds_nothing(hf_cont or hf):
+            raise _refuse(f"normalizer and pre-tokenizer still change {_PROBE!r} with their start marker off")
+        #: tokenizers' encoders (start, continuation or None): the reference the guard compares with
+        self.reference = (_HFEncoder(hf, batch_size), None if hf_cont is None else _HFEncoder(hf_cont, batch_size))
+        self.encoders = self.reference
+        self.note: str | None = None
+        if backend != "hf":
+            try:
+                self.encoders = self._fastokens(spec_json, cont_json, batch_size)
+            except (ImportError, ValueError, RuntimeError) as exc:
+                if backend == "fastokens":
+                    raise UsageError(f"--tokenizer-backend fastokens: {exc}; use --tokenizer-backend hf") from exc
+                self.note = f"tokenizing with tokenizers, not fastokens: {exc}"
+        self.backend = self.encoders[0].name
+
+    @property
+    def continuation(self) -> Any | None:
+        """The continuation encoder, None when the tokenizer has no start marker (one encoder does both)."""
+        return self.encoders[1]
+
+    def _fastokens(self, spec_json: str, cont_json: str | None, batch_size: int) -> tuple[Any, Any]:
+        """fastokens encoders for start and continuation, once they give tokenizers' ids on every probe."""
+        try:
+            import fastokens  # noqa: F401
+        except ImportError as exc:
+            raise ImportError("fastokens is not installed (pip install 'fastokens>=0.3.5,<0.4')") from exc
+        try:
+            fast = (
+                _FastokensEncoder(spec_json, batch_size),
+                None if cont_json is None else _FastokensEncoder(cont_json, batch_size),
+            )
+        except Exception as exc:  # fastokens raises ValueError for a component it does not support
+            raise ValueError(f"fastokens cannot load this tokenizer ({exc})") from exc
+        probes = list(AGREEMENT_PROBES)
+        for mine, ref in zip(fast, self.reference, strict=True):
+            if mine is not None and not all(
+                np.array_equal(a, b) for a, b in zip(_split(*mine(probes)), _split(*ref(probes)), strict=True)
+            ):
+                raise ValueError("fastokens and tokenizers give different ids for this tokenizer's probe texts")
+        return fast
+
+    def __call__(self, records: Records) -> tuple[np.ndarray, np.ndarray]:
+        """Ids and offsets of the pieces of ``records``: piece ``p`` is ``ids[offsets[p]:offsets[p + 1]]``."""
+        texts = records.texts
+        start, cont = self.encoders
+        if cont is None:
+            ids, offsets = start(texts)
+            is_start = None
+        else:
+            is_start = np.zeros(len(texts), dtype=bool)
+            is_start[document_starts(texts, records.piece_offsets)] = True
+            first, later = np.flatnonzero(is_start), np.flatnonzero(~is_start)
+            ids, offsets = _interleave(
+                [start([texts[i] for i in first.tolist()]), cont([texts[i] for i in later.tolist()])],
+                np.concatenate([first, later]),
+            )
+        if self.encoders is not self.reference:
+            self._guard(records, ids, offsets, is_start)
+        return ids, offsets
+
+    def _guard(self, records: Records, ids: np.ndarray, offsets: np.ndarray, is_start: np.ndarray | None) -> None:
+        """Re-encode a deterministic sample of the pieces with tokenizers; stop at the first difference."""
+        n = len(records.texts)
+        if n == 0:
+            return
+        sample = np.unique(np.linspace(0, n - 1, num=min(n, GUARD_PIECES)).astype(np.int64))
+        groups = [sample] if is_start is None else [sample[is_start[sample]], sample[~is_start[sample]]]
+        for index, ref in zip(groups, self.reference, strict=False):  # start pieces, then continuations
+            expected = _split(*ref([records.texts[i] for i in index.tolist()]))
+            for i, want in zip(index.tolist(), expected, strict=True):
+                got = ids[offsets[i] : offsets[i + 1]]
+                if not np.array_equal(got, want):
+                    record = int(np.searchsorted(records.piece_offsets, i, side="right")) - 1
+                    raise UsageError(
+                        f"{records.path}:{int(records.lines[record])}: pieces[{i - int(records.piece_offsets[record])}].text: "
+                        f"fastokens and tokenizers tokenize this piece differently: fastokens {got.tolist()}, "
+                        f"tokenizers {want.tolist()}. Rerun with --tokenizer-backend hf (and report the text to fastokens)."
+                    )
+
+
+def _split(ids: np.ndarray, offsets: np.ndarray) -> list[np.ndarray]:
+    return [ids[offsets[i] : offsets[i + 1]] for i in range(len(offsets) - 1)]
