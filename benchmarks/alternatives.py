@@ -2,19 +2,20 @@
 subprocesses so each one's wall time and peak RSS are its own):
 
 - ``limit``: tokenize-only. Reads the whole file, pushes every piece text through the same fast
-  tokenizer in large batches on all cores, and does nothing else. No pipeline can beat it.
+  tokenizer (``tokenizers``) in large batches on all cores, and does nothing else.
+- ``limit-fastokens``: the same with fastokens' ``encode_batch_flat``: the limit of a build on fastokens.
+- ``weightprep-hf``: weightprep with ``--tokenizer-backend hf`` (tokenizers), for the backends' ratio; its
+  shards must be byte-identical to ``weightprep``'s.
 - ``seed``: the recipe weightprep replaces (the write-up the project started from): ``datasets.map``
   tokenizing each piece to build the weights, then the joined text again, padded to max length,
   labels masked by pad id; ``save_to_disk``.
 - ``trl``: TRL's own path for the same texts: ``datasets.map`` tokenizing the joined text, then
   ``trl.pack_dataset(..., strategy="bfd")``, ``save_to_disk``. No weights at all.
 
-Usage: python benchmarks/alternatives.py {limit,seed,trl} INPUT TOKENIZER OUT SEQ_LEN
-
 Each prints one JSON line with ``seconds``: the time from the start of reading to the finished output,
 tokenizer loading included, interpreter start-up and imports excluded (the same for every tool).
 
-Usage: python benchmarks/alternatives.py {weightprep,limit,seed,trl} INPUT TOKENIZER OUT SEQ_LEN
+Usage: python benchmarks/alternatives.py {weightprep,weightprep-hf,limit,limit-fastokens,seed,trl} INPUT TOKENIZER OUT SEQ_LEN
 """
 
 from __future__ import annotations
@@ -23,19 +24,19 @@ import json
 import sys
 import time
 
-__all__ = ["weightprep_build", "limit", "seed_recipe", "trl_path"]
+__all__ = ["weightprep_build", "limit", "limit_fastokens", "seed_recipe", "trl_path"]
 
 
 def _report(start: float, **extra) -> None:
     print(json.dumps({"seconds": time.perf_counter() - start, **extra}))
 
 
-def weightprep_build(path: str, tokenizer: str, out: str, seq_len: int) -> None:
+def weightprep_build(path: str, tokenizer: str, out: str, seq_len: int, backend: str = "auto") -> None:
     from weightprep.config import config_from_dict
     from weightprep.pipeline import build
 
     start = time.perf_counter()
-    cfg = config_from_dict({"tokenizer": {"name": tokenizer}, "pack": {"seq_len": seq_len}})
+    cfg = config_from_dict({"tokenizer": {"name": tokenizer, "backend": backend}, "pack": {"seq_len": seq_len}})
     manifest = build([path], out, cfg, overwrite=True)
     c = manifest["counts"]
     _report(start, tokens=c["piece_tokens"], rows=c["rows"], fill=c["fill_ratio"])
@@ -52,6 +53,22 @@ def limit(path: str, tokenizer: str, out: str, seq_len: int) -> None:
     batch = 16384
     for i in range(0, len(texts), batch):
         n += sum(len(e.ids) for e in backend.encode_batch_fast(texts[i : i + batch], add_special_tokens=False))
+    _report(start, tokens=n)
+
+
+def limit_fastokens(path: str, tokenizer: str, out: str, seq_len: int) -> None:
+    import fastokens
+    import numpy as np
+
+    start = time.perf_counter()
+    tok = fastokens.Tokenizer.from_file(f"{tokenizer}/tokenizer.json")
+    with open(path, encoding="utf-8") as f:
+        texts = [p["text"] for line in f for p in json.loads(line)["pieces"]]
+    n = 0
+    batch = 16384
+    for i in range(0, len(texts), batch):
+        ids, _ = tok.encode_batch_flat(texts[i : i + batch], add_special_tokens=False)
+        n += len(np.frombuffer(ids, dtype="<u4"))
     _report(start, tokens=n)
 
 
@@ -119,12 +136,19 @@ def _preimport(name: str) -> None:
 
     if name == "trl":
         import trl  # noqa: F401
-    if name == "weightprep":
+    if name.startswith("weightprep"):
         import weightprep.pipeline  # noqa: F401
 
 
 if __name__ == "__main__":
     name, path, tokenizer, out, seq_len = sys.argv[1:6]
     _preimport(name)
-    tools = {"weightprep": weightprep_build, "limit": limit, "seed": seed_recipe, "trl": trl_path}
+    tools = {
+        "weightprep": weightprep_build,
+        "weightprep-hf": lambda *a: weightprep_build(*a, backend="hf"),
+        "limit": limit,
+        "limit-fastokens": limit_fastokens,
+        "seed": seed_recipe,
+        "trl": trl_path,
+    }
     tools[name](path, tokenizer, out, int(seq_len))

@@ -6,15 +6,19 @@
 
 Every tool runs as its own subprocess on the same generated JSONL with the same GPT-2-size tokenizer
 (``benchmarks/generate.py``), rounds interleaved so machine noise spreads evenly. Reported per tool:
-median seconds of work (reading to finished output, tokenizer load included, imports excluded; each
-tool measures itself), input tokens per second (the pieces' tokens, the same count for every tool),
-peak RSS of the whole process (``wait4``), output bytes per input token, and fill (real tokens / row
-slots). Ratios are weightprep's throughput over each alternative's. Tools: see alternatives.py.
+median seconds of the whole process (interpreter start, imports and tokenizer load included) and of
+its work alone (reading to finished output, as each tool measures itself), input tokens per second of
+the whole process (the pieces' tokens, the same count for every tool), peak RSS of the whole process
+(``wait4``), output bytes per input token, and fill (real tokens / row slots). Ratios are weightprep's
+whole-process throughput over each alternative's. ``weightprep-hf`` (tokenizers backend) must write
+the same shard bytes as ``weightprep`` (fastokens under ``auto``): the SHA-256 of their shards is compared.
+Tools: see alternatives.py.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import shutil
@@ -22,6 +26,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -29,7 +34,9 @@ sys.path.insert(0, str(HERE))
 
 from generate import WORK, ensure_data, ensure_tokenizer  # noqa: E402
 
-TARGETS = {"limit": 0.85, "seed": 3.5, "trl": 1.4}  # weightprep throughput / tool throughput, at least
+#: weightprep's whole-process throughput / the tool's, at least
+TARGETS = {"limit": 3.0, "limit-fastokens": 0.5, "seed": 3.5, "trl": 4.0}
+RSS_TARGET_MIB = 600
 
 
 def run_tool(tool: str, data: Path, tokenizer: Path, seq_len: int) -> dict:
@@ -40,8 +47,10 @@ def run_tool(tool: str, data: Path, tokenizer: Path, seq_len: int) -> dict:
     env = {**os.environ, "HF_DATASETS_CACHE": str(cache), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
     cmd = [sys.executable, str(HERE / "alternatives.py"), tool, str(data), str(tokenizer), str(out), str(seq_len)]
     with tempfile.TemporaryFile() as stdout, tempfile.TemporaryFile() as stderr:
+        t0 = time.perf_counter()
         proc = subprocess.Popen(cmd, stdout=stdout, stderr=stderr, env=env)
         _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - t0
         proc.returncode = os.waitstatus_to_exitcode(status)
         stdout.seek(0)
         stderr.seek(0)
@@ -49,8 +58,11 @@ def run_tool(tool: str, data: Path, tokenizer: Path, seq_len: int) -> dict:
     if proc.returncode != 0:
         raise SystemExit(f"{tool} failed ({proc.returncode}):\n{err[-3000:]}")
     report = json.loads(text.strip().splitlines()[-1])
+    report["wall"] = wall
     report["peak_rss"] = usage.ru_maxrss * 1024
     report["out_bytes"] = sum(f.stat().st_size for f in out.rglob("*") if f.is_file()) if out.exists() else 0
+    shards = sorted(out.rglob("*.arrow")) if out.exists() else []
+    report["shards_sha256"] = hashlib.sha256(b"".join(hashlib.sha256(f.read_bytes()).digest() for f in shards)).hexdigest()
     shutil.rmtree(out, ignore_errors=True)
     shutil.rmtree(cache, ignore_errors=True)
     return report
@@ -64,30 +76,41 @@ def compare(args: argparse.Namespace) -> dict:
         order = tools if r % 2 == 0 else list(reversed(tools))
         for tool in order:
             runs[tool].append(run_tool(tool, data, tokenizer, args.seq_len))
-            print(f"  round {r + 1}/{args.repeat} {tool:10s} {runs[tool][-1]['seconds']:7.2f} s", file=sys.stderr)
+            rep = runs[tool][-1]
+            print(f"  round {r + 1}/{args.repeat} {tool:16s} {rep['wall']:7.2f} s whole, {rep['seconds']:7.2f} s work",
+                  file=sys.stderr)
     tokens = runs["weightprep"][0]["tokens"] if "weightprep" in runs else runs[tools[0]][0].get("tokens")
     rows = {}
     for tool, rs in runs.items():
-        sec = statistics.median(r["seconds"] for r in rs)
+        wall = statistics.median(r["wall"] for r in rs)
         rows[tool] = {
-            "seconds": sec,
-            "tokens_per_s": tokens / sec,
+            "wall_seconds": wall,
+            "seconds": statistics.median(r["seconds"] for r in rs),
+            "tokens_per_s": tokens / wall,
             "peak_rss_mib": statistics.median(r["peak_rss"] for r in rs) / 2**20,
             "bytes_per_token": statistics.median(r["out_bytes"] for r in rs) / tokens,
             "fill": rs[0].get("fill"),
-            "runs": [round(r["seconds"], 3) for r in rs],
+            "runs": [round(r["wall"], 3) for r in rs],
+            "shards_sha256": rs[0]["shards_sha256"],
         }
     print(f"\n{args.records:,} records, {tokens:,} input tokens, seq-len {args.seq_len}, {args.repeat} rounds, "
           f"{os.cpu_count()} cores; medians\n")
-    print("| tool | seconds | tokens/s | peak RSS MiB | out bytes/token | fill | weightprep speed-up (target) |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    print("| tool | seconds (whole) | seconds (work) | tokens/s | peak RSS MiB | out bytes/token | fill "
+          "| weightprep speed-up (target) |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
     wp = rows.get("weightprep")
     for tool, row in rows.items():
         ratio = f"{wp['tokens_per_s'] / row['tokens_per_s']:.2f}x" if wp and tool != "weightprep" else "-"
         target = f" (>= {TARGETS[tool]}x)" if tool in TARGETS and wp else ""
         fill = f"{row['fill']:.4f}" if row["fill"] is not None else "-"
         out_b = f"{row['bytes_per_token']:.2f}" if row["bytes_per_token"] else "-"
-        print(f"| {tool} | {row['seconds']:.2f} | {row['tokens_per_s']:,.0f} | {row['peak_rss_mib']:,.0f} | {out_b} | {fill} | {ratio}{target} |")
+        print(f"| {tool} | {row['wall_seconds']:.2f} | {row['seconds']:.2f} | {row['tokens_per_s']:,.0f} "
+              f"| {row['peak_rss_mib']:,.0f} | {out_b} | {fill} | {ratio}{target} |")
+    if wp:
+        print(f"\nweightprep peak RSS {wp['peak_rss_mib']:,.0f} MiB (target <= {RSS_TARGET_MIB} MiB)")
+    if wp and "weightprep-hf" in rows:
+        same = rows["weightprep-hf"]["shards_sha256"] == wp["shards_sha256"]
+        print(f"shards of weightprep (auto) vs --tokenizer-backend hf: {'byte-identical' if same else 'DIFFERENT'}")
     return {"records": args.records, "tokens": tokens, "seq_len": args.seq_len, "tools": rows}
 
 
@@ -98,14 +121,14 @@ def scale(args: argparse.Namespace) -> dict:
     for n in sizes:
         rep = run_tool("weightprep", ensure_data(n), tokenizer, args.seq_len)
         results[n] = rep
-        print(f"  {n:>9,} records: {rep['seconds']:8.1f} s, {rep['tokens'] / rep['seconds']:,.0f} tokens/s, "
+        print(f"  {n:>9,} records: {rep['wall']:8.1f} s, {rep['tokens'] / rep['wall']:,.0f} tokens/s, "
               f"peak RSS {rep['peak_rss'] / 2**20:,.0f} MiB, fill {rep['fill']:.4f}", file=sys.stderr)
     a, b = sizes[0], sizes[-1]
     print("\n| records | seconds | tokens/s | peak RSS MiB | fill |\n|---:|---:|---:|---:|---:|")
     for n, rep in results.items():
-        print(f"| {n:,} | {rep['seconds']:.1f} | {rep['tokens'] / rep['seconds']:,.0f} | {rep['peak_rss'] / 2**20:,.0f} | {rep['fill']:.4f} |")
+        print(f"| {n:,} | {rep['wall']:.1f} | {rep['tokens'] / rep['wall']:,.0f} | {rep['peak_rss'] / 2**20:,.0f} | {rep['fill']:.4f} |")
     rss = results[b]["peak_rss"] / results[a]["peak_rss"]
-    time_ratio = results[b]["seconds"] / results[a]["seconds"]
+    time_ratio = results[b]["wall"] / results[a]["wall"]
     print(f"\npeak RSS {b:,} / {a:,}: {rss:.2f}x (target within 1.2x); "
           f"time: {time_ratio:.2f}x for {b / a:.0f}x the records (target <= {1.2 * b / a:.0f}x)")
     return {str(n): r for n, r in results.items()}
@@ -116,7 +139,9 @@ def main() -> None:
     ap.add_argument("--records", type=int, default=10000)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--seq-len", type=int, default=2048)
-    ap.add_argument("--tools", default="weightprep,limit,seed,trl", type=lambda s: s.split(","))
+    ap.add_argument(
+        "--tools", default="weightprep,weightprep-hf,limit,limit-fastokens,seed,trl", type=lambda s: s.split(",")
+    )
     ap.add_argument("--scale", help="comma-separated record counts: weightprep alone at each size")
     ap.add_argument("--json", type=Path, help="also write the figures here")
     args = ap.parse_args()

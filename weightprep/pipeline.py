@@ -39,7 +39,13 @@ from weightprep.stages.split import TRAIN, VALIDATION, count_cut, fraction_cut, 
 from weightprep.stages.tokenize import PieceTokenizer
 from weightprep.stages.validate import parse_block
 from weightprep.stages.write import ShardWriter, prepare_output
-from weightprep.tokenizer import SpecialTokens, load_tokenizer, special_tokens, tokenizer_summary
+from weightprep.tokenizer import (
+    SpecialTokens,
+    load_tokenizer,
+    special_tokens,
+    tokenizer_summary,
+    transformers_tokenizer,
+)
 
 __all__ = ["document_batch", "build", "ProgressFn"]
 
@@ -119,7 +125,9 @@ class _Chats:
         if self._renderer is None:
             path = self.cfg.chat.template
             template = Path(path).read_text(encoding="utf-8") if path else None
-            renderer = ChatRenderer(self.tokenizer, template, parse_role_weights(self.cfg.chat.role_weights))
+            renderer = ChatRenderer(
+                transformers_tokenizer(self.tokenizer), template, parse_role_weights(self.cfg.chat.role_weights)
+            )
             renderer.check()
             self._renderer = renderer
         return render_chats(records, self._renderer, rejects)
@@ -184,7 +192,7 @@ def build(
         )
     out_path = prepare_output(out, overwrite=overwrite, inputs=inputs)
     tok = tokenizer if tokenizer is not None else load_tokenizer(
-        cfg.tokenizer.name, trust_remote_code=cfg.tokenizer.trust_remote_code
+        cfg.tokenizer.name, trust_remote_code=cfg.tokenizer.trust_remote_code, direct=True
     )
     specials = special_tokens(tok, add_bos=_ADD_BOS[cfg.tokenizer.add_bos])
     tokenize = PieceTokenizer(tok, cfg.tokenizer.batch_size, cfg.tokenizer.backend)

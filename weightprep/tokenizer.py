@@ -3,6 +3,14 @@
 The build only ever uses the fast (Rust) backend; a slow tokenizer is refused with the fix.
 Without ``--tokenizer`` the small byte-level BPE tokenizer in ``sample_data/tokenizer`` is used
 (built by ``sample_data/make_tokenizer.py``), and the caller is told so.
+
+The build reads a local tokenizer directory itself (``TokenizerFiles``: ``tokenizer.json`` +
+``tokenizer_config.json`` / ``special_tokens_map.json``) wherever that gives exactly what
+``AutoTokenizer`` would: importing transformers' auto classes imports torch (about 3 s and 260 MB).
+That is the case for the generic class (``tokenizer_class`` ``PreTrainedTokenizerFast``, e.g. Llama-3)
+when the configuration asks transformers for no change to the backend (``direct_load_obstacle`` lists
+what would); anything else (model-specific classes, which transformers 5 rebuilds from the vocabulary,
+hub ids, remote code) goes through ``AutoTokenizer`` as before.
 The fingerprint is a SHA-256 over the backend's JSON (with run-time truncation and padding
 switched off) and the special-token ids: two tokenizers with the same fingerprint map every text
 to the same ids.
@@ -22,6 +30,9 @@ from weightprep.errors import UsageError
 __all__ = [
     "SAMPLE_TOKENIZER_DIR",
     "SpecialTokens",
+    "TokenizerFiles",
+    "direct_load_obstacle",
+    "transformers_tokenizer",
     "load_tokenizer",
     "special_tokens",
     "tokenizer_fingerprint",
@@ -41,10 +52,104 @@ class SpecialTokens:
     pad: int
 
 
-def load_tokenizer(name_or_path: str | None, *, trust_remote_code: bool = False) -> Any:
-    """Load a fast tokenizer from a local directory or a hub id (``None``: the bundled sample one)."""
-    from transformers import AutoTokenizer
+#: The classes that transformers 5 builds from ``tokenizer.json`` as it is (``TokenizersBackend``).
+_GENERIC_CLASSES = {"PreTrainedTokenizerFast", "TokenizersBackend"}
+#: tokenizer_config.json keys with which transformers changes the backend at load time.
+_CHANGING_KEYS = (
+    "add_bos_token", "add_eos_token", "add_prefix_space", "split_special_tokens", "fix_mistral_regex",
+    "extra_special_tokens", "additional_special_tokens", "auto_map", "tokenizer_file", "legacy", "from_slow",
+)
+_NAMED_SPECIALS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 
+
+def _content(value: Any) -> str | None:
+    """A special token as tokenizer_config.json writes it: a string or an AddedToken dict."""
+    return value.get("content") if isinstance(value, dict) else value
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"could not read {path}: {exc}") from exc
+
+
+def direct_load_obstacle(directory: Path) -> str | None:
+    """Why reading ``directory`` directly might differ from ``AutoTokenizer`` (None: it cannot)."""
+    if not (directory / "tokenizer.json").is_file() or not (directory / "tokenizer_config.json").is_file():
+        return "no tokenizer.json + tokenizer_config.json"
+    config = _read_json(directory / "tokenizer_config.json")
+    if config.get("tokenizer_class") not in _GENERIC_CLASSES:
+        return f"tokenizer_class {config.get('tokenizer_class')!r} is built by its own transformers class"
+    if changing := [k for k in _CHANGING_KEYS if config.get(k)]:
+        return f"tokenizer_config.json sets {', '.join(changing)}"
+    spec = _read_json(directory / "tokenizer.json")
+    if spec.get("post_processor") is None:
+        return "tokenizer.json has no post-processor (transformers writes one)"
+    added = {t["content"]: t for t in spec.get("added_tokens", [])}
+    for index, token in (config.get("added_tokens_decoder") or {}).items():
+        mine = added.get(_content(token))
+        if mine is None or mine["id"] != int(index) or (isinstance(token, dict) and any(
+            mine.get(k) != v for k, v in token.items() if k in ("lstrip", "rstrip", "normalized", "single_word", "special")
+        )):
+            return f"added token {_content(token)!r} of tokenizer_config.json differs from tokenizer.json"
+    for key, value in _special_config(directory, config).items():
+        if value is not None and _content(value) not in added:
+            return f"{key} {_content(value)!r} is not an added token of tokenizer.json (transformers would add it)"
+    return None
+
+
+def _special_config(directory: Path, config: dict[str, Any]) -> dict[str, Any]:
+    """The named special tokens as transformers resolves them: tokenizer_config.json, and special_tokens_map.json
+    where the config predates ``added_tokens_decoder`` (transformers' legacy path)."""
+    specials = {k: config.get(k) for k in _NAMED_SPECIALS}
+    legacy_map = directory / "special_tokens_map.json"
+    if "added_tokens_decoder" not in config and legacy_map.is_file():
+        specials.update({k: v for k, v in _read_json(legacy_map).items() if k in _NAMED_SPECIALS})
+    return specials
+
+
+class TokenizerFiles:
+    """A local tokenizer directory read without transformers: what the build needs of a tokenizer.
+
+    ``backend_tokenizer`` is ``tokenizer.json`` loaded by tokenizers; special tokens are resolved as
+    transformers does; ``transformers_tokenizer(self)`` loads the full one where a stage needs it (chat)."""
+
+    is_fast = True
+    class_name = "TokenizersBackend"  # what AutoTokenizer returns for these directories
+
+    def __init__(self, directory: Path) -> None:
+        from tokenizers import Tokenizer
+
+        self.name_or_path = str(directory)
+        self.backend_tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
+        config = _read_json(directory / "tokenizer_config.json")
+        self.chat_template = config.get("chat_template")
+        if self.chat_template is None and (directory / "chat_template.jinja").is_file():
+            self.chat_template = (directory / "chat_template.jinja").read_text(encoding="utf-8")
+        for key, value in _special_config(directory, config).items():
+            token = _content(value)
+            setattr(self, key, token)
+            setattr(self, f"{key}_id", None if token is None else self.backend_tokenizer.token_to_id(token))
+        self._full: Any = None
+
+    def __len__(self) -> int:
+        return self.backend_tokenizer.get_vocab_size(with_added_tokens=True)
+
+
+def transformers_tokenizer(tok: Any) -> Any:
+    """The transformers tokenizer behind ``tok`` (loaded once for a ``TokenizerFiles``)."""
+    if not isinstance(tok, TokenizerFiles):
+        return tok
+    if tok._full is None:
+        tok._full = load_tokenizer(tok.name_or_path, direct=False)
+    return tok._full
+
+
+def load_tokenizer(name_or_path: str | None, *, trust_remote_code: bool = False, direct: bool = False) -> Any:
+    """Load a fast tokenizer from a local directory or a hub id (``None``: the bundled sample one).
+
+    ``direct``: return a ``TokenizerFiles`` where that is exactly what AutoTokenizer would load (the build)."""
     if name_or_path is None:
         if not (SAMPLE_TOKENIZER_DIR / "tokenizer.json").is_file():
             raise UsageError(
@@ -52,6 +157,10 @@ def load_tokenizer(name_or_path: str | None, *, trust_remote_code: bool = False)
                 "rebuild it with `python sample_data/make_tokenizer.py` or pass --tokenizer PATH_OR_HUB_ID"
             )
         name_or_path = str(SAMPLE_TOKENIZER_DIR)
+    if direct and not trust_remote_code and Path(name_or_path).is_dir() and direct_load_obstacle(Path(name_or_path)) is None:
+        return TokenizerFiles(Path(name_or_path))
+    from transformers import AutoTokenizer
+
     try:
         tok = AutoTokenizer.from_pretrained(name_or_path, use_fast=True, trust_remote_code=trust_remote_code)
     except Exception as exc:  # transformers raises OSError/ValueError/... with useful text
@@ -106,7 +215,7 @@ def tokenizer_summary(tok: Any) -> dict[str, Any]:
     """What the manifest records about the tokenizer."""
     return {
         "name_or_path": str(tok.name_or_path),
-        "class": type(tok).__name__,
+        "class": getattr(tok, "class_name", type(tok).__name__),
         "fingerprint": tokenizer_fingerprint(tok),
         "vocab_size": len(tok),
         "bos_token_id": tok.bos_token_id,

@@ -1,0 +1,120 @@
+"""The build reads local tokenizer directories itself (no transformers auto classes, so no torch), exactly as
+AutoTokenizer would, and goes through AutoTokenizer wherever it could differ."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from chat_support import chat_tokenizer
+from click.testing import CliRunner
+from tokenizer_factory import FAMILIES, SAMPLE_TOKENIZER_DIR, bos_eos_distinct
+
+from weightprep.cli import main
+from weightprep.tokenizer import TokenizerFiles, direct_load_obstacle, load_tokenizer, tokenizer_summary
+
+TEXT = "Hello, wörld! 東京 😀 <s> two  spaces\n\ttab </s>"
+
+
+def _saved(tok, directory: Path) -> Path:
+    tok.save_pretrained(directory)
+    return directory
+
+
+def _auto(directory: Path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(directory))
+
+
+@pytest.mark.parametrize("family", [*sorted(FAMILIES), "sample"])
+def test_direct_reading_equals_auto_tokenizer(family, tmp_path):
+    directory = SAMPLE_TOKENIZER_DIR if family == "sample" else _saved(FAMILIES[family](), tmp_path / "tok")
+    assert direct_load_obstacle(directory) is None
+    mine, auto = load_tokenizer(str(directory), direct=True), _auto(directory)
+    assert isinstance(mine, TokenizerFiles)
+    assert tokenizer_summary(mine) == tokenizer_summary(auto)  # fingerprint, vocabulary size, bos/eos/pad ids, class
+    for key in ("bos_token", "eos_token", "pad_token", "unk_token"):
+        assert (getattr(mine, key), getattr(mine, f"{key}_id")) == (getattr(auto, key), getattr(auto, f"{key}_id"))
+    assert mine.backend_tokenizer.encode(TEXT, add_special_tokens=False).ids == auto(TEXT, add_special_tokens=False)["input_ids"]
+
+
+def _edit_config(directory: Path, **changes) -> Path:
+    path = directory / "tokenizer_config.json"
+    config = json.loads(path.read_text())
+    config.update(changes)
+    path.write_text(json.dumps({k: v for k, v in config.items() if v is not None}))
+    return directory
+
+
+@pytest.mark.parametrize(
+    ("changes", "reason"),
+    [
+        ({"tokenizer_class": "LlamaTokenizer"}, "built by its own transformers class"),
+        ({"add_bos_token": True}, "sets add_bos_token"),
+        ({"pad_token": "<new-pad>"}, "not an added token"),
+        ({"added_tokens_decoder": {"0": {"content": "<other>", "special": True}}}, "differs from tokenizer.json"),
+    ],
+)
+def test_where_transformers_would_change_the_tokenizer_auto_tokenizer_loads_it(changes, reason, tmp_path):
+    directory = _edit_config(_saved(bos_eos_distinct(), tmp_path / "tok"), **changes)
+    assert reason in direct_load_obstacle(directory)
+    assert not isinstance(load_tokenizer(str(directory), direct=True), TokenizerFiles)
+
+
+def test_legacy_special_tokens_map_is_read_where_transformers_reads_it(tmp_path):
+    directory = _saved(bos_eos_distinct(), tmp_path / "tok")
+    config = json.loads((directory / "tokenizer_config.json").read_text())
+    for key in ("added_tokens_decoder", "bos_token", "eos_token", "pad_token"):
+        config.pop(key, None)
+    (directory / "tokenizer_config.json").write_text(json.dumps(config))
+    (directory / "special_tokens_map.json").write_text(json.dumps({"bos_token": "<s>", "eos_token": {"content": "</s>"}, "pad_token": "<pad>"}))
+    mine, auto = load_tokenizer(str(directory), direct=True), _auto(directory)
+    assert isinstance(mine, TokenizerFiles) and mine.eos_token == "</s>"
+    assert tokenizer_summary(mine) == tokenizer_summary(auto)
+
+
+def _digests(out: Path) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(out.glob("*")) if p.is_file()}
+
+
+def test_the_cli_build_imports_no_torch_and_writes_what_auto_tokenizer_would(tmp_path, sample_tok):
+    from conftest import SAMPLE_RAW
+
+    from weightprep.config import config_from_dict
+    from weightprep.pipeline import build
+
+    code = (
+        "import sys; from weightprep.cli import main\n"
+        "try: main(['build', sys.argv[1], '--out', sys.argv[2], '--tokenizer', sys.argv[3]])\n"
+        "except SystemExit as e: assert not e.code, e.code\n"
+        "print('torch imported' if 'torch' in sys.modules else 'no torch')\n"
+    )
+    out = tmp_path / "cli"
+    run = subprocess.run([sys.executable, "-c", code, str(SAMPLE_RAW), str(out), str(SAMPLE_TOKENIZER_DIR)],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip().splitlines()[-1] == "no torch"
+    cfg = config_from_dict({"tokenizer": {"name": str(SAMPLE_TOKENIZER_DIR)}})
+    build([str(SAMPLE_RAW)], tmp_path / "auto", cfg, tokenizer=sample_tok)  # an AutoTokenizer object
+    assert _digests(out) == _digests(tmp_path / "auto")  # shards and manifest alike
+
+
+def test_a_chat_build_from_a_directory_read_directly(tmp_path, write_jsonl):
+    """Chat rendering needs transformers' tokenizer: loaded on the first conversation, same rows as given one."""
+    directory = _saved(chat_tokenizer("chatml"), tmp_path / "tok")
+    _edit_config(directory, extra_special_tokens=None, additional_special_tokens=None)
+    assert direct_load_obstacle(directory) is None
+    messages = [{"role": "user", "content": "Hi?"}, {"role": "assistant", "content": "Hello there."}]
+    raw = write_jsonl([{"messages": messages}, {"pieces": [{"text": "plain", "weight": 1}]}])
+    result = CliRunner().invoke(main, ["build", str(raw), "--tokenizer", str(directory), "--out", str(tmp_path / "a")])
+    assert result.exit_code == 0, result.output
+    from weightprep.config import config_from_dict
+    from weightprep.pipeline import build
+
+    build([str(raw)], tmp_path / "b", config_from_dict({"tokenizer": {"name": str(directory)}}), tokenizer=_auto(directory))
+    assert _digests(tmp_path / "a") == _digests(tmp_path / "b")
