@@ -2,7 +2,7 @@
 subprocesses so each one's wall time and peak RSS are its own):
 
 - ``limit``: tokenize-only. Reads the whole file, pushes every piece text through the same fast
-  tokenizer (``tokenizers``) in large batches on all cores, and does nothing else.
+  tokenizer (``tokenizers.Tokenizer.from_file``, no transformers) in large batches on all cores, and does nothing else.
 - ``limit-fastokens``: the same with fastokens' ``encode_batch_flat``: the limit of a build on fastokens.
 - ``weightprep-hf``: weightprep with ``--tokenizer-backend hf`` (tokenizers), for the backends' ratio; its
   shards must be byte-identical to ``weightprep``'s.
@@ -27,8 +27,18 @@ import time
 __all__ = ["weightprep_build", "limit", "limit_fastokens", "seed_recipe", "trl_path"]
 
 
+def peak_rss() -> int | None:
+    """This process's peak resident memory in bytes (VmHWM: its own address space only; the driver's
+    ``wait4`` figure also counts the parent's memory at fork time on Linux)."""
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+    except (OSError, StopIteration):
+        return None
+
+
 def _report(start: float, **extra) -> None:
-    print(json.dumps({"seconds": time.perf_counter() - start, **extra}))
+    print(json.dumps({"seconds": time.perf_counter() - start, **extra, "peak_rss": peak_rss()}))
 
 
 def weightprep_build(path: str, tokenizer: str, out: str, seq_len: int, backend: str = "auto") -> None:
@@ -43,10 +53,10 @@ def weightprep_build(path: str, tokenizer: str, out: str, seq_len: int, backend:
 
 
 def limit(path: str, tokenizer: str, out: str, seq_len: int) -> None:
-    from transformers import AutoTokenizer
+    from tokenizers import Tokenizer
 
     start = time.perf_counter()
-    backend = AutoTokenizer.from_pretrained(tokenizer).backend_tokenizer
+    backend = Tokenizer.from_file(f"{tokenizer}/tokenizer.json")
     with open(path, encoding="utf-8") as f:
         texts = [p["text"] for line in f for p in json.loads(line)["pieces"]]
     n = 0
@@ -126,18 +136,22 @@ def trl_path(path: str, tokenizer: str, out: str, seq_len: int) -> None:
     packed.save_to_disk(out)
     seconds = time.perf_counter() - start
     real = sum(map(len, ds["input_ids"]))  # outside the timed region
-    print(json.dumps({"seconds": seconds, "rows": len(packed), "fill": real / (len(packed) * seq_len)}))
+    print(json.dumps({"seconds": seconds, "rows": len(packed), "fill": real / (len(packed) * seq_len), "peak_rss": peak_rss()}))
 
 
 def _preimport(name: str) -> None:
-    """Pay every tool's import cost before its timer starts."""
-    import datasets  # noqa: F401
-    from transformers import AutoTokenizer  # noqa: F401
-
+    """Import what the tool needs, and only that, before its timer starts (the whole-process time includes it)."""
+    if name in ("seed", "trl"):
+        import datasets  # noqa: F401
+        from transformers import AutoTokenizer  # noqa: F401
     if name == "trl":
         import trl  # noqa: F401
     if name.startswith("weightprep"):
         import weightprep.pipeline  # noqa: F401
+    if name == "limit":
+        import tokenizers  # noqa: F401
+    if name == "limit-fastokens":
+        import fastokens  # noqa: F401
 
 
 if __name__ == "__main__":

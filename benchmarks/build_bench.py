@@ -59,7 +59,7 @@ def run_tool(tool: str, data: Path, tokenizer: Path, seq_len: int) -> dict:
         raise SystemExit(f"{tool} failed ({proc.returncode}):\n{err[-3000:]}")
     report = json.loads(text.strip().splitlines()[-1])
     report["wall"] = wall
-    report["peak_rss"] = usage.ru_maxrss * 1024
+    report["peak_rss"] = report.get("peak_rss") or usage.ru_maxrss * 1024
     report["out_bytes"] = sum(f.stat().st_size for f in out.rglob("*") if f.is_file()) if out.exists() else 0
     shards = sorted(out.rglob("*.arrow")) if out.exists() else []
     report["shards_sha256"] = hashlib.sha256(b"".join(hashlib.sha256(f.read_bytes()).digest() for f in shards)).hexdigest()

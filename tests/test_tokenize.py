@@ -229,6 +229,7 @@ def test_the_guard_samples_every_block_deterministically():
     from weightprep.stages import tokenize as stage
 
     tok = PieceTokenizer(sentencepiece_legacy(), backend="fastokens")
+    assert tok.backend == "fastokens"  # loaded (its agreement probes are not the guard's calls)
     seen: list[list[str]] = []
     ref_start, ref_cont = tok.reference
 

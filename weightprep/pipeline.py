@@ -195,9 +195,7 @@ def build(
         cfg.tokenizer.name, trust_remote_code=cfg.tokenizer.trust_remote_code, direct=True
     )
     specials = special_tokens(tok, add_bos=_ADD_BOS[cfg.tokenizer.add_bos])
-    tokenize = PieceTokenizer(tok, cfg.tokenizer.batch_size, cfg.tokenizer.backend)
-    if tokenize.note is not None and notify is not None:
-        notify(tokenize.note)
+    tokenize = PieceTokenizer(tok, cfg.tokenizer.batch_size, cfg.tokenizer.backend, notify)
     seq_len, packed = cfg.pack.seq_len, cfg.pack.enabled
     files = [InputFile(p) for p in inputs]
     chats = _Chats(tok, cfg)
@@ -275,6 +273,7 @@ def build(
         return writer.commit(manifest)
     except BaseException:
         parsed.close()  # stops and joins the read thread now, not when the traceback is collected
+        tokenize.close()
         sink.cancel()
         if rejects is not None:
             rejects.close()

@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import copy
 import json
+import threading
+from collections.abc import Callable
 from itertools import chain
 from operator import attrgetter
 from typing import Any
@@ -93,7 +95,7 @@ def continuation_spec(spec: dict) -> dict | None:
     the tokenizer already does (it adds nothing at the start of a call). Raises ``UsageError`` for a tokenizer
     whose start-of-call behaviour cannot be established."""
     cont = {
-        **spec,
+        **spec,  # a whole tokenizer.json, or just its "normalizer" and "pre_tokenizer"
         "normalizer": _continue_component(spec.get("normalizer"), "normalizer"),
         "pre_tokenizer": _continue_component(spec.get("pre_tokenizer"), "pre_tokenizer"),
     }
@@ -201,7 +203,9 @@ class PieceTokenizer:
     ``backend`` is ``auto``, ``fastokens`` or ``hf`` (see the module docstring); ``self.backend`` is the one that
     runs and ``self.note`` says why ``auto`` did not take fastokens (None when it did, or was not asked)."""
 
-    def __init__(self, tokenizer: Any, batch_size: int = 4096, backend: str = "hf") -> None:
+    def __init__(
+        self, tokenizer: Any, batch_size: int = 4096, backend: str = "hf", notify: Callable[[str], None] | None = None
+    ) -> None:
         from tokenizers import Tokenizer
 
         if backend not in BACKENDS:
@@ -211,24 +215,60 @@ class PieceTokenizer:
             hf = copy.deepcopy(hf)  # never change the caller's tokenizer
             hf.no_truncation()
             hf.no_padding()
-        spec_json = hf.to_str()
-        cont = continuation_spec(json.loads(spec_json))
-        cont_json = None if cont is None else json.dumps(cont)
+        # only the two components decide the continuation: no parse of the whole tokenizer.json
+        parts = {k: None if c is None else json.loads(c.__getstate__()) for k, c in
+                 (("normalizer", hf.normalizer), ("pre_tokenizer", hf.pre_tokenizer))}
+        cont = continuation_spec(parts)
+        cont_json = None if cont is None else json.dumps({**json.loads(hf.to_str()), **cont})
         hf_cont = None if cont_json is None else Tokenizer.from_str(cont_json)
         if not _probe_adds_nothing(hf_cont or hf):
             raise _refuse(f"normalizer and pre-tokenizer still change {_PROBE!r} with their start marker off")
         #: tokenizers' encoders (start, continuation or None): the reference the guard compares with
         self.reference = (_HFEncoder(hf, batch_size), None if hf_cont is None else _HFEncoder(hf_cont, batch_size))
-        self.encoders = self.reference
+        self._encoders: tuple[Any, Any] | None = self.reference if backend == "hf" else None
+        self._requested, self._notify = backend, notify
         self.note: str | None = None
-        if backend != "hf":
-            try:
-                self.encoders = self._fastokens(spec_json, cont_json, batch_size)
-            except (ImportError, ValueError, RuntimeError) as exc:
-                if backend == "fastokens":
-                    raise UsageError(f"--tokenizer-backend fastokens: {exc}; use --tokenizer-backend hf") from exc
-                self.note = f"tokenizing with tokenizers, not fastokens: {exc}"
-        self.backend = self.encoders[0].name
+        self._loading: threading.Thread | None = None
+        self._load_error: BaseException | None = None
+        if self._encoders is None:  # fastokens loads (~0.5 s for 50k ids, GIL released) while the reader starts
+            self._loading = threading.Thread(
+                target=self._load_fastokens, args=(hf, cont_json, batch_size), name="weightprep-fastokens", daemon=True
+            )
+            self._loading.start()
+
+    def _load_fastokens(self, hf: Any, cont_json: str | None, batch_size: int) -> None:
+        try:
+            self._encoders = self._fastokens(hf.to_str(), cont_json, batch_size)
+        except (ImportError, ValueError, RuntimeError) as exc:
+            if self._requested == "fastokens":
+                self._load_error = UsageError(f"--tokenizer-backend fastokens: {exc}; use --tokenizer-backend hf")
+            self.note = f"tokenizing with tokenizers, not fastokens: {exc}"
+            self._encoders = self.reference
+        except BaseException as exc:  # re-raised in the caller's thread
+            self._load_error = exc
+
+    @property
+    def encoders(self) -> tuple[Any, Any]:
+        """(start, continuation or None) encoders of the backend that runs; waits for fastokens to load."""
+        if self._loading is not None:
+            self._loading.join()
+            self._loading = None
+            if self._load_error is not None:
+                raise self._load_error
+            if self.note is not None and self._notify is not None:
+                self._notify(self.note)
+        assert self._encoders is not None
+        return self._encoders
+
+    def close(self) -> None:
+        """Wait for a fastokens load still running (a build that fails before its first block)."""
+        if self._loading is not None:
+            self._loading.join()
+
+    @property
+    def backend(self) -> str:
+        """The backend that runs: "fastokens" or "hf"."""
+        return self.encoders[0].name
 
     @property
     def continuation(self) -> Any | None:
