@@ -74,8 +74,10 @@ def _read_json(path: Path) -> dict[str, Any]:
         raise UsageError(f"could not read {path}: {exc}") from exc
 
 
-def direct_load_obstacle(directory: Path) -> str | None:
-    """Why reading ``directory`` directly might differ from ``AutoTokenizer`` (None: it cannot)."""
+def direct_load_obstacle(directory: Path, backend: Any = None) -> str | None:
+    """Why reading ``directory`` directly might differ from ``AutoTokenizer`` (None: it cannot).
+
+    ``backend``: its ``tokenizer.json`` already loaded by tokenizers (else it is loaded here)."""
     if not (directory / "tokenizer.json").is_file() or not (directory / "tokenizer_config.json").is_file():
         return "no tokenizer.json + tokenizer_config.json"
     config = _read_json(directory / "tokenizer_config.json")
@@ -83,20 +85,29 @@ def direct_load_obstacle(directory: Path) -> str | None:
         return f"tokenizer_class {config.get('tokenizer_class')!r} is built by its own transformers class"
     if changing := [k for k in _CHANGING_KEYS if config.get(k)]:
         return f"tokenizer_config.json sets {', '.join(changing)}"
-    spec = _read_json(directory / "tokenizer.json")
-    if spec.get("post_processor") is None:
+    backend = backend if backend is not None else _load_backend(directory)
+    if backend.post_processor is None:
         return "tokenizer.json has no post-processor (transformers writes one)"
-    added = {t["content"]: t for t in spec.get("added_tokens", [])}
+    added = {t.content: (i, t) for i, t in backend.get_added_tokens_decoder().items()}
     for index, token in (config.get("added_tokens_decoder") or {}).items():
         mine = added.get(_content(token))
-        if mine is None or mine["id"] != int(index) or (isinstance(token, dict) and any(
-            mine.get(k) != v for k, v in token.items() if k in ("lstrip", "rstrip", "normalized", "single_word", "special")
+        if mine is None or mine[0] != int(index) or (isinstance(token, dict) and any(
+            getattr(mine[1], k) != v for k, v in token.items() if k in ("lstrip", "rstrip", "normalized", "single_word", "special")
         )):
             return f"added token {_content(token)!r} of tokenizer_config.json differs from tokenizer.json"
     for key, value in _special_config(directory, config).items():
         if value is not None and _content(value) not in added:
             return f"{key} {_content(value)!r} is not an added token of tokenizer.json (transformers would add it)"
     return None
+
+
+def _load_backend(directory: Path) -> Any:
+    from tokenizers import Tokenizer
+
+    try:
+        return Tokenizer.from_file(str(directory / "tokenizer.json"))
+    except Exception as exc:  # tokenizers raises a bare Exception for a malformed file
+        raise UsageError(f"could not load {directory / 'tokenizer.json'}: {exc}") from exc
 
 
 def _special_config(directory: Path, config: dict[str, Any]) -> dict[str, Any]:
@@ -118,11 +129,9 @@ class TokenizerFiles:
     is_fast = True
     class_name = "TokenizersBackend"  # what AutoTokenizer returns for these directories
 
-    def __init__(self, directory: Path) -> None:
-        from tokenizers import Tokenizer
-
+    def __init__(self, directory: Path, backend: Any = None) -> None:
         self.name_or_path = str(directory)
-        self.backend_tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
+        self.backend_tokenizer = backend if backend is not None else _load_backend(directory)
         config = _read_json(directory / "tokenizer_config.json")
         self.chat_template = config.get("chat_template")
         if self.chat_template is None and (directory / "chat_template.jinja").is_file():
@@ -157,8 +166,11 @@ def load_tokenizer(name_or_path: str | None, *, trust_remote_code: bool = False,
                 "rebuild it with `python sample_data/make_tokenizer.py` or pass --tokenizer PATH_OR_HUB_ID"
             )
         name_or_path = str(SAMPLE_TOKENIZER_DIR)
-    if direct and not trust_remote_code and Path(name_or_path).is_dir() and direct_load_obstacle(Path(name_or_path)) is None:
-        return TokenizerFiles(Path(name_or_path))
+    directory = Path(name_or_path)
+    if direct and not trust_remote_code and (directory / "tokenizer.json").is_file():
+        backend = _load_backend(directory)
+        if direct_load_obstacle(directory, backend) is None:
+            return TokenizerFiles(directory, backend)
     from transformers import AutoTokenizer
 
     try:

@@ -30,6 +30,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.json as pa_json
 
+from weightprep.arrow import to_numpy
 from weightprep.batches import Block, Chat, Records, Reject
 
 __all__ = ["validate_record", "validate_messages", "check_line", "parse_block", "Invalid", "PIECES_SCHEMA", "REASONS"]
@@ -418,7 +419,7 @@ def _parse_fast(block: Block) -> Records | None:
         return _fast_other_shapes(block.path, lines, table)
     if any(table.column(k).null_count != table.num_rows for k in ("text", "prompt", "completion")):
         return None  # a pieces record with another shape too: the exact path rejects it as ambiguous
-    offsets = pieces.offsets.to_numpy().astype(np.int64)
+    offsets = to_numpy(pieces.offsets).astype(np.int64)
     offsets -= offsets[0]
     if len(offsets) > 1 and (np.diff(offsets) == 0).any():
         return None
@@ -426,7 +427,7 @@ def _parse_fast(block: Block) -> Records | None:
     text, weight = structs.field("text"), structs.field("weight")
     if structs.null_count or text.null_count or weight.null_count:
         return None
-    weights = weight.to_numpy(zero_copy_only=False)
+    weights = to_numpy(weight.cast(pa.float64()))
     if not (np.isfinite(weights).all() and (weights >= 0).all()):
         return None
     try:

@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from weightprep.arrow import from_numpy
 from weightprep.batches import Rows
 from weightprep.constants import (
     ATTENTION_MASK,
@@ -267,11 +268,11 @@ class ShardWriter:
                 counts = np.fromiter(map(len, rows.seq_lengths), dtype=np.int32, count=len(rows))
                 offsets = np.zeros(len(rows) + 1, dtype=np.int32)
                 np.cumsum(counts, out=offsets[1:])
-                values = pa.array(np.concatenate(rows.seq_lengths).astype(np.int32, copy=False))
-                arrays.append(pa.ListArray.from_arrays(pa.array(offsets), values))
+                values = from_numpy(np.concatenate(rows.seq_lengths), pa.int32())
+                arrays.append(pa.ListArray.from_arrays(from_numpy(offsets, pa.int32()), values))
             else:
                 data = getattr(rows, c)
-                flat = pa.array(data.reshape(-1), type=self.schema.field(c).type.value_type)
+                flat = from_numpy(data.reshape(-1), self.schema.field(c).type.value_type)
                 arrays.append(pa.FixedSizeListArray.from_arrays(flat, self.seq_len))
         return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
 
