@@ -52,7 +52,7 @@ def make_inputs(work: Path, n: int, turns: int, seed: int = 7) -> tuple[Path, Pa
             messages.append({"role": "user", "content": _sentence(rng, 5, 40)})
             messages.append({"role": "assistant", "content": _sentence(rng, 10, 120), "weight": rng.choice([0.5, 1.0, 2.0])})
         chat_lines.append(json.dumps({"messages": messages}))
-        text, weights = renderer.char_weights(Chat(messages, None, None, b""))
+        text, weights, _ = renderer.char_weights(Chat(messages, None, None, b""))
         cuts = [0, *(i for i in range(1, len(text)) if weights[i] != weights[i - 1]), len(text)]
         pieces = [{"text": text[a:b], "weight": float(weights[a])} for a, b in zip(cuts[:-1], cuts[1:], strict=True)]
         piece_lines.append(json.dumps({"pieces": pieces}))

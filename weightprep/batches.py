@@ -17,7 +17,7 @@ import numpy as np
 
 from weightprep.errors import InputError
 
-__all__ = ["Block", "Reject", "Chat", "ChatTokens", "Records", "Documents", "Rows"]
+__all__ = ["Block", "Reject", "Chat", "ChatTokens", "Records", "Documents", "Rows", "turn_code", "split_turn_code"]
 
 
 @dataclass(frozen=True)
@@ -69,6 +69,24 @@ class Chat(NamedTuple):
     offset: int = 0
 
 
+#: A token's turn code packs its message's role (``roles[code >> 16 - 1]``) and index (``code & 0xFFFF - 1``).
+_ROLE_SHIFT = 16
+
+
+def turn_code(roles: list[str], role: str, message: int) -> int:
+    """The code of message ``message`` with role ``role`` (the role gets the next code on first sight)."""
+    if message >= (1 << _ROLE_SHIFT) - 1 or (role not in roles and len(roles) >= (1 << 14) - 1):
+        return 0  # beyond what the code holds: shown as template text
+    if role not in roles:
+        roles.append(role)
+    return ((roles.index(role) + 1) << _ROLE_SHIFT) | (message + 1)
+
+
+def split_turn_code(code: int) -> tuple[int, int]:
+    """(role index into the roles list, message index) of a non-zero turn code."""
+    return (code >> _ROLE_SHIFT) - 1, (code & ((1 << _ROLE_SHIFT) - 1)) - 1
+
+
 class ChatTokens(NamedTuple):
     """A rendered conversation: its token ids and per-token weights (template specials included), and the
     canonical JSON of the record that the validation split hashes."""
@@ -76,6 +94,7 @@ class ChatTokens(NamedTuple):
     ids: np.ndarray  # int32[N]
     weights: np.ndarray  # float32[N]
     canonical: str
+    turns: np.ndarray  # int32[N], each token's turn code (``stages.chat.turn_code``; 0 outside every message)
 
 
 @dataclass(frozen=True)
@@ -131,6 +150,7 @@ class Documents:
     offsets: np.ndarray  # int64[D + 1]
     lines: np.ndarray  # int64[D], line of the record each document came from
     labels: np.ndarray | None = None  # int32[N]
+    turns: np.ndarray | None = None  # int32[N], chat turn codes (0: not in a message); None: no conversations
 
     def __len__(self) -> int:
         return len(self.offsets) - 1
@@ -155,6 +175,7 @@ class Documents:
             offsets=offsets,
             lines=np.asarray(lines, dtype=np.int64),
             labels=None if self.labels is None else self.labels[gather],
+            turns=None if self.turns is None else self.turns[gather],
         )
 
     @staticmethod
@@ -172,6 +193,9 @@ class Documents:
             offsets=offsets,
             lines=np.concatenate([p.lines for p in parts]),
             labels=np.concatenate([p.labels for p in parts]) if has_labels else None,  # type: ignore[misc]
+            turns=None if all(p.turns is None for p in parts) else np.concatenate(
+                [p.turns if p.turns is not None else np.zeros(len(p.input_ids), np.int32) for p in parts]
+            ),
         )
 
 
@@ -203,6 +227,7 @@ class Rows:
     real_tokens: np.ndarray  # int64[n], tokens before the pad tail
     documents: np.ndarray  # int64[n], documents in each row
     attention_mask: np.ndarray | None = None  # int8[n, L], unpacked rows only
+    turns: np.ndarray | None = None  # int32[n, L], chat turn codes (not a shard column: the turns file)
 
     def __len__(self) -> int:
         return len(self.input_ids)

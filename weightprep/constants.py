@@ -19,6 +19,7 @@ __all__ = [
     "PACKED_COLUMNS",
     "UNPACKED_COLUMNS",
     "MANIFEST_NAME",
+    "TURNS_NAME",
 ]
 
 #: Label value that PyTorch's cross-entropy (and every HF model) ignores.
@@ -42,3 +43,7 @@ UNPACKED_COLUMNS = (*PACKED_COLUMNS, ATTENTION_MASK)
 
 #: File beside the shards that records what the build did.
 MANIFEST_NAME = "weightprep_manifest.json"
+
+#: Beside the shards of a build with chat records (each split's directory): one JSON line per row holding
+#: conversation tokens, ``{"row": i, "turns": [[start, length, role, message index], ...]}``.
+TURNS_NAME = "chat_turns.jsonl"

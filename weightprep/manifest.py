@@ -18,7 +18,7 @@ import numpy as np
 from weightprep.constants import FORMAT_NAME, FORMAT_VERSION, MANIFEST_NAME
 from weightprep.errors import UsageError
 
-__all__ = ["REBUILD", "build_setting", "read_manifest", "read_row", "shard_batches", "split_shards"]
+__all__ = ["REBUILD", "build_setting", "read_manifest", "read_row", "read_turns", "shard_batches", "split_shards"]
 
 #: The fix for shards this version cannot use.
 REBUILD = "rebuild them with `weightprep build` from this version"
@@ -102,3 +102,24 @@ def read_row(directory: Path, manifest: dict[str, Any], index: int, split: str |
             return {k: np.asarray(v) for k, v in row.items()}
         seen += shard["rows"]
     raise UsageError(f"row {index} does not exist: {directory} has {seen} rows (0..{seen - 1})")
+
+
+def read_turns(directory: Path, manifest: dict[str, Any], index: int, split: str | None = None) -> list[list[Any]]:
+    """The conversation turns of row ``index`` (``[start, length, role, message index]`` each), from the build's
+    turns file (``TURNS_NAME``); empty for a row without conversation tokens or a build without chat records."""
+    if not manifest.get("turns_file"):
+        return []
+    if split is None and manifest.get("splits"):
+        split = "train"
+    path = (directory / split if split else directory) / manifest["turns_file"]
+    if not path.is_file():
+        return []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            entry = json.loads(line)
+            if entry["row"] == index:
+                return entry["turns"]
+            if entry["row"] > index:  # rows are written in order
+                break
+    return []
+

@@ -98,10 +98,14 @@ def _chat_documents(chats: Records, counts: Counter[str]) -> Documents:
     np.cumsum(lengths, out=offsets[1:])
     ids = np.concatenate([c.ids for c in rendered]) if rendered else np.zeros(0, np.int32)  # type: ignore[union-attr]
     weights = np.concatenate([c.weights for c in rendered]) if rendered else np.zeros(0, np.float32)  # type: ignore[union-attr]
+    turns = np.concatenate([c.turns for c in rendered]) if rendered else np.zeros(0, np.int32)  # type: ignore[union-attr]
     counts.update(documents=len(rendered), chat_documents=len(rendered), tokens_accepted=len(ids))
     counts["empty_documents"] += int((lengths == 0).sum())
     counts["weight_accepted"] += float(weights.astype(np.float64).sum())
-    return Documents(input_ids=ids.astype(np.int32), weights=weights.astype(np.float32), offsets=offsets, lines=chats.lines)
+    return Documents(
+        input_ids=ids.astype(np.int32), weights=weights.astype(np.float32), offsets=offsets, lines=chats.lines,
+        turns=turns.astype(np.int32),
+    )
 
 
 def _count_rows(rows: Rows, counts: Counter[str]) -> None:
@@ -118,6 +122,8 @@ class _Chats:
     def __init__(self, tokenizer: Any, cfg: BuildConfig) -> None:
         self.tokenizer, self.cfg = tokenizer, cfg
         self._renderer: ChatRenderer | None = None
+        #: the conversations' role names, by turn code (``stages.chat.turn_code``), for the writer's turns file
+        self.roles: list[str] = []
 
     def __call__(self, records: Records, rejects: list[Reject]) -> Records:
         if records.chats is None:
@@ -126,7 +132,8 @@ class _Chats:
             path = self.cfg.chat.template
             template = Path(path).read_text(encoding="utf-8") if path else None
             renderer = ChatRenderer(
-                transformers_tokenizer(self.tokenizer), template, parse_role_weights(self.cfg.chat.role_weights)
+                transformers_tokenizer(self.tokenizer), template, parse_role_weights(self.cfg.chat.role_weights),
+                self.roles,
             )
             renderer.check()
             self._renderer = renderer
@@ -205,7 +212,8 @@ def build(
         name: Packer(seq_len, specials.pad, packed=packed, window=cfg.pack.window) for name in (splits or (None,))
     }
     writer = ShardWriter(
-        out_path, seq_len, packed=packed, max_shard_bytes=cfg.write.max_shard_bytes, splits=splits
+        out_path, seq_len, packed=packed, max_shard_bytes=cfg.write.max_shard_bytes, splits=splits,
+        turn_roles=chats.roles,
     )
     rejects = RejectsWriter(writer.tmp) if cfg.validate.on_invalid == "skip" else None
     doc_counts = {name: Counter() for name in packers}  # updated by this thread only

@@ -2,12 +2,14 @@
 
 In a terminal each span is coloured by weight (dim = 0, cyan < 1, green = 1, yellow/red > 1);
 otherwise (a pipe, a file, a test) every change of weight is marked inline as ``[w=0.5]``.
-Document boundaries are drawn as rules, the pad tail is summarized, not printed.
+Document boundaries are drawn as rules, the pad tail is summarized, not printed. A conversation (chat record) is
+shown turn by turn, each headed by its role, message index and weight (from the build's turns file).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 import numpy as np
@@ -16,11 +18,11 @@ from weightprep.commands._errors import reports_errors
 from weightprep.commands.build import format_summary
 from weightprep.constants import SEQ_LENGTHS
 from weightprep.errors import UsageError
-from weightprep.manifest import read_manifest, read_row
+from weightprep.manifest import read_manifest, read_row, read_turns
 from weightprep.report.page import weight_class
 from weightprep.report.stats import row_segments
 
-__all__ = ["inspect", "weight_spans"]
+__all__ = ["document_turns", "inspect", "weight_spans"]
 
 
 def weight_spans(input_ids: np.ndarray, weights: np.ndarray) -> list[tuple[float, list[int]]]:
@@ -32,6 +34,26 @@ def weight_spans(input_ids: np.ndarray, weights: np.ndarray) -> list[tuple[float
         else:
             spans.append((w, [tid]))
     return spans
+
+
+def document_turns(turns: list[list[Any]], start: int, length: int) -> list[tuple[int, int, str | None, int | None]]:
+    """The document at row positions ``[start, start + length)`` cut by the row's conversation ``turns``:
+    ``(offset in the document, tokens, role, message index)``, with ``role`` None for the text between turns
+    (template text such as BOS) and for a document that holds no turn (one made of pieces)."""
+    end = start + length
+    parts: list[tuple[int, int, str | None, int | None]] = []
+    at = start
+    for t_start, t_len, role, message in turns:
+        a, b = max(t_start, start), min(t_start + t_len, end)
+        if a >= b:
+            continue
+        if a > at:
+            parts.append((at - start, a - at, None, None))
+        parts.append((a - start, b - a, role, message))
+        at = b
+    if at < end:
+        parts.append((at - start, end - at, None, None))
+    return parts
 
 
 #: terminal colours of the weight buckets (the HTML report's classes)
@@ -100,20 +122,31 @@ def inspect(
             legend.append(f" {label} ", style=_style(w))
         console.print(legend)
     documents, pad = row_segments(row, manifest["tokenizer"].get("pad_used"))
+    turns = read_turns(directory, manifest, row_index, split)
     for k, length in enumerate(documents):
         ids = row["input_ids"][start : start + length]
         weights = row["weights"][start : start + length]
         click.echo(f"── document {k + 1}: {length} tokens, {int((weights > 0).sum())} supervised ──")
-        text = Text()
-        for w, span in weight_spans(ids[:max_tokens], weights[:max_tokens]):
-            piece = tok.decode(span, skip_special_tokens=False)
-            if plain:
-                text.append(f"[w={w:g}]{piece}")
-            else:
-                text.append(piece, style=_style(w))
+        parts = document_turns(turns, start, length)
+        shown = 0
+        for a, n, role, message in parts:
+            text = Text()
+            if role is not None:
+                w_max = float(weights[a : a + n].max()) if n else 0.0
+                text.append(f"▸ {role} (messages[{message}]), weight {w_max:g}: ", style="bold")
+            span_ids, span_w = ids[a : a + n], weights[a : a + n]
+            take = max(0, min(n, max_tokens - shown))
+            for w, span in weight_spans(span_ids[:take], span_w[:take]):
+                piece = tok.decode(span, skip_special_tokens=False)
+                if plain:
+                    text.append(f"[w={w:g}]{piece}")
+                else:
+                    text.append(piece, style=_style(w))
+            shown += take
+            if text:
+                console.print(text)
         if length > max_tokens:
-            text.append(f" … ({length - max_tokens} more tokens; --max-tokens to see more)", style="italic")
-        console.print(text)
+            console.print(Text(f" … ({length - max_tokens} more tokens; --max-tokens to see more)", style="italic"))
         start += length
     if pad:
         click.echo(f"── padding: {pad} positions (label -100, weight 0) ──")

@@ -37,10 +37,11 @@ from typing import Any
 
 import numpy as np
 
-from weightprep.batches import Chat, ChatTokens, Records, Reject
+from weightprep.batches import Chat, ChatTokens, Records, Reject, turn_code
 from weightprep.errors import ConfigError, UsageError
 
 __all__ = ["CHAT_REASONS", "ChatError", "ChatRenderer", "parse_role_weights", "render_chats"]
+
 
 CHAT_REASONS = (
     "template_error",
@@ -92,8 +93,16 @@ def _snippet(text: str, at: int) -> str:
 class ChatRenderer:
     """Renders and aligns conversations for one tokenizer and template text (default: the tokenizer's own)."""
 
-    def __init__(self, tokenizer: Any, template: str | None = None, role_weights: dict[str, float] | None = None) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        template: str | None = None,
+        role_weights: dict[str, float] | None = None,
+        roles: list[str] | None = None,
+    ) -> None:
         self.tok = tokenizer
+        #: role names by code - 1, in order of first appearance (shared with the writer, which names turns)
+        self.roles: list[str] = roles if roles is not None else []
         self.template = template if template is not None else getattr(tokenizer, "chat_template", None)
         if isinstance(self.template, dict):  # several named templates: the default one
             self.template = self.template.get("default")
@@ -162,8 +171,9 @@ class ChatRenderer:
             return float(message["weight"])
         return self.role_weights.get(message["role"], 0.0)
 
-    def char_weights(self, chat: Chat) -> tuple[str, np.ndarray]:
-        """The rendered text and one weight per character (steps 1-4 of the module docstring)."""
+    def char_weights(self, chat: Chat) -> tuple[str, np.ndarray, np.ndarray]:
+        """The rendered text, one weight per character (steps 1-4 of the module docstring) and one turn code per
+        character (``turn_code``: the message whose span holds it; 0 for template text outside every message)."""
         # what apply_chat_template renders: keys whose value is None are dropped
         messages = [{k: v for k, v in m.items() if v is not None and k != "weight"} for m in chat.messages]
         control = self._control_tokens()
@@ -241,16 +251,33 @@ class ChatRenderer:
             else:
                 probes = [self.render(chat, [*messages[:i], {**m, "content": p}])[0] for p in _PROBES]
                 weights[max(start, _diverge(*probes)) : end] = w
-        return text, weights
+        return text, weights, self._char_turns(messages, text, prefix)
+
+    def _char_turns(self, messages: list[dict[str, Any]], text: str, prefix: Any) -> np.ndarray:
+        """Each character's turn code, from every message's boundaries ``[|P_i|, |P_{i+1}|)``. A boundary that
+        cannot be rendered as a prefix (a message with weight 0 under a template that rewrites it) leaves its
+        characters at 0: they carry no weight, and the display then shows them as template text."""
+        bounds: list[int | None] = []
+        for k in range(len(messages) + 1):
+            try:
+                bounds.append(len(prefix(k)))
+            except ChatError:
+                bounds.append(None)
+        turns = np.zeros(len(text), dtype=np.int32)
+        for i, m in enumerate(messages):
+            a, b = bounds[i], bounds[i + 1]
+            if a is not None and b is not None and b > a:
+                turns[a:b] = turn_code(self.roles, str(m["role"]), i)
+        return turns
 
     def tokens(self, chat: Chat) -> ChatTokens:
         """Steps 1-6 for one conversation: its token ids and weights."""
-        text, char_w = self.char_weights(chat)
-        return self.align(chat, text, char_w, self._backend.encode(text, add_special_tokens=False))
+        text, char_w, char_turns = self.char_weights(chat)
+        return self.align(chat, text, char_w, char_turns, self._backend.encode(text, add_special_tokens=False))
 
     def tokens_batch(self, chats: list[Chat]) -> list[ChatTokens | ChatError]:
         """``tokens`` for many conversations, tokenized in one parallel call; a failure is returned in its place."""
-        rendered: list[tuple[str, np.ndarray] | ChatError] = []
+        rendered: list[tuple[str, np.ndarray, np.ndarray] | ChatError] = []
         for chat in chats:
             try:
                 rendered.append(self.char_weights(chat))
@@ -264,13 +291,14 @@ class ChatRenderer:
                 out.append(r)
                 continue
             try:
-                out.append(self.align(chat, r[0], r[1], next(encodings)))
+                out.append(self.align(chat, *r, next(encodings)))
             except ChatError as exc:
                 out.append(exc)
         return out
 
-    def align(self, chat: Chat, text: str, char_w: np.ndarray, enc: Any) -> ChatTokens:
-        """Step 5: the weights of the characters put on the tokens of ``enc`` (the encoding of ``text``)."""
+    def align(self, chat: Chat, text: str, char_w: np.ndarray, char_turns: np.ndarray, enc: Any) -> ChatTokens:
+        """Step 5: the weights (and turn codes) of the characters put on the tokens of ``enc`` (the encoding of
+        ``text``); a token takes the turn of its first character."""
         ids = np.asarray(enc.ids, dtype=np.int32)
         spans = np.fromiter(itertools.chain.from_iterable(enc.offsets), dtype=np.int64, count=2 * len(ids)).reshape(-1, 2)
         starts, ends = spans[:, 0], spans[:, 1]
@@ -301,11 +329,12 @@ class ChatRenderer:
         safe = np.minimum(starts, max(len(text) - 1, 0))
         token_w = char_w[safe] if len(text) else np.zeros(len(ids), dtype=np.float32)
         token_w = np.where(ends > starts, token_w, 0).astype(np.float32)
+        token_turns = char_turns[safe] if len(text) else np.zeros(len(ids), dtype=np.int32)
         canonical = json.dumps(
             {"messages": chat.messages, "tools": chat.tools, "chat_template_kwargs": chat.template_kwargs},
             sort_keys=True, ensure_ascii=False, separators=(",", ":"),
         )  # fmt: skip
-        return ChatTokens(ids, token_w, canonical)
+        return ChatTokens(ids, token_w, canonical, token_turns.astype(np.int32))
 
     def _message_at(self, chat: Chat, text: str, char: int) -> str:
         """The field of the message whose characters hold ``char`` (for error messages)."""

@@ -13,6 +13,8 @@ Labels are not shifted: like every HF causal LM, the loss shifts them.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from weightprep.batches import Documents
@@ -36,17 +38,6 @@ def unlabel_first_tokens(docs: Documents) -> None:
 
 def mask(docs: Documents) -> Documents:
     """Return ``docs`` with first tokens unweighted and labels filled in (see the module docstring)."""
-    out = Documents(
-        input_ids=docs.input_ids,
-        weights=docs.weights.copy(),
-        offsets=docs.offsets,
-        lines=docs.lines,
-    )
+    out = replace(docs, weights=docs.weights.copy(), labels=None)
     unlabel_first_tokens(out)
-    return Documents(
-        input_ids=out.input_ids,
-        weights=out.weights,
-        offsets=out.offsets,
-        lines=out.lines,
-        labels=labels_from_weights(out.input_ids, out.weights),
-    )
+    return replace(out, labels=labels_from_weights(out.input_ids, out.weights))

@@ -100,6 +100,7 @@ def rows_from_bins(docs: Documents, bins: list[list[int]], seq_len: int, pad_id:
     labels = np.full(shape, IGNORE_INDEX, dtype=np.int32)
     weights = np.zeros(shape, dtype=np.float32)
     position_ids = np.empty(shape, dtype=np.int32)
+    turns = None if docs.turns is None else np.zeros(shape, dtype=np.int32)
     arange = np.arange(seq_len, dtype=np.int32)
     src_ids, src_labels, src_weights = docs.input_ids, docs.labels, docs.weights
     starts, lengths = docs.offsets[:-1].tolist(), docs.lengths.tolist()
@@ -114,6 +115,8 @@ def rows_from_bins(docs: Documents, bins: list[list[int]], seq_len: int, pad_id:
             labels[r, pos : pos + n] = src_labels[s : s + n]
             weights[r, pos : pos + n] = src_weights[s : s + n]
             position_ids[r, pos : pos + n] = arange[:n]
+            if turns is not None:
+                turns[r, pos : pos + n] = docs.turns[s : s + n]  # type: ignore[index]
             segs.append(n)
             pos += n
         assert pos <= seq_len
@@ -124,7 +127,7 @@ def rows_from_bins(docs: Documents, bins: list[list[int]], seq_len: int, pad_id:
         seq_lengths.append(np.asarray(segs, dtype=np.int32))
     mask = (arange[None, :] < used[:, None]).astype(np.int8) if attention_mask else None
     docs_per_row = np.fromiter(map(len, bins), dtype=np.int64, count=n_rows)
-    return Rows(input_ids, labels, weights, position_ids, seq_lengths, used, docs_per_row, mask)
+    return Rows(input_ids, labels, weights, position_ids, seq_lengths, used, docs_per_row, mask, turns)
 
 
 class Packer:

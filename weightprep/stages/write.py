@@ -5,6 +5,7 @@ Layout of the output directory (the same as ``Dataset.save_to_disk``)::
     out/data-00000-of-00003.arrow ...   Arrow IPC streams, fixed-size list columns
     out/dataset_info.json, state.json   what ``datasets.load_from_disk`` reads
     out/weightprep_manifest.json        what was done (config, tokenizer, inputs, counts)
+    out/chat_turns.jsonl                where conversations' turns lie in the rows (builds with chat records)
 
 With a validation split (``--validation-fraction``/``--validation-records``) it is the layout of
 ``DatasetDict.save_to_disk``: ``out/dataset_dict.json``, ``out/train/...`` and ``out/validation/...``, each
@@ -38,7 +39,7 @@ import numpy as np
 import pyarrow as pa
 
 from weightprep.arrow import from_numpy
-from weightprep.batches import Rows
+from weightprep.batches import Rows, split_turn_code
 from weightprep.constants import (
     ATTENTION_MASK,
     INPUT_IDS,
@@ -47,6 +48,7 @@ from weightprep.constants import (
     PACKED_COLUMNS,
     POSITION_IDS,
     SEQ_LENGTHS,
+    TURNS_NAME,
     UNPACKED_COLUMNS,
     WEIGHTS,
 )
@@ -241,7 +243,14 @@ class ShardWriter:
     """
 
     def __init__(
-        self, out: Path, seq_len: int, *, packed: bool, max_shard_bytes: int, splits: Sequence[str] | None = None
+        self,
+        out: Path,
+        seq_len: int,
+        *,
+        packed: bool,
+        max_shard_bytes: int,
+        splits: Sequence[str] | None = None,
+        turn_roles: list[str] | None = None,
     ) -> None:
         self.out = out
         self.tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
@@ -260,6 +269,9 @@ class ShardWriter:
             name: _ShardSet(self.tmp / name if name else self.tmp, self.schema, self.rows_per_shard)
             for name in (self.splits or (None,))
         }
+        self.turn_roles = turn_roles if turn_roles is not None else []
+        self._rows = dict.fromkeys(self._sets, 0)  # rows written per split: the turns file's row numbers
+        self._turns: dict[str | None, Any] = {}  # open turns files per split
 
     def _record_batch(self, rows: Rows) -> pa.RecordBatch:
         arrays = []
@@ -278,16 +290,43 @@ class ShardWriter:
 
     def write(self, rows: Rows, split: str | None = None) -> None:
         self._sets[split].write(self._record_batch(rows))
+        if rows.turns is not None:
+            self._write_turns(rows.turns, split)
+        self._rows[split] += len(rows)
+
+    def _write_turns(self, turns: np.ndarray, split: str | None) -> None:
+        """One line per row holding conversation tokens: its turns as [start, length, role, message index]."""
+        lines = []
+        for r in np.flatnonzero(turns.any(axis=1)).tolist():
+            t = turns[r]
+            starts = np.concatenate([[0], np.flatnonzero(np.diff(t)) + 1])
+            lengths = np.diff(np.append(starts, len(t)))
+            spans = [
+                [int(a), int(n), self.turn_roles[role], message]
+                for a, n, code in zip(starts.tolist(), lengths.tolist(), t[starts].tolist(), strict=True)
+                if code
+                for role, message in (split_turn_code(code),)
+            ]
+            lines.append(json.dumps({"row": self._rows[split] + r, "turns": spans}, ensure_ascii=False) + "\n")
+        if lines:
+            if split not in self._turns:
+                self._turns[split] = open(self._sets[split].directory / TURNS_NAME, "w", encoding="utf-8")  # noqa: SIM115
+            self._turns[split].writelines(lines)
+
+    def _close_turns(self) -> None:
+        for f in self._turns.values():
+            f.close()
 
     def commit(self, manifest: dict[str, Any]) -> dict[str, Any]:
         """Name the shards ``data-i-of-n``, write the metadata files, move the directory to ``out``."""
+        self._close_turns()
         shards: list[dict[str, Any]] = []
         per_set = {}
         for name, shard_set in self._sets.items():
             entries = shard_set.finish(self.tmp)
             per_set[name] = entries
             shards.extend({**e, "split": name} if name else e for e in entries)
-        manifest = {**manifest, "shards": shards}
+        manifest = {**manifest, "shards": shards, "turns_file": TURNS_NAME if self._turns else None}
         manifest_text = json.dumps(manifest, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
         digest = hashlib.sha256(manifest_text.encode()).hexdigest()
         for name, shard_set in self._sets.items():
@@ -307,6 +346,7 @@ class ShardWriter:
 
     def abort(self) -> None:
         """Remove everything written so far (the output path is left untouched)."""
+        self._close_turns()
         for shard_set in self._sets.values():
             shard_set.abort()
         shutil.rmtree(self.tmp, ignore_errors=True)

@@ -1,0 +1,171 @@
+"""Chat documents by turn: the build's turns file places every message of every conversation in the rows, through
+packing and splitting, and `weightprep inspect` shows a conversation turn by turn with role and weight."""
+
+from __future__ import annotations
+
+import json
+
+import datasets
+import numpy as np
+import pytest
+from chat_support import FAMILIES, chat_tokenizer
+from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from weightprep.cli import main
+from weightprep.commands.inspect import document_turns
+from weightprep.config import config_from_dict
+from weightprep.constants import TURNS_NAME
+from weightprep.pipeline import build
+
+
+def _conversation(i: int) -> list[dict]:
+    """Conversation ``i``: its own contents, 1-3 exchanges, sometimes a system prompt, a tool turn or a custom role."""
+    messages = [{"role": "system", "content": f"System prompt {i}."}] if i % 3 == 0 else []
+    for k in range(1 + i % 3):
+        messages.append({"role": "user", "content": f"Question {i}.{k}?"})
+        messages.append({"role": "assistant", "content": f"Answer {i}.{k}!", **({"weight": 2.0} if k == 1 else {})})
+    if i % 4 == 1:
+        messages.append({"role": "tool", "content": f"tool output {i}"})
+        messages.append({"role": "assistant", "content": f"Done {i}."})
+    return messages
+
+
+def _expected_turn_texts(tok, messages: list[dict]) -> list[str]:
+    """Each message's text in the rendered conversation, computed by rendering prefixes with transformers."""
+    prefixes = [tok.apply_chat_template(messages[:k], tokenize=False) if k else "" for k in range(len(messages) + 1)]
+    return [prefixes[k + 1][len(prefixes[k]) :] for k in range(len(messages))]
+
+
+def _build(tmp_path, records, **cfg):
+    tok = chat_tokenizer("chatml")
+    raw = tmp_path / "raw.jsonl"
+    raw.write_text("".join(json.dumps(r) + "\n" for r in records))
+    manifest = build([str(raw)], tmp_path / "out", config_from_dict({"pack": {"seq_len": 256}, **cfg}), tokenizer=tok)
+    return tok, manifest
+
+
+def _turn_lines(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_every_turn_of_every_conversation_is_where_the_turns_file_says(tmp_path):
+    convos = [_conversation(i) for i in range(40)]
+    records = [r for i, c in enumerate(convos) for r in ({"messages": c}, {"pieces": [{"text": f"plain {i}", "weight": 1}]})]
+    tok, manifest = _build(tmp_path, records)
+    assert manifest["turns_file"] == TURNS_NAME
+    rows = datasets.load_from_disk(str(tmp_path / "out"))
+    entries = _turn_lines(tmp_path / "out" / TURNS_NAME)
+    assert [e["row"] for e in entries] == sorted({e["row"] for e in entries})  # one line per row, in order
+    expected = {json.dumps(tok.apply_chat_template(c, tokenize=True)["input_ids"]): c for c in convos}
+    seen = 0
+    for entry in entries:
+        ids = np.asarray(rows[entry["row"]]["input_ids"])
+        bounds = np.cumsum([0, *rows[entry["row"]]["seq_lengths"]])
+        for a, b in zip(bounds[:-1], bounds[1:], strict=True):
+            convo = expected.get(json.dumps(ids[a:b].tolist()))
+            if convo is None:
+                continue  # a pieces document or the pad tail
+            seen += 1
+            turns = [t for t in entry["turns"] if a <= t[0] < b]
+            assert [(t[2], t[3]) for t in turns] == [(m["role"], i) for i, m in enumerate(convo)]
+            texts = [tok.decode(ids[s : s + n].tolist()) for s, n, _, _ in turns]
+            assert texts == _expected_turn_texts(tok, convo)
+            assert turns[0][0] == a and turns[-1][0] + turns[-1][1] == b  # chatml: the turns tile the document
+    assert seen == len(convos)
+
+
+def test_a_conversation_split_by_the_overlong_policy_keeps_its_turns(tmp_path):
+    """Chunks of 16 tokens: each surviving chunk's turns name the messages its tokens came from."""
+    convo = _conversation(2)  # 3 exchanges
+    tok, manifest = _build(tmp_path, [{"messages": convo}], filter={"overlong": "split", "max_length": 16}, pack={"seq_len": 16})
+    assert manifest["counts"]["split"] == 1
+    full = tok.apply_chat_template(convo, tokenize=True)["input_ids"]
+    # message k's tokens are full[bounds[k]:bounds[k + 1]] (chatml turns end on special tokens: aligned)
+    bounds = [len(tok.apply_chat_template(convo[:k], tokenize=True)["input_ids"]) if k else 0 for k in range(len(convo) + 1)]
+    rows = datasets.load_from_disk(str(tmp_path / "out"))
+    entries = {e["row"]: e["turns"] for e in _turn_lines(tmp_path / "out" / TURNS_NAME)}
+    checked = 0
+    for r in range(len(rows)):
+        ids, n_real = rows[r]["input_ids"], rows[r]["seq_lengths"][0]
+        at = next(i for i in range(0, len(full), 16) if full[i : i + n_real] == ids[:n_real])  # the chunk's place
+        for s, n, role, message in entries[r]:
+            assert convo[message]["role"] == role
+            assert bounds[message] <= at + s and at + s + n <= bounds[message + 1]
+            checked += n
+        assert sum(n for _, n, _, _ in entries[r]) == n_real  # every token of the chunk is in a turn
+    assert checked == sum(rows[r]["seq_lengths"][0] for r in range(len(rows))) > 0
+
+
+def test_a_pieces_build_writes_no_turns_file(tmp_path):
+    _, manifest = _build(tmp_path, [{"pieces": [{"text": "just text", "weight": 1}]}])
+    assert manifest["turns_file"] is None and not (tmp_path / "out" / TURNS_NAME).exists()
+
+
+def test_inspect_shows_a_conversation_turn_by_turn(tmp_path):
+    convo = _conversation(5)  # three exchanges (the second answer weighted 2), then a tool turn and an answer
+    _cli_build(tmp_path, [{"messages": convo}, {"pieces": [{"text": "tail piece", "weight": 1}]}])
+    out = CliRunner().invoke(main, ["inspect", str(tmp_path / "out"), "--no-color"]).output
+    headers = [line for line in out.splitlines() if line.startswith("▸")]
+    want = [f"▸ {m['role']} (messages[{i}]), weight {m.get('weight', 1.0 if m['role'] == 'assistant' else 0):g}:"
+            for i, m in enumerate(convo)]
+    assert [h.split(": ")[0] + ":" for h in headers] == want
+    assert [m["role"] for m in convo] == ["user", "assistant"] * 3 + ["tool", "assistant"]
+    turn_texts = out.split("▸")[1:]
+    assert "[w=2]Answer 5.1!" in turn_texts[3] and "tool output 5" in turn_texts[6]
+    assert "ail piece<|im_end|>" in out.split("document 2")[1] and "▸" not in out.split("document 2")[1]  # no turns
+
+
+def _cli_build(tmp_path, records, *flags):
+    """A build through the CLI from a saved tokenizer directory (inspect then finds the tokenizer by its path)."""
+    chat_tokenizer("chatml").save_pretrained(tmp_path / "tok")
+    raw = tmp_path / "raw.jsonl"
+    raw.write_text("".join(json.dumps(r) + "\n" for r in records))
+    args = ["build", str(raw), "--tokenizer", str(tmp_path / "tok"), "--out", str(tmp_path / "out"), *flags]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+
+
+def test_validation_split_has_its_own_turns_file(tmp_path):
+    records = [{"messages": _conversation(i)} for i in range(30)]
+    _cli_build(tmp_path, records, "--validation-records", "5", "--seq-len", "256")
+    for split in ("train", "validation"):
+        entries = _turn_lines(tmp_path / "out" / split / TURNS_NAME)
+        assert entries
+        out = CliRunner().invoke(main, ["inspect", str(tmp_path / "out"), "--split", split, "--row", "0", "--no-color"]).output
+        assert "▸ user (messages[" in out
+    assert sum(len(e["turns"]) for split in ("train", "validation")
+               for e in _turn_lines(tmp_path / "out" / split / TURNS_NAME)) == sum(len(r["messages"]) for r in records)
+
+
+@pytest.mark.parametrize("name", ["llama3", "gemma"])
+def test_bos_lies_in_the_first_turn_where_the_template_renders_it_with_it(name, tmp_path):
+    """messages[0] spans render(messages[:1]) less render([]). Llama-3's template prepends BOS to the first
+    message's content, and Gemma's cannot render no message (it reads messages[0]): BOS is in messages[0]'s span."""
+    tok = chat_tokenizer(name)
+    convo = _conversation(2)  # user/assistant only: Gemma's template refuses other roles
+    raw = tmp_path / "raw.jsonl"
+    raw.write_text(json.dumps({"messages": convo}) + "\n")
+    build([str(raw)], tmp_path / "out", config_from_dict({"pack": {"seq_len": 256}}), tokenizer=tok)
+    row = datasets.load_from_disk(str(tmp_path / "out"))[0]
+    turns = _turn_lines(tmp_path / "out" / TURNS_NAME)[0]["turns"]
+    assert row["input_ids"][0] == tok.convert_tokens_to_ids(FAMILIES[name].bos)
+    assert turns[0][0] == 0
+    assert [t[2] for t in turns] == [m["role"] for m in convo]
+    first = tok.decode(row["input_ids"][turns[0][0] : turns[0][0] + turns[0][1]])
+    assert first.startswith(FAMILIES[name].bos) and "Question 2.0?" in first and "Answer" not in first
+
+
+@settings(max_examples=200, deadline=None)
+@given(cuts=st.lists(st.integers(0, 60), min_size=0, max_size=8, unique=True), start=st.integers(0, 30),
+       length=st.integers(1, 30))  # fmt: skip
+def test_document_turns_partition_the_document(cuts, start, length):
+    cuts = sorted(cuts)
+    turns = [[a, b - a, "user", i] for i, (a, b) in enumerate(zip(cuts[:-1], cuts[1:], strict=True)) if b > a]
+    parts = document_turns(turns, start, length)
+    assert [p[0] for p in parts] == list(np.cumsum([0, *(p[1] for p in parts)])[:-1])  # contiguous from 0
+    assert sum(p[1] for p in parts) == length and all(p[1] > 0 for p in parts)
+    for offset, _n, role, message in parts:
+        inside = [t for t in turns if t[0] <= start + offset < t[0] + t[1]]
+        assert (role is None) == (not inside) and (not inside or (inside[0][3] == message))
