@@ -267,3 +267,22 @@ def test_interleave_puts_pieces_back_in_order(lengths, data):
 
     ids, offsets = _interleave([flat(order[:cut]), flat(order[cut:])], order)
     assert [ids[offsets[i] : offsets[i + 1]].tolist() for i in range(len(lengths))] == [p.tolist() for p in pieces]
+
+
+def test_a_prefetched_fastokens_tokenizer_is_checked_like_any_other(tmp_path):
+    """The build starts fastokens on tokenizer.json before loading the tokenizer itself; the agreement probes still
+    decide: a prefetched file of another tokenizer is not used (fallback with a note, or an error when asked)."""
+    from tokenizer_factory import SAMPLE_TOKENIZER_DIR
+
+    from weightprep.stages.tokenize import FastokensPrefetch
+
+    same = PieceTokenizer(sample_tokenizer(), backend="auto", prefetched=FastokensPrefetch(SAMPLE_TOKENIZER_DIR / "tokenizer.json"))
+    assert same.backend == "fastokens" and same.note is None
+    bos_eos_distinct().save_pretrained(tmp_path / "other")
+    notes: list[str] = []
+    other = PieceTokenizer(sample_tokenizer(), backend="auto", notify=notes.append,
+                           prefetched=FastokensPrefetch(tmp_path / "other" / "tokenizer.json"))  # fmt: skip
+    assert other.backend == "hf" and "different ids" in notes[0]
+    missing = PieceTokenizer(sample_tokenizer(), backend="fastokens", prefetched=FastokensPrefetch(tmp_path / "nope.json"))
+    with pytest.raises(UsageError, match="fastokens cannot load"):
+        missing.encoders

@@ -36,11 +36,13 @@ from weightprep.stages.pack import Packer
 from weightprep.stages.read import InputFile, check_inputs, expand_inputs, read_blocks
 from weightprep.stages.rejects import REJECTS_NAME, RejectsWriter
 from weightprep.stages.split import TRAIN, VALIDATION, count_cut, fraction_cut, split_records
-from weightprep.stages.tokenize import PieceTokenizer
+from weightprep.stages.tokenize import FastokensPrefetch, PieceTokenizer
 from weightprep.stages.validate import parse_block
 from weightprep.stages.write import ShardWriter, prepare_output
 from weightprep.tokenizer import (
+    SAMPLE_TOKENIZER_DIR,
     SpecialTokens,
+    TokenizerFiles,
     load_tokenizer,
     special_tokens,
     tokenizer_summary,
@@ -198,11 +200,20 @@ def build(
             "field names pieces/messages/text/prompt+completion"
         )
     out_path = prepare_output(out, overwrite=overwrite, inputs=inputs)
+    prefetch = None
+    if tokenizer is None and cfg.tokenizer.backend != "hf" and not cfg.tokenizer.trust_remote_code:
+        files = Path(cfg.tokenizer.name) if cfg.tokenizer.name is not None else SAMPLE_TOKENIZER_DIR
+        if (files / "tokenizer.json").is_file():  # fastokens loads while the tokenizer itself does
+            prefetch = FastokensPrefetch(files / "tokenizer.json")
     tok = tokenizer if tokenizer is not None else load_tokenizer(
         cfg.tokenizer.name, trust_remote_code=cfg.tokenizer.trust_remote_code, direct=True
     )
     specials = special_tokens(tok, add_bos=_ADD_BOS[cfg.tokenizer.add_bos])
-    tokenize = PieceTokenizer(tok, cfg.tokenizer.batch_size, cfg.tokenizer.backend, notify)
+    # the file fastokens read is what the tokenizer runs only where the build read it directly (TokenizerFiles)
+    tokenize = PieceTokenizer(
+        tok, cfg.tokenizer.batch_size, cfg.tokenizer.backend, notify,
+        prefetched=prefetch if isinstance(tok, TokenizerFiles) else None,
+    )
     seq_len, packed = cfg.pack.seq_len, cfg.pack.enabled
     files = [InputFile(p) for p in inputs]
     chats = _Chats(tok, cfg)

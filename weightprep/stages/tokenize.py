@@ -34,6 +34,7 @@ import threading
 from collections.abc import Callable
 from itertools import chain
 from operator import attrgetter
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -41,7 +42,10 @@ import numpy as np
 from weightprep.batches import Records
 from weightprep.errors import UsageError
 
-__all__ = ["AGREEMENT_PROBES", "BACKENDS", "GUARD_PIECES", "PieceTokenizer", "continuation_spec", "document_starts"]
+__all__ = [
+    "AGREEMENT_PROBES", "BACKENDS", "GUARD_PIECES", "FastokensPrefetch", "PieceTokenizer", "continuation_spec",
+    "document_starts",
+]
 
 #: Components known to add nothing at the start of a call (beyond what ``continuation_spec`` switches off).
 _NORMALIZERS = {
@@ -156,15 +160,49 @@ class _HFEncoder:
         return flat, offsets
 
 
+class FastokensPrefetch:
+    """fastokens loading a ``tokenizer.json`` file in a thread (about 0.5 s for 50k ids, the GIL released), started
+    before the build loads the tokenizer itself, so the two loads overlap. ``PieceTokenizer(prefetched=...)`` takes
+    it for the start encoder; the agreement probes and the guard check it like any fastokens encoder."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._result: Any = None
+        self._thread = threading.Thread(target=self._load, name="weightprep-fastokens-file", daemon=True)
+        self._thread.start()
+
+    def _load(self) -> None:
+        try:
+            import fastokens
+
+            tok = fastokens.Tokenizer.from_file(str(self.path))
+            tok.no_truncation()  # as PieceTokenizer's copy of the tokenizers backend
+            tok.no_padding()
+            self._result = tok
+        except Exception as exc:  # reported by result(): PieceTokenizer then decides (fall back or refuse)
+            self._result = exc
+
+    def result(self) -> Any:
+        """The loaded ``fastokens.Tokenizer``; raises what loading raised (as ValueError where fastokens did)."""
+        self._thread.join()
+        if isinstance(self._result, ImportError):
+            raise self._result
+        if isinstance(self._result, Exception):
+            raise ValueError(str(self._result)) from self._result
+        return self._result
+
+
 class _FastokensEncoder:
     """fastokens' ``encode_batch_flat``: little-endian uint32 ids and uint64 offsets, read as numpy arrays."""
 
     name = "fastokens"
 
-    def __init__(self, spec_json: str, batch_size: int) -> None:
+    def __init__(self, spec_json: str | Any, batch_size: int) -> None:
+        """From a tokenizer.json text, or a ``fastokens.Tokenizer`` already loaded (``FastokensPrefetch``)."""
         import fastokens
 
-        self.tokenizer, self.batch_size = fastokens.Tokenizer.from_json_str(spec_json), batch_size
+        loaded = spec_json if not isinstance(spec_json, str) else fastokens.Tokenizer.from_json_str(spec_json)
+        self.tokenizer, self.batch_size = loaded, batch_size
 
     def __call__(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         parts = [self._flat(texts[s : s + self.batch_size]) for s in range(0, len(texts), self.batch_size)]
@@ -204,7 +242,12 @@ class PieceTokenizer:
     runs and ``self.note`` says why ``auto`` did not take fastokens (None when it did, or was not asked)."""
 
     def __init__(
-        self, tokenizer: Any, batch_size: int = 4096, backend: str = "hf", notify: Callable[[str], None] | None = None
+        self,
+        tokenizer: Any,
+        batch_size: int = 4096,
+        backend: str = "hf",
+        notify: Callable[[str], None] | None = None,
+        prefetched: FastokensPrefetch | None = None,
     ) -> None:
         from tokenizers import Tokenizer
 
@@ -226,7 +269,7 @@ class PieceTokenizer:
         #: tokenizers' encoders (start, continuation or None): the reference the guard compares with
         self.reference = (_HFEncoder(hf, batch_size), None if hf_cont is None else _HFEncoder(hf_cont, batch_size))
         self._encoders: tuple[Any, Any] | None = self.reference if backend == "hf" else None
-        self._requested, self._notify = backend, notify
+        self._requested, self._notify, self._prefetched = backend, notify, prefetched
         self.note: str | None = None
         self._loading: threading.Thread | None = None
         self._load_error: BaseException | None = None
@@ -283,7 +326,7 @@ class PieceTokenizer:
             raise ImportError("fastokens is not installed (pip install 'fastokens>=0.3.5,<0.4')") from exc
         try:
             fast = (
-                _FastokensEncoder(spec_json, batch_size),
+                _FastokensEncoder(spec_json if self._prefetched is None else self._prefetched.result(), batch_size),
                 None if cont_json is None else _FastokensEncoder(cont_json, batch_size),
             )
         except Exception as exc:  # fastokens raises ValueError for a component it does not support
