@@ -14,10 +14,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from weightprep.cli import main
-from weightprep.commands.inspect import document_turns
 from weightprep.config import config_from_dict
 from weightprep.constants import TURNS_NAME
 from weightprep.pipeline import build
+from weightprep.report.stats import document_turns
 
 
 def _conversation(i: int) -> list[dict]:
@@ -169,3 +169,22 @@ def test_document_turns_partition_the_document(cuts, start, length):
     for offset, _n, role, message in parts:
         inside = [t for t in turns if t[0] <= start + offset < t[0] + t[1]]
         assert (role is None) == (not inside) and (not inside or (inside[0][3] == message))
+
+
+def test_the_html_report_heads_each_turn_with_its_role(tmp_path):
+    import re
+    from html import unescape
+
+    convo = _conversation(3)  # a system prompt, then user/assistant exchanges
+    _cli_build(tmp_path, [{"messages": convo}, {"pieces": [{"text": "tail piece", "weight": 1}]}])
+    report = tmp_path / "report.html"
+    assert CliRunner().invoke(main, ["inspect", str(tmp_path / "out"), "--html", str(report)]).exit_code == 0
+    page = report.read_text()
+    row = page.split('data-row="0"')[1].split("<h3>")[0]
+    heads = re.findall(r'<span class="turn" data-role="([^"]+)" data-message="(\d+)">', row)
+    assert heads == [(m["role"], str(i)) for i, m in enumerate(convo)]
+    # the tokens after each head are that message's rendering (the last chunk runs on into the pieces document)
+    chunks = re.split(r'<span class="turn"[^>]*>[^<]*</span>', row)[1:]
+    texts = [unescape(re.sub(r"<[^>]+>", "", c)).replace("↵", "").replace("\n", "") for c in chunks]
+    for text, want in zip(texts, _expected_turn_texts(chat_tokenizer("chatml"), convo), strict=True):
+        assert text.startswith(want.replace("\n", ""))

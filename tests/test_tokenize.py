@@ -285,4 +285,4 @@ def test_a_prefetched_fastokens_tokenizer_is_checked_like_any_other(tmp_path):
     assert other.backend == "hf" and "different ids" in notes[0]
     missing = PieceTokenizer(sample_tokenizer(), backend="fastokens", prefetched=FastokensPrefetch(tmp_path / "nope.json"))
     with pytest.raises(UsageError, match="fastokens cannot load"):
-        missing.encoders
+        _ = missing.backend

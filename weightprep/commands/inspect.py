@@ -9,7 +9,6 @@ shown turn by turn, each headed by its role, message index and weight (from the 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import click
 import numpy as np
@@ -20,9 +19,9 @@ from weightprep.constants import SEQ_LENGTHS
 from weightprep.errors import UsageError
 from weightprep.manifest import read_manifest, read_row, read_turns
 from weightprep.report.page import weight_class
-from weightprep.report.stats import row_segments
+from weightprep.report.stats import document_turns, row_segments
 
-__all__ = ["document_turns", "inspect", "weight_spans"]
+__all__ = ["inspect", "weight_spans"]
 
 
 def weight_spans(input_ids: np.ndarray, weights: np.ndarray) -> list[tuple[float, list[int]]]:
@@ -34,26 +33,6 @@ def weight_spans(input_ids: np.ndarray, weights: np.ndarray) -> list[tuple[float
         else:
             spans.append((w, [tid]))
     return spans
-
-
-def document_turns(turns: list[list[Any]], start: int, length: int) -> list[tuple[int, int, str | None, int | None]]:
-    """The document at row positions ``[start, start + length)`` cut by the row's conversation ``turns``:
-    ``(offset in the document, tokens, role, message index)``, with ``role`` None for the text between turns
-    (template text such as BOS) and for a document that holds no turn (one made of pieces)."""
-    end = start + length
-    parts: list[tuple[int, int, str | None, int | None]] = []
-    at = start
-    for t_start, t_len, role, message in turns:
-        a, b = max(t_start, start), min(t_start + t_len, end)
-        if a >= b:
-            continue
-        if a > at:
-            parts.append((at - start, a - at, None, None))
-        parts.append((a - start, b - a, role, message))
-        at = b
-    if at < end:
-        parts.append((at - start, end - at, None, None))
-    return parts
 
 
 #: terminal colours of the weight buckets (the HTML report's classes)

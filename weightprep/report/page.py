@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from weightprep.constants import IGNORE_INDEX, INPUT_IDS, LABELS, WEIGHTS
-from weightprep.report.stats import SplitStats, row_segments, split_stats
+from weightprep.report.stats import SplitStats, document_turns, row_segments, split_stats
 from weightprep.report.svg import histogram_svg
 from weightprep.report.tokens import token_groups
 
@@ -60,6 +60,7 @@ svg .tick { font-size: 11px; fill: #4b5563; } svg .label { font-size: 12px; fill
 svg .chart-title { font-size: 13px; font-weight: 600; fill: #111827; }
 .hbar { display: inline-block; height: 10px; background: #f59e0b; vertical-align: middle; }
 .doc { border: 1px solid #d1d5db; border-left: 4px solid #6366f1; border-radius: 4px; margin: 6px 0; }
+.turn { display: block; margin: 4px 0 1px; font: bold 11px sans-serif; color: #374151; }
 .doc-head, .pad { font-size: 12px; color: #4b5563; background: #f3f4f6; padding: 2px 8px; }
 .pad { border: 1px dashed #d1d5db; border-radius: 4px; margin: 6px 0; }
 .tokens { font: 13px/1.7 ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; white-space: pre-wrap;
@@ -201,7 +202,7 @@ def _token_html(text: str) -> str:
     return escape(text).replace("\n", '<span class="nl">↵</span>\n')
 
 
-def _row_html(tok: Any, row: dict[str, Any], pad_id: int | None, max_tokens: int) -> str:
+def _row_html(tok: Any, row: dict[str, Any], pad_id: int | None, max_tokens: int, turns: list[list[Any]]) -> str:
     lengths, pad = row_segments(row, pad_id)
     ids, labels, weights = row[INPUT_IDS], row[LABELS], row[WEIGHTS]
     out, start = [], 0
@@ -210,7 +211,12 @@ def _row_html(tok: Any, row: dict[str, Any], pad_id: int | None, max_tokens: int
         shown = min(length, max_tokens)
         sup = int((weights[start : start + length] > 0).sum())
         spans = []
+        heads = [(o, role, m) for o, _, role, m in document_turns(turns, start, length) if role is not None]
         for a, b, text in token_groups(tok, doc_ids[:shown]):
+            while heads and heads[0][0] < b:  # a conversation turn starts in this group: its role first
+                _, role, message = heads.pop(0)
+                spans.append(f'<span class="turn" data-role="{escape(role)}" data-message="{message}">'
+                             f"{escape(role)} · messages[{message}]</span>")  # fmt: skip
             t_ids = doc_ids[a:b]
             t_labels = labels[start + a : start + b].tolist()
             t_weights = weights[start + a : start + b].tolist()
@@ -238,7 +244,7 @@ def _row_html(tok: Any, row: dict[str, Any], pad_id: int | None, max_tokens: int
 def render_report(directory: Path, *, tokenizer: str | None = None, rows: int = 3, max_tokens: int = 2048) -> str:
     """The page for the build in ``directory``, as a string."""
     from weightprep.commands.build import format_summary
-    from weightprep.manifest import read_manifest, read_row, split_shards
+    from weightprep.manifest import read_manifest, read_row, read_turns, split_shards
     from weightprep.tokenizer import load_tokenizer, tokenizer_fingerprint
 
     directory = Path(directory)
@@ -299,8 +305,9 @@ def render_report(directory: Path, *, tokenizer: str | None = None, rows: int = 
             )
         for index in range(n_rows):
             row = read_row(directory, manifest, index, split)
+            turns = read_turns(directory, manifest, index, split)
             parts.append(f'<h3>row {index}</h3><div class="row" data-row="{index}">'
-                         f"{_row_html(tok, row, pad_id, max_tokens)}</div>")  # fmt: skip
+                         f"{_row_html(tok, row, pad_id, max_tokens, turns)}</div>")  # fmt: skip
         parts.append("</section>")
     parts.append("</body></html>")
     return "\n".join(p for p in parts if p)

@@ -17,7 +17,7 @@ import numpy as np
 from weightprep.constants import IGNORE_INDEX, INPUT_IDS, LABELS, SEQ_LENGTHS, WEIGHTS
 from weightprep.manifest import shard_batches
 
-__all__ = ["SplitStats", "split_stats", "row_segments"]
+__all__ = ["SplitStats", "document_turns", "split_stats", "row_segments"]
 
 #: Past this many distinct weights the counts are kept per weight rounded to 3 decimals (bounded memory).
 MAX_DISTINCT_WEIGHTS = 100_000
@@ -105,3 +105,23 @@ def split_stats(directory: Path, shards: list[dict[str, Any]], pad_id: int | Non
             stats.add_weights(weights[~(in_tail & tail[:, None])])
             stats.rows += n
     return stats
+
+
+def document_turns(turns: list[list[Any]], start: int, length: int) -> list[tuple[int, int, str | None, int | None]]:
+    """The document at row positions ``[start, start + length)`` cut by the row's conversation ``turns``:
+    ``(offset in the document, tokens, role, message index)``, with ``role`` None for the text between turns
+    (template text such as BOS) and for a document that holds no turn (one made of pieces)."""
+    end = start + length
+    parts: list[tuple[int, int, str | None, int | None]] = []
+    at = start
+    for t_start, t_len, role, message in turns:
+        a, b = max(t_start, start), min(t_start + t_len, end)
+        if a >= b:
+            continue
+        if a > at:
+            parts.append((at - start, a - at, None, None))
+        parts.append((a - start, b - a, role, message))
+        at = b
+    if at < end:
+        parts.append((at - start, end - at, None, None))
+    return parts
