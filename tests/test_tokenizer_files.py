@@ -135,3 +135,22 @@ def test_arrow_buffers_round_trip_without_pandas(dtype):
     assert from_numpy(np.array([1, 2], dtype=np.int64), pa.int32()).type == pa.int32()  # cast on the way in
     with pytest.raises(ValueError, match="nulls"):
         to_numpy(pa.array([1, None], pa.int32()))
+
+
+def test_a_directory_loaded_through_auto_tokenizer_is_tokenized_from_what_it_loaded(tmp_path, write_jsonl):
+    """The build starts fastokens on tokenizer.json early, but where transformers changes the tokenizer at load time
+    (here `add_bos_token`) that file is not used: fastokens gets the loaded backend's JSON; same shards as hf."""
+    from weightprep.config import config_from_dict
+    from weightprep.pipeline import build
+
+    directory = _edit_config(_saved(bos_eos_distinct(), tmp_path / "tok"), add_bos_token=True)
+    assert not isinstance(load_tokenizer(str(directory), direct=True), TokenizerFiles)
+    raw = write_jsonl([{"pieces": [{"text": "Q: 2+2?", "weight": 0}, {"text": " A: 4", "weight": 1}]}] * 3)
+    manifests = {
+        backend: build([str(raw)], tmp_path / backend, config_from_dict(
+            {"tokenizer": {"name": str(directory), "backend": backend}, "pack": {"seq_len": 64}}))
+        for backend in ("auto", "hf")
+    }  # fmt: skip
+    assert manifests["auto"]["tokenizer"]["backend"] == "fastokens"
+    shards = {b: {p.name: p.read_bytes() for p in (tmp_path / b).glob("*.arrow")} for b in manifests}
+    assert shards["auto"] and shards["auto"] == shards["hf"]

@@ -202,18 +202,18 @@ def build(
     out_path = prepare_output(out, overwrite=overwrite, inputs=inputs)
     prefetch = None
     if tokenizer is None and cfg.tokenizer.backend != "hf" and not cfg.tokenizer.trust_remote_code:
-        files = Path(cfg.tokenizer.name) if cfg.tokenizer.name is not None else SAMPLE_TOKENIZER_DIR
-        if (files / "tokenizer.json").is_file():  # fastokens loads while the tokenizer itself does
-            prefetch = FastokensPrefetch(files / "tokenizer.json")
+        tok_dir = Path(cfg.tokenizer.name) if cfg.tokenizer.name is not None else SAMPLE_TOKENIZER_DIR
+        if (tok_dir / "tokenizer.json").is_file():  # fastokens loads while the tokenizer itself does
+            prefetch = FastokensPrefetch(tok_dir / "tokenizer.json")
     tok = tokenizer if tokenizer is not None else load_tokenizer(
         cfg.tokenizer.name, trust_remote_code=cfg.tokenizer.trust_remote_code, direct=True
     )
     specials = special_tokens(tok, add_bos=_ADD_BOS[cfg.tokenizer.add_bos])
     # the file fastokens read is what the tokenizer runs only where the build read it directly (TokenizerFiles)
-    tokenize = PieceTokenizer(
-        tok, cfg.tokenizer.batch_size, cfg.tokenizer.backend, notify,
-        prefetched=prefetch if isinstance(tok, TokenizerFiles) else None,
-    )
+    if prefetch is not None and not isinstance(tok, TokenizerFiles):
+        prefetch.close()  # loaded through AutoTokenizer: the file need not be what runs, so it is not used
+        prefetch = None
+    tokenize = PieceTokenizer(tok, cfg.tokenizer.batch_size, cfg.tokenizer.backend, notify, prefetched=prefetch)
     seq_len, packed = cfg.pack.seq_len, cfg.pack.enabled
     files = [InputFile(p) for p in inputs]
     chats = _Chats(tok, cfg)

@@ -182,6 +182,10 @@ class FastokensPrefetch:
         except Exception as exc:  # reported by result(): PieceTokenizer then decides (fall back or refuse)
             self._result = exc
 
+    def close(self) -> None:
+        """Wait for the load to end (its result, if never asked for, is dropped)."""
+        self._thread.join()
+
     def result(self) -> Any:
         """The loaded ``fastokens.Tokenizer``; raises what loading raised (as ValueError where fastokens did)."""
         self._thread.join()
@@ -307,6 +311,8 @@ class PieceTokenizer:
         """Wait for a fastokens load still running (a build that fails before its first block)."""
         if self._loading is not None:
             self._loading.join()
+        if self._prefetched is not None:
+            self._prefetched.close()
 
     @property
     def backend(self) -> str:
