@@ -94,7 +94,7 @@ class ChatTokens(NamedTuple):
     ids: np.ndarray  # int32[N]
     weights: np.ndarray  # float32[N]
     canonical: str
-    turns: np.ndarray  # int32[N], each token's turn code (``stages.chat.turn_code``; 0 outside every message)
+    turns: np.ndarray  # int32[N], each token's turn code (``turn_code``; 0 outside every message)
 
 
 @dataclass(frozen=True)

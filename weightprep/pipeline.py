@@ -40,11 +40,11 @@ from weightprep.stages.tokenize import FastokensPrefetch, PieceTokenizer
 from weightprep.stages.validate import parse_block
 from weightprep.stages.write import ShardWriter, prepare_output
 from weightprep.tokenizer import (
-    SAMPLE_TOKENIZER_DIR,
     SpecialTokens,
     TokenizerFiles,
     load_tokenizer,
     special_tokens,
+    tokenizer_location,
     tokenizer_summary,
     transformers_tokenizer,
 )
@@ -124,7 +124,7 @@ class _Chats:
     def __init__(self, tokenizer: Any, cfg: BuildConfig) -> None:
         self.tokenizer, self.cfg = tokenizer, cfg
         self._renderer: ChatRenderer | None = None
-        #: the conversations' role names, by turn code (``stages.chat.turn_code``), for the writer's turns file
+        #: the conversations' role names, by turn code (``batches.turn_code``), for the writer's turns file
         self.roles: list[str] = []
 
     def __call__(self, records: Records, rejects: list[Reject]) -> Records:
@@ -202,7 +202,7 @@ def build(
     out_path = prepare_output(out, overwrite=overwrite, inputs=inputs)
     prefetch = None
     if tokenizer is None and cfg.tokenizer.backend != "hf" and not cfg.tokenizer.trust_remote_code:
-        tok_dir = Path(cfg.tokenizer.name) if cfg.tokenizer.name is not None else SAMPLE_TOKENIZER_DIR
+        tok_dir = Path(tokenizer_location(cfg.tokenizer.name))
         if (tok_dir / "tokenizer.json").is_file():  # fastokens loads while the tokenizer itself does
             prefetch = FastokensPrefetch(tok_dir / "tokenizer.json")
     tok = tokenizer if tokenizer is not None else load_tokenizer(

@@ -35,6 +35,7 @@ __all__ = [
     "transformers_tokenizer",
     "load_tokenizer",
     "special_tokens",
+    "tokenizer_location",
     "tokenizer_fingerprint",
     "tokenizer_summary",
 ]
@@ -155,17 +156,23 @@ def transformers_tokenizer(tok: Any) -> Any:
     return tok._full
 
 
+def tokenizer_location(name_or_path: str | None) -> str:
+    """What ``--tokenizer`` names: a local directory or a hub id as given, the bundled sample one for ``None``."""
+    if name_or_path is not None:
+        return name_or_path
+    if not (SAMPLE_TOKENIZER_DIR / "tokenizer.json").is_file():
+        raise UsageError(
+            f"the bundled sample tokenizer is missing at {SAMPLE_TOKENIZER_DIR}; "
+            "rebuild it with `python sample_data/make_tokenizer.py` or pass --tokenizer PATH_OR_HUB_ID"
+        )
+    return str(SAMPLE_TOKENIZER_DIR)
+
+
 def load_tokenizer(name_or_path: str | None, *, trust_remote_code: bool = False, direct: bool = False) -> Any:
     """Load a fast tokenizer from a local directory or a hub id (``None``: the bundled sample one).
 
     ``direct``: return a ``TokenizerFiles`` where that is exactly what AutoTokenizer would load (the build)."""
-    if name_or_path is None:
-        if not (SAMPLE_TOKENIZER_DIR / "tokenizer.json").is_file():
-            raise UsageError(
-                f"the bundled sample tokenizer is missing at {SAMPLE_TOKENIZER_DIR}; "
-                "rebuild it with `python sample_data/make_tokenizer.py` or pass --tokenizer PATH_OR_HUB_ID"
-            )
-        name_or_path = str(SAMPLE_TOKENIZER_DIR)
+    name_or_path = tokenizer_location(name_or_path)
     directory = Path(name_or_path)
     if direct and not trust_remote_code and (directory / "tokenizer.json").is_file():
         backend = _load_backend(directory)

@@ -187,12 +187,10 @@ class FastokensPrefetch:
         self._thread.join()
 
     def result(self) -> Any:
-        """The loaded ``fastokens.Tokenizer``; raises what loading raised (as ValueError where fastokens did)."""
+        """The loaded ``fastokens.Tokenizer``; raises what loading raised."""
         self._thread.join()
-        if isinstance(self._result, ImportError):
-            raise self._result
         if isinstance(self._result, Exception):
-            raise ValueError(str(self._result)) from self._result
+            raise self._result
         return self._result
 
 
@@ -285,7 +283,7 @@ class PieceTokenizer:
 
     def _load_fastokens(self, hf: Any, cont_json: str | None, batch_size: int) -> None:
         try:
-            self._encoders = self._fastokens(hf.to_str(), cont_json, batch_size)
+            self._encoders = self._fastokens(hf, cont_json, batch_size)
         except (ImportError, ValueError, RuntimeError) as exc:
             if self._requested == "fastokens":
                 self._load_error = UsageError(f"--tokenizer-backend fastokens: {exc}; use --tokenizer-backend hf")
@@ -324,15 +322,16 @@ class PieceTokenizer:
         """The continuation encoder, None when the tokenizer has no start marker (one encoder does both)."""
         return self.encoders[1]
 
-    def _fastokens(self, spec_json: str, cont_json: str | None, batch_size: int) -> tuple[Any, Any]:
-        """fastokens encoders for start and continuation, once they give tokenizers' ids on every probe."""
+    def _fastokens(self, hf: Any, cont_json: str | None, batch_size: int) -> tuple[Any, Any]:
+        """fastokens encoders for start (the prefetched file, else ``hf``'s JSON) and continuation, once they give
+        tokenizers' ids on every probe."""
         try:
             import fastokens  # noqa: F401
         except ImportError as exc:
             raise ImportError("fastokens is not installed (pip install 'fastokens>=0.3.5,<0.4')") from exc
         try:
             fast = (
-                _FastokensEncoder(spec_json if self._prefetched is None else self._prefetched.result(), batch_size),
+                _FastokensEncoder(hf.to_str() if self._prefetched is None else self._prefetched.result(), batch_size),
                 None if cont_json is None else _FastokensEncoder(cont_json, batch_size),
             )
         except Exception as exc:  # fastokens raises ValueError for a component it does not support
