@@ -3,7 +3,7 @@
 A pipeline file mirrors the dataclasses (``pipelines/packed.yaml``)::
 
     tokenizer: {name: null, add_bos: auto}
-    read:      {block_bytes: 8388608, max_line_bytes: 67108864}
+    read:      {block_bytes: 8388608, max_line_bytes: 67108864, split_bytes: 268435456}
     validate:  {on_invalid: error}
     assemble:  {eos_weight: 1.0}
     filter:    {overlong: drop, max_length: null}
@@ -70,6 +70,10 @@ class ReadConfig:
     columns: str | None = field(
         default=None,
         metadata={"help": "Rename input columns of Parquet/Arrow inputs: TARGET=SOURCE,... (prompt=question,...)."},
+    )
+    split_bytes: int = field(
+        default=256 << 20,
+        metadata={"help": "Plain JSONL files are cut into splits of about this many bytes, the unit of parallel work."},
     )
 
 
@@ -238,6 +242,7 @@ def _semantic_checks(cfg: BuildConfig, problems: list[str]) -> None:
         ("pack.window", cfg.pack.window, 1),
         ("read.block_bytes", cfg.read.block_bytes, 1024),
         ("read.max_line_bytes", cfg.read.max_line_bytes, 1024),
+        ("read.split_bytes", cfg.read.split_bytes, 1),
         ("write.max_shard_bytes", cfg.write.max_shard_bytes, 1024),
         ("tokenizer.batch_size", cfg.tokenizer.batch_size, 1),
     ):

@@ -21,6 +21,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,7 @@ __all__ = [
     "tokenizer_location",
     "tokenizer_fingerprint",
     "tokenizer_summary",
+    "set_tokenizer_threads",
 ]
 
 #: The small tokenizer bundled with the repository (see sample_data/make_tokenizer.py).
@@ -241,3 +243,12 @@ def tokenizer_summary(tok: Any) -> dict[str, Any]:
         "eos_token_id": tok.eos_token_id,
         "pad_token_id": tok.pad_token_id,
     }
+
+
+def set_tokenizer_threads(num_proc: int | None) -> None:
+    """Size the Rust tokenizer's thread pool (read once, at its first parallel call in this process)."""
+    if num_proc is not None:
+        os.environ["RAYON_NUM_THREADS"] = str(num_proc)
+    # a parent that set TOKENIZERS_PARALLELISM=false (e.g. to fork safely) would leave us on one core
+    if num_proc is None or num_proc > 1:
+        os.environ["TOKENIZERS_PARALLELISM"] = "true"

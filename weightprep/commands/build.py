@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -12,18 +11,9 @@ import click
 from weightprep.commands._errors import reports_errors
 from weightprep.config import load_config
 from weightprep.stages.read import expand_inputs
-from weightprep.tokenizer import SAMPLE_TOKENIZER_DIR
+from weightprep.tokenizer import SAMPLE_TOKENIZER_DIR, set_tokenizer_threads
 
 __all__ = ["build", "format_summary"]
-
-
-def set_tokenizer_threads(num_proc: int | None) -> None:
-    """Size the Rust tokenizer's thread pool (read once, at its first parallel call in this process)."""
-    if num_proc is not None:
-        os.environ["RAYON_NUM_THREADS"] = str(num_proc)
-    # a parent that set TOKENIZERS_PARALLELISM=false (e.g. to fork safely) would leave us on one core
-    if num_proc is None or num_proc > 1:
-        os.environ["TOKENIZERS_PARALLELISM"] = "true"
 
 
 def format_summary(manifest: dict[str, Any], out: str) -> str:
@@ -105,13 +95,36 @@ def format_summary(manifest: dict[str, Any], out: str) -> str:
 )
 @click.option("--overwrite", is_flag=True, help="Replace the output directory (an earlier build) if it exists.")
 @click.option(
+    "--executor",
+    type=click.Choice(["local", "ray", "serial"]),
+    default="local",
+    show_default=True,
+    help="Who runs the input splits: local worker processes, Ray actors (pip install 'weightprep[ray]'), or this "
+    "process alone. The output does not depend on it.",
+)
+@click.option("--workers", type=click.IntRange(min=1), help="Worker processes / Ray actors (default: one per core).")
+@click.option("--ray-address", help="Ray cluster to run on (default: RAY_ADDRESS; none: a local Ray cluster).")
+@click.option("--split-bytes", type=click.IntRange(min=1), help="Cut plain JSONL files into splits of about this size [read.split_bytes, 256 MiB].")
+@click.option(
+    "--resume", is_flag=True, help="Reuse the finished splits of an interrupted build of the same inputs and configuration."
+)
+@click.option(
     "--num-proc",
     type=click.IntRange(min=1),
     help="Tokenizer threads (default: every core). The output does not depend on it.",
 )
 @reports_errors
 def build(
-    inputs: tuple[str, ...], out: str, pipeline_file: str | None, overwrite: bool, num_proc: int | None, **flags: Any
+    inputs: tuple[str, ...],
+    out: str,
+    pipeline_file: str | None,
+    overwrite: bool,
+    num_proc: int | None,
+    executor: str,
+    workers: int | None,
+    ray_address: str | None,
+    resume: bool,
+    **flags: Any,
 ) -> None:
     """Tokenize, weight, mask, pack and write INPUTS as Arrow shards.
 
@@ -121,6 +134,7 @@ def build(
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 
     set_tokenizer_threads(num_proc)
+    from weightprep.distribute.executors import make_executor
     from weightprep.pipeline import build as run_build
 
     overrides = {
@@ -141,6 +155,7 @@ def build(
         "split.validation_records": flags["validation_records"],
         "split.seed": flags["split_seed"],
         "read.columns": flags["columns"],
+        "read.split_bytes": flags["split_bytes"],
         "chat.template": flags["chat_template"],
         "chat.role_weights": flags["role_weights"],
     }
@@ -171,6 +186,7 @@ def build(
             bar.update(task, completed=consumed, records=counts["accepted"])
 
         manifest = run_build(
-            paths, out, cfg, overwrite=overwrite, progress=progress, notify=lambda m: click.echo(f"note: {m}", err=True)
+            paths, out, cfg, overwrite=overwrite, progress=progress, notify=lambda m: click.echo(f"note: {m}", err=True),
+            executor=make_executor(executor, workers, ray_address), resume=resume,
         )
     click.echo(format_summary(manifest, out.rstrip("/")))

@@ -73,6 +73,29 @@ class _HashingReader(io.RawIOBase):
         return n or 0
 
 
+class _RangeReader(io.RawIOBase):
+    """The next ``size`` bytes of ``raw``, then end of file."""
+
+    def __init__(self, raw: BinaryIO, size: int) -> None:
+        self._raw = raw
+        self._left = size
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        if self._left <= 0:
+            return 0
+        view = memoryview(buffer)[: self._left]
+        n = self._raw.readinto(view)  # type: ignore[attr-defined]
+        self._left -= n or 0
+        return n or 0
+
+    def close(self) -> None:
+        self._raw.close()
+        super().close()
+
+
 class _ZstdReader(io.RawIOBase):
     """Decompresses a (multi-frame) zstd stream and, unlike ``zstandard.stream_reader``, raises
     ``EOFError`` when the input ends inside a frame, so a truncated file is never read as complete."""
@@ -175,16 +198,31 @@ def _open(record: InputFile, raw: BinaryIO) -> BinaryIO:
 
 
 def read_blocks(
-    record: InputFile, block_bytes: int, max_line_bytes: int = 64 << 20, columns: dict[str, str] | None = None
+    record: InputFile,
+    block_bytes: int,
+    max_line_bytes: int = 64 << 20,
+    columns: dict[str, str] | None = None,
+    *,
+    start: int = 0,
+    end: int | None = None,
 ) -> Iterator[Block]:
     """Yield ``Block``s of whole lines of ``record.path``; fills in its size, hash and line count. Parquet and
     Arrow files give a block per batch of rows (``weightprep.stages.columnar``), their columns renamed by
-    ``columns`` (source -> target)."""
+    ``columns`` (source -> target).
+
+    ``start``/``end`` read only that byte range of a plain JSONL file (an input split, ``weightprep.distribute.plan``:
+    it starts just after a newline). Lines are then numbered from 1 within the range, byte offsets stay those of the
+    file, and size, hash and line count are the range's."""
     if record.path.endswith(COLUMNAR_SUFFIXES):
         yield from columnar_blocks(record, max(64, block_bytes // 2048), columns or {})
         return
     with open(record.path, "rb") as raw:
-        yield from _Lines(record, _open(record, raw), block_bytes, max_line_bytes).blocks()
+        if start or end is not None:
+            if is_compressed(record.path):
+                raise ValueError(f"{record.path}: a compressed file is read whole")
+            raw.seek(start)
+            raw = _RangeReader(raw, (end if end is not None else os.fstat(raw.fileno()).st_size) - start)  # type: ignore[assignment]
+        yield from _Lines(record, _open(record, raw), block_bytes, max_line_bytes, start=start).blocks()
     # hash only complete once the stream is drained (the compressed trailer included)
     record.sha256 = record._hash.hexdigest()
 
@@ -203,11 +241,12 @@ def _head(parts: list[bytes]) -> bytes:
 class _Lines:
     """The block cutter: ``pending`` holds the start of a line whose newline has not come yet."""
 
-    def __init__(self, record: InputFile, stream: BinaryIO, block_bytes: int, max_line_bytes: int) -> None:
+    def __init__(self, record: InputFile, stream: BinaryIO, block_bytes: int, max_line_bytes: int, start: int = 0) -> None:
         self.record, self.stream, self.max_line = record, stream, max_line_bytes
         # reading at most max_line bytes at a time means a line inside one read is never too long
         self.step = max(1, min(block_bytes, max_line_bytes))
-        self.line, self.offset = 1, 0  # number and stream offset of the next line to hand on
+        self.line, self.offset = 1, start  # number and stream offset of the next line to hand on
+        self.at_file_start = start == 0  # only there can a byte order mark be
         self.pending: list[bytes] = []
         self.pending_len = 0
         self.skipping = False  # inside a too-long line: only its head and length are kept
@@ -245,7 +284,7 @@ class _Lines:
     def blocks(self) -> Iterator[Block]:
         try:
             chunk = self._read(max(self.step, len(_BOM)))  # the whole BOM, if any, in the first read
-            if chunk.startswith(_BOM):
+            if self.at_file_start and chunk.startswith(_BOM):
                 chunk, self.offset = chunk[len(_BOM) :] or self._read(), len(_BOM)
             while chunk:
                 yield from self._cut(chunk)

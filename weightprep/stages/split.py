@@ -25,7 +25,7 @@ import numpy as np
 from weightprep.batches import Records
 from weightprep.errors import UsageError
 
-__all__ = ["TRAIN", "VALIDATION", "record_keys", "fraction_cut", "count_cut", "split_records"]
+__all__ = ["TRAIN", "VALIDATION", "record_keys", "fraction_cut", "smallest_keys", "cut_from_keys", "split_records"]
 
 TRAIN = "train"
 VALIDATION = "validation"
@@ -57,8 +57,9 @@ def fraction_cut(fraction: float) -> int:
     return min(_FULL, int(fraction * _FULL))
 
 
-def count_cut(blocks: Iterable[Records], n: int, seed: int) -> int:
-    """The cut of ``--validation-records N``: one above the N-th smallest key of every record in ``blocks``."""
+def smallest_keys(blocks: Iterable[Records], n: int, seed: int) -> tuple[int, np.ndarray]:
+    """The number of records in ``blocks`` and the ``n`` smallest of their keys (fewer if they hold fewer).
+    Mergeable: the ``n`` smallest of several such key sets are the ``n`` smallest of their union."""
     smallest = np.zeros(0, dtype=np.uint64)
     total = 0
     for records in blocks:
@@ -66,11 +67,18 @@ def count_cut(blocks: Iterable[Records], n: int, seed: int) -> int:
         smallest = np.concatenate([smallest, record_keys(records, seed)])
         if len(smallest) > n:
             smallest = np.partition(smallest, n - 1)[:n]
+    return total, smallest
+
+
+def cut_from_keys(total: int, keys: Iterable[int], n: int) -> int:
+    """The cut of ``--validation-records N``: one above the N-th smallest key of every record, from the record
+    count and smallest keys of every part of the input (``smallest_keys``)."""
     if total <= n:
         raise UsageError(
             f"--validation-records {n} would leave no training records: the input holds {total} valid record(s); "
             "ask for fewer, or use --validation-fraction"
         )
+    smallest = np.sort(np.fromiter(keys, dtype=np.uint64))[:n]
     return int(smallest.max()) + 1
 
 

@@ -54,7 +54,7 @@ from weightprep.constants import (
 )
 from weightprep.errors import UsageError
 
-__all__ = ["features", "arrow_schema", "ShardWriter", "prepare_output", "recover_stale"]
+__all__ = ["features", "arrow_schema", "ShardWriter", "Output", "rows_per_shard", "prepare_output", "recover_stale"]
 
 _DTYPES = {INPUT_IDS: "int32", LABELS: "int32", WEIGHTS: "float32", POSITION_IDS: "int32", ATTENTION_MASK: "int8"}
 
@@ -105,12 +105,13 @@ def _alive(pid: int) -> bool:
         return True
 
 
-def recover_stale(out: Path) -> None:
+def recover_stale(out: Path, *, keep_resumable: bool = False) -> None:
     """Undo what a killed build to ``out`` left behind (see the module docstring).
 
     A ``.NAME.old-PID`` of a dead process is the previous dataset, caught between the two renames of
     a replace: if ``out`` is missing it is put back, else removed. A ``.NAME.tmp-PID`` of a dead
-    process is an unfinished build: removed. Directories of live processes are left alone.
+    process is an unfinished build: removed, unless ``keep_resumable`` and it holds the ``plan.json`` of a
+    build whose finished splits ``--resume`` can reuse. Directories of live processes are left alone.
     """
     parent = out.parent
     if not parent.is_dir():
@@ -123,16 +124,18 @@ def recover_stale(out: Path) -> None:
     for _, p in sorted(stale):
         if p.name.startswith(f".{out.name}.old-") and not out.exists():
             p.rename(out)
+        elif keep_resumable and (p / Output.PLAN).is_file():
+            continue
         else:
             shutil.rmtree(p, ignore_errors=True)
 
 
-def prepare_output(out: str | Path, *, overwrite: bool, inputs: Sequence[str] = ()) -> Path:
+def prepare_output(out: str | Path, *, overwrite: bool, inputs: Sequence[str] = (), resume: bool = False) -> Path:
     """Check that ``out`` can be written; return it as a Path. Fails before any work is done."""
     out = Path(out)
     if out.name in ("", ".", ".."):
         out = Path(os.path.abspath(out))
-    recover_stale(out)
+    recover_stale(out, keep_resumable=resume)
     resolved = out.resolve()
     for p in inputs:
         if resolved in Path(p).resolve().parents:
@@ -152,7 +155,8 @@ def prepare_output(out: str | Path, *, overwrite: bool, inputs: Sequence[str] = 
 
 
 class _ShardSet:
-    """The size-capped shards of one ``datasets`` directory (the whole output, or one split of it)."""
+    """The size-capped shards of one ``datasets`` directory (the whole output, or one split of it) as a split writes
+    them: ``part-i.arrow`` files, named ``data-i-of-n`` only when the whole build is published."""
 
     def __init__(self, directory: Path, schema: pa.Schema, rows_per_shard: int) -> None:
         self.directory = directory
@@ -172,13 +176,15 @@ class _ShardSet:
         self._shards.append((path, 0))
         self._rows_in_shard = 0
 
-    def close(self) -> None:
+    def close(self) -> list[tuple[Path, int]]:
+        """Close the open shard; the shards written, with their rows."""
         if self._writer is not None:
             self._writer.close()
             self._sink.close()
             path, _ = self._shards[-1]
             self._shards[-1] = (path, self._rows_in_shard)
             self._writer = None
+        return list(self._shards)
 
     def write(self, batch: pa.RecordBatch) -> None:
         start = 0
@@ -190,40 +196,11 @@ class _ShardSet:
             self._rows_in_shard += take
             start += take
 
-    def finish(self, root: Path) -> list[dict[str, Any]]:
-        """Name the shards ``data-i-of-n``; return their entries (file names relative to ``root``)."""
+    def empty_shard(self) -> Path:
+        """Write a shard of no rows (a dataset with no rows is still a valid, empty dataset)."""
+        self._open_next()
         self.close()
-        if not self._shards:  # no rows at all: still a valid, empty dataset
-            self._open_next()
-            self.close()
-        n = len(self._shards)
-        shards = []
-        for i, (path, rows) in enumerate(self._shards):
-            final = self.directory / f"data-{i:05d}-of-{n:05d}.arrow"
-            path.rename(final)
-            shards.append({"filename": final.relative_to(root).as_posix(), "rows": rows, "bytes": final.stat().st_size})
-        return shards
-
-    def write_metadata(self, shards: list[dict[str, Any]], fingerprint: str, features: dict[str, Any], split: str | None) -> None:
-        """``state.json`` and ``dataset_info.json``, what ``datasets.load_from_disk`` reads."""
-        state = {
-            "_data_files": [{"filename": Path(s["filename"]).name} for s in shards],
-            "_fingerprint": fingerprint,
-            "_format_columns": None,
-            "_format_kwargs": {},
-            "_format_type": None,
-            "_output_all_columns": False,
-            "_split": split,
-        }
-        info = {
-            "citation": "",
-            "description": "Token-weighted rows written by weightprep; see weightprep_manifest.json.",
-            "features": features,
-            "homepage": "",
-            "license": "",
-        }
-        (self.directory / "state.json").write_text(json.dumps(state, indent=2, sort_keys=True) + "\n")
-        (self.directory / "dataset_info.json").write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
+        return self._shards[-1][0]
 
     def abort(self) -> None:
         if self._writer is not None:
@@ -236,15 +213,16 @@ class _ShardSet:
 
 
 class ShardWriter:
-    """Writes ``Rows`` into size-capped Arrow shards in a temporary directory; ``commit`` publishes.
+    """Writes one input split's ``Rows`` into size-capped Arrow shards (``part-i.arrow``) under ``directory``.
 
-    With ``splits`` (``("train", "validation")``) the output is a ``datasets`` DatasetDict directory: one
-    subdirectory per split plus ``dataset_dict.json``, and each ``write`` names its split.
+    With ``splits`` (``("train", "validation")``) each ``write`` names its split and each split's shards go to
+    ``directory/SPLIT/``. Conversations' turns go to ``chat_turns.jsonl`` beside the shards, rows numbered from
+    0 within this writer; ``weightprep.distribute.merge`` renumbers them for the whole build.
     """
 
     def __init__(
         self,
-        out: Path,
+        directory: Path,
         seq_len: int,
         *,
         packed: bool,
@@ -252,22 +230,15 @@ class ShardWriter:
         splits: Sequence[str] | None = None,
         turn_roles: list[str] | None = None,
     ) -> None:
-        self.out = out
-        self.tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
-        if self.tmp.exists():
-            shutil.rmtree(self.tmp)
-        self.tmp.mkdir(parents=True)
+        self.directory = directory
         self.seq_len = seq_len
         self.packed = packed
-        self.features = features(seq_len, packed=packed)
         self.schema = arrow_schema(seq_len, packed=packed)
         self.columns = PACKED_COLUMNS if packed else UNPACKED_COLUMNS
-        per_token = sum(4 if _DTYPES[c] != "int8" else 1 for c in self.columns if c != SEQ_LENGTHS)
-        self.rows_per_shard = max(1, max_shard_bytes // (seq_len * per_token + 64))
-        self.splits = tuple(splits) if splits else None
+        self.rows_per_shard = rows_per_shard(seq_len, packed=packed, max_shard_bytes=max_shard_bytes)
         self._sets = {
-            name: _ShardSet(self.tmp / name if name else self.tmp, self.schema, self.rows_per_shard)
-            for name in (self.splits or (None,))
+            name: _ShardSet(directory / name if name else directory, self.schema, self.rows_per_shard)
+            for name in (tuple(splits) if splits else (None,))
         }
         self.turn_roles = turn_roles if turn_roles is not None else []
         self._rows = dict.fromkeys(self._sets, 0)  # rows written per split: the turns file's row numbers
@@ -313,27 +284,102 @@ class ShardWriter:
                 self._turns[split] = open(self._sets[split].directory / TURNS_NAME, "w", encoding="utf-8")  # noqa: SIM115
             self._turns[split].writelines(lines)
 
-    def _close_turns(self) -> None:
+    def close(self) -> dict[str, Any]:
+        """Close every file; what was written, per split (``""`` without splits): shard files (relative to
+        ``directory``) with their rows, and the turns file if any."""
         for f in self._turns.values():
             f.close()
+        out: dict[str, Any] = {}
+        for name, shard_set in self._sets.items():
+            out[name or ""] = {
+                "shards": [[p.relative_to(self.directory).as_posix(), rows] for p, rows in shard_set.close()],
+                "turns": (Path(name or ".") / TURNS_NAME).as_posix() if name in self._turns else None,
+            }
+        return out
 
-    def commit(self, manifest: dict[str, Any]) -> dict[str, Any]:
-        """Name the shards ``data-i-of-n``, write the metadata files, move the directory to ``out``."""
-        self._close_turns()
+    def abort(self) -> None:
+        for f in self._turns.values():
+            f.close()
+        for shard_set in self._sets.values():
+            shard_set.abort()
+
+
+def rows_per_shard(seq_len: int, *, packed: bool, max_shard_bytes: int) -> int:
+    """Rows of one shard under ``max_shard_bytes``."""
+    columns = PACKED_COLUMNS if packed else UNPACKED_COLUMNS
+    per_token = sum(4 if _DTYPES[c] != "int8" else 1 for c in columns if c != SEQ_LENGTHS)
+    return max(1, max_shard_bytes // (seq_len * per_token + 64))
+
+
+class Output:
+    """The build's temporary directory beside ``out`` and its publication (see the module docstring).
+
+    ``plan_key`` (what a resumed build must share with the one it resumes) is kept in its ``plan.json``; with
+    ``resume`` it adopts the temporary directory of a dead earlier build of the same key instead of starting
+    empty, so the splits that build finished are not done again (``--resume``)."""
+
+    PLAN = "plan.json"
+
+    def __init__(self, out: Path, plan_key: str, *, resume: bool = False) -> None:
+        self.out = out
+        self.tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+        self.resumed = False
+        if self.tmp.exists():
+            shutil.rmtree(self.tmp)
+        if resume:
+            for candidate in sorted(out.parent.glob(f".{out.name}.tmp-*")):
+                m = _STALE.match(candidate.name)
+                plan = candidate / self.PLAN
+                if m and m["name"] == out.name and not _alive(int(m["pid"])) and plan.is_file():
+                    if plan.read_text() == plan_key:
+                        candidate.rename(self.tmp)
+                        self.resumed = True
+                        break
+        self.tmp.mkdir(parents=True, exist_ok=True)
+        (self.tmp / self.PLAN).write_text(plan_key)
+
+    def publish(
+        self,
+        sets: dict[str, list[tuple[Path, int]]],
+        manifest: dict[str, Any],
+        *,
+        seq_len: int,
+        packed: bool,
+        turns: bool,
+        discard: Path | None = None,
+    ) -> dict[str, Any]:
+        """Move each split's shards (``sets``: ``""`` or ``train``/``validation`` -> shard files with their rows, in
+        order) to ``data-i-of-n``, write the metadata files and the manifest, remove ``discard`` (what is left of
+        the splits' work) and move the directory to ``out``."""
         shards: list[dict[str, Any]] = []
         per_set = {}
-        for name, shard_set in self._sets.items():
-            entries = shard_set.finish(self.tmp)
+        for name, parts in sets.items():
+            directory = self.tmp / name if name else self.tmp
+            directory.mkdir(parents=True, exist_ok=True)
+            if not parts:
+                schema = arrow_schema(seq_len, packed=packed)
+                parts = [(_ShardSet(directory, schema, 1).empty_shard(), 0)]
+            n = len(parts)
+            entries = []
+            for i, (path, rows) in enumerate(parts):
+                final = directory / f"data-{i:05d}-of-{n:05d}.arrow"
+                path.rename(final)
+                entries.append({"filename": final.relative_to(self.tmp).as_posix(), "rows": rows, "bytes": final.stat().st_size})
             per_set[name] = entries
             shards.extend({**e, "split": name} if name else e for e in entries)
-        manifest = {**manifest, "shards": shards, "turns_file": TURNS_NAME if self._turns else None}
+        manifest = {**manifest, "shards": shards, "turns_file": TURNS_NAME if turns else None}
         manifest_text = json.dumps(manifest, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
         digest = hashlib.sha256(manifest_text.encode()).hexdigest()
-        for name, shard_set in self._sets.items():
+        feats = features(seq_len, packed=packed)
+        for name, entries in per_set.items():
             fingerprint = hashlib.sha256(f"{digest}/{name}".encode()).hexdigest()[:16] if name else digest[:16]
-            shard_set.write_metadata(per_set[name], fingerprint, self.features, name)
-        if self.splits:
-            (self.tmp / "dataset_dict.json").write_text(json.dumps({"splits": list(self.splits)}) + "\n")
+            _write_metadata(self.tmp / name if name else self.tmp, entries, fingerprint, feats, name or None)
+        names = [n for n in sets if n]
+        if names:
+            (self.tmp / "dataset_dict.json").write_text(json.dumps({"splits": names}) + "\n")
+        (self.tmp / self.PLAN).unlink(missing_ok=True)
+        if discard is not None:
+            shutil.rmtree(discard, ignore_errors=True)
         (self.tmp / MANIFEST_NAME).write_text(manifest_text, encoding="utf-8")
         if self.out.exists():
             old = self.out.parent / f".{self.out.name}.old-{os.getpid()}"
@@ -346,7 +392,28 @@ class ShardWriter:
 
     def abort(self) -> None:
         """Remove everything written so far (the output path is left untouched)."""
-        self._close_turns()
-        for shard_set in self._sets.values():
-            shard_set.abort()
         shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def _write_metadata(
+    directory: Path, shards: list[dict[str, Any]], fingerprint: str, feats: dict[str, Any], split: str | None
+) -> None:
+    """``state.json`` and ``dataset_info.json``, what ``datasets.load_from_disk`` reads."""
+    state = {
+        "_data_files": [{"filename": Path(s["filename"]).name} for s in shards],
+        "_fingerprint": fingerprint,
+        "_format_columns": None,
+        "_format_kwargs": {},
+        "_format_type": None,
+        "_output_all_columns": False,
+        "_split": split,
+    }
+    info = {
+        "citation": "",
+        "description": "Token-weighted rows written by weightprep; see weightprep_manifest.json.",
+        "features": feats,
+        "homepage": "",
+        "license": "",
+    }
+    (directory / "state.json").write_text(json.dumps(state, indent=2, sort_keys=True) + "\n")
+    (directory / "dataset_info.json").write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")

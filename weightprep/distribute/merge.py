@@ -1,0 +1,108 @@
+"""The driver's merge: the splits' results, in split order, made into one build.
+
+- Counts are summed in split order (float sums are the same for every executor and worker count).
+- Line numbers of rejects are made global: the split's own number plus the lines of the earlier splits of its
+  file (byte offsets are the file's already); ``rejects.jsonl`` is the splits' rejects in split order.
+- Shards are taken in (split, part) order, so the published ``data-i-of-n`` follow the input; the row numbers
+  of ``chat_turns.jsonl`` are shifted by the rows of the earlier splits.
+- Each input's entry sums its splits' bytes and lines; its ``sha256`` is that of the whole file when it is one
+  split, else each split's range is listed with its own ``sha256`` (a file is never read twice).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from weightprep.constants import TURNS_NAME
+from weightprep.distribute.plan import InputSplit
+from weightprep.stages.rejects import REJECTS_NAME
+
+__all__ = ["Merged", "merge_results"]
+
+
+@dataclass
+class Merged:
+    #: raw counters per validation split (``""`` without one), summed over the input splits
+    counts: dict[str, Counter] = field(default_factory=dict)
+    total: Counter = field(default_factory=Counter)
+    rejected: Counter = field(default_factory=Counter)
+    inputs: list[dict[str, Any]] = field(default_factory=list)
+    #: shard files per validation split, in output order, with their rows
+    shards: dict[str, list[tuple[Path, int]]] = field(default_factory=dict)
+    turns: bool = False
+
+
+def _shift(lines: Any, key: str, base: int) -> Any:
+    """JSON lines with ``key`` increased by ``base`` (as written by ``json.dumps(..., ensure_ascii=False)``)."""
+    for line in lines:
+        if base:
+            entry = json.loads(line)
+            entry[key] += base
+            line = json.dumps(entry, ensure_ascii=False) + "\n"
+        yield line
+
+
+def merge_results(
+    splits: list[InputSplit], results: list[dict[str, Any]], out_dir: Path, work_dir: Path, *, names: tuple[str, ...] | None,
+    skip: bool,
+) -> Merged:
+    """Merge ``results`` (one per split, in split order) into ``out_dir``: rejects and turns files written there,
+    shards listed for ``Output.publish``."""
+    merged = Merged()
+    sets = list(names) if names else [""]
+    merged.shards = {name: [] for name in sets}
+    merged.counts = {name: Counter() for name in sets}
+    line_base: dict[int, int] = {}  # lines of the earlier splits of the same file
+    files: dict[int, list[tuple[InputSplit, dict[str, Any]]]] = {}
+    for split, result in zip(splits, results, strict=True):
+        line_base[split.index] = sum(r["input"]["lines"] for _, r in files.get(split.file, []))
+        files.setdefault(split.file, []).append((split, result))
+    for split_file in files.values():
+        first = split_file[0][0]
+        entry: dict[str, Any] = {
+            "path": first.path,
+            "bytes": sum(r["input"]["bytes"] for _, r in split_file),
+            "sha256": split_file[0][1]["input"]["sha256"] if first.whole else None,
+            "lines": sum(r["input"]["lines"] for _, r in split_file),
+        }
+        if not first.whole:
+            entry["splits"] = [
+                {"start": s.start, "bytes": r["input"]["bytes"], "lines": r["input"]["lines"], "sha256": r["input"]["sha256"]}
+                for s, r in split_file
+            ]
+        merged.inputs.append(entry)
+    rejects = (out_dir / REJECTS_NAME).open("w", encoding="utf-8", newline="\n") if skip else None
+    turns: dict[str, Any] = {}
+    row_base = dict.fromkeys(sets, 0)
+    try:
+        for split, result in zip(splits, results, strict=True):
+            directory = work_dir / f"{split.index:05d}"
+            for name in sets:
+                merged.counts[name].update(result["counts"][name])
+            merged.rejected.update(result["rejected"])
+            if rejects is not None and result["rejects_file"]:
+                with (directory / result["rejects_file"]).open(encoding="utf-8", newline="\n") as f:
+                    rejects.writelines(_shift(f, "line", line_base[split.index]))
+            for name in sets:
+                written = result["written"][name]
+                merged.shards[name].extend((directory / rel, rows) for rel, rows in written["shards"])
+                if written["turns"]:
+                    if name not in turns:
+                        (out_dir / name).mkdir(parents=True, exist_ok=True)
+                        turns[name] = (out_dir / name / TURNS_NAME).open("w", encoding="utf-8")
+                    with (directory / written["turns"]).open(encoding="utf-8") as f:
+                        turns[name].writelines(_shift(f, "row", row_base[name]))
+                row_base[name] += sum(rows for _, rows in written["shards"])
+    finally:
+        if rejects is not None:
+            rejects.close()
+        for f in turns.values():
+            f.close()
+    for name in sets:
+        merged.total.update(merged.counts[name])
+    merged.turns = bool(turns)
+    return merged
