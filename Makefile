@@ -11,7 +11,7 @@ $(BIN)/weightprep: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q "$(TORCH)"
-	$(BIN)/pip install -q -e ".[train,dev]"
+	$(BIN)/pip install -q -e ".[train,ray,dev]"
 	touch $@
 
 setup: $(BIN)/weightprep

@@ -6,6 +6,8 @@ subprocesses so each one's wall time and peak RSS are its own):
 - ``limit-fastokens``: the same with fastokens' ``encode_batch_flat``: the limit of a build on fastokens.
 - ``weightprep-hf``: weightprep with ``--tokenizer-backend hf`` (tokenizers), for the backends' ratio; its
   shards must be byte-identical to ``weightprep``'s.
+- ``weightprep-ray``: weightprep on Ray actors (``--executor ray``, a local Ray cluster started for the build),
+  against ``weightprep`` on its default local executor; the same split plan, so the same shard bytes.
 - ``seed``: the recipe weightprep replaces (the write-up the project started from): ``datasets.map``
   tokenizing each piece to build the weights, then the joined text again, padded to max length,
   labels masked by pad id; ``save_to_disk``.
@@ -15,12 +17,13 @@ subprocesses so each one's wall time and peak RSS are its own):
 Each prints one JSON line with ``seconds``: the time from the start of reading to the finished output,
 tokenizer loading included, interpreter start-up and imports excluded (the same for every tool).
 
-Usage: python benchmarks/alternatives.py {weightprep,weightprep-hf,limit,limit-fastokens,seed,trl} INPUT TOKENIZER OUT SEQ_LEN
+Usage: python benchmarks/alternatives.py {weightprep,weightprep-hf,weightprep-ray,limit,limit-fastokens,seed,trl} INPUT TOKENIZER OUT SEQ_LEN
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 
@@ -41,13 +44,18 @@ def _report(start: float, **extra) -> None:
     print(json.dumps({"seconds": time.perf_counter() - start, **extra, "peak_rss": peak_rss()}))
 
 
-def weightprep_build(path: str, tokenizer: str, out: str, seq_len: int, backend: str = "auto") -> None:
+def weightprep_build(
+    path: str, tokenizer: str, out: str, seq_len: int, backend: str = "auto", executor: str = "local"
+) -> None:
+    """The build as ``weightprep build`` runs it; ``BENCH_SPLIT_BYTES`` sets ``read.split_bytes``."""
     from weightprep.config import config_from_dict
+    from weightprep.distribute.executors import make_executor
     from weightprep.pipeline import build
 
     start = time.perf_counter()
-    cfg = config_from_dict({"tokenizer": {"name": tokenizer, "backend": backend}, "pack": {"seq_len": seq_len}})
-    manifest = build([path], out, cfg, overwrite=True)
+    read = {"split_bytes": int(os.environ["BENCH_SPLIT_BYTES"])} if os.environ.get("BENCH_SPLIT_BYTES") else {}
+    cfg = config_from_dict({"tokenizer": {"name": tokenizer, "backend": backend}, "pack": {"seq_len": seq_len}, "read": read})
+    manifest = build([path], out, cfg, overwrite=True, executor=make_executor(executor))
     c = manifest["counts"]
     _report(start, tokens=c["piece_tokens"], rows=c["rows"], fill=c["fill_ratio"])
 
@@ -148,6 +156,8 @@ def _preimport(name: str) -> None:
         import trl  # noqa: F401
     if name.startswith("weightprep"):
         import weightprep.pipeline  # noqa: F401
+    if name == "weightprep-ray":
+        import ray  # noqa: F401
     if name == "limit":
         import tokenizers  # noqa: F401
     if name == "limit-fastokens":
@@ -160,6 +170,7 @@ if __name__ == "__main__":
     tools = {
         "weightprep": weightprep_build,
         "weightprep-hf": lambda *a: weightprep_build(*a, backend="hf"),
+        "weightprep-ray": lambda *a: weightprep_build(*a, executor="ray"),
         "limit": limit,
         "limit-fastokens": limit_fastokens,
         "seed": seed_recipe,

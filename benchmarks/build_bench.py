@@ -3,6 +3,7 @@
     python benchmarks/build_bench.py                       # 10k records, 3 rounds, ~7 min on 2 cores
     python benchmarks/build_bench.py --records 100000 --repeat 5
     python benchmarks/build_bench.py --scale 100000,1000000 --tools weightprep   # flat memory, linear time
+    python benchmarks/build_bench.py --executor ray --records 100000 --split-bytes 33554432   # Ray vs local
 
 Every tool runs as its own subprocess on the same generated JSONL with the same GPT-2-size tokenizer
 (``benchmarks/generate.py``), rounds interleaved so machine noise spreads evenly. Reported per tool:
@@ -108,6 +109,11 @@ def compare(args: argparse.Namespace) -> dict:
               f"| {row['peak_rss_mib']:,.0f} | {out_b} | {fill} | {ratio}{target} |")
     if wp:
         print(f"\nweightprep peak RSS {wp['peak_rss_mib']:,.0f} MiB (target <= {RSS_TARGET_MIB} MiB)")
+    if wp and "weightprep-ray" in rows:
+        ray_row = rows["weightprep-ray"]
+        same = ray_row["shards_sha256"] == wp["shards_sha256"]
+        print(f"Ray / local executor wall time: {ray_row['wall_seconds'] / wp['wall_seconds']:.2f}x (goal <= 1.3x); "
+              f"shards {'byte-identical' if same else 'DIFFERENT'}")
     if wp and "weightprep-hf" in rows:
         same = rows["weightprep-hf"]["shards_sha256"] == wp["shards_sha256"]
         print(f"shards of weightprep (auto) vs --tokenizer-backend hf: {'byte-identical' if same else 'DIFFERENT'}")
@@ -144,7 +150,13 @@ def main() -> None:
     )
     ap.add_argument("--scale", help="comma-separated record counts: weightprep alone at each size")
     ap.add_argument("--json", type=Path, help="also write the figures here")
+    ap.add_argument("--executor", choices=["local", "ray"], help="ray: weightprep on Ray against the local executor")
+    ap.add_argument("--split-bytes", type=int, help="read.split_bytes of the weightprep runs (default: the build's)")
     args = ap.parse_args()
+    if args.split_bytes:
+        os.environ["BENCH_SPLIT_BYTES"] = str(args.split_bytes)
+    if args.executor == "ray":
+        args.tools = ["weightprep", "weightprep-ray"]
     result = scale(args) if args.scale else compare(args)
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))

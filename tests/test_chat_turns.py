@@ -50,10 +50,14 @@ def _turn_lines(path):
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def test_every_turn_of_every_conversation_is_where_the_turns_file_says(tmp_path):
+@pytest.mark.parametrize("split_bytes", [None, 3000], ids=["one-split", "input-splits"])
+def test_every_turn_of_every_conversation_is_where_the_turns_file_says(tmp_path, split_bytes):
+    """With input splits the turns files of the splits are merged: their row numbers must be shifted."""
     convos = [_conversation(i) for i in range(40)]
     records = [r for i, c in enumerate(convos) for r in ({"messages": c}, {"pieces": [{"text": f"plain {i}", "weight": 1}]})]
-    tok, manifest = _build(tmp_path, records)
+    tok, manifest = _build(tmp_path, records, **({"read": {"split_bytes": split_bytes}} if split_bytes else {}))
+    if split_bytes:
+        assert len(manifest["inputs"][0]["splits"]) > 3
     assert manifest["turns_file"] == TURNS_NAME
     rows = datasets.load_from_disk(str(tmp_path / "out"))
     entries = _turn_lines(tmp_path / "out" / TURNS_NAME)

@@ -331,10 +331,11 @@ class Output:
                 m = _STALE.match(candidate.name)
                 plan = candidate / self.PLAN
                 if m and m["name"] == out.name and not _alive(int(m["pid"])) and plan.is_file():
-                    if plan.read_text() == plan_key:
+                    if not self.resumed and plan.read_text() == plan_key:
                         candidate.rename(self.tmp)
                         self.resumed = True
-                        break
+                    else:  # another plan (or a second leftover of this one): of no use to this build
+                        shutil.rmtree(candidate, ignore_errors=True)
         self.tmp.mkdir(parents=True, exist_ok=True)
         (self.tmp / self.PLAN).write_text(plan_key)
 

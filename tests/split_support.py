@@ -1,0 +1,45 @@
+"""Helpers of the distributed-build tests that worker processes and Ray actors must be able to unpickle."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from weightprep.distribute.executors import Executor
+
+
+class DelayedJob:
+    """A SplitJob that first sleeps ``delays[index]`` seconds and notes its pid in ``pid_dir`` while it runs."""
+
+    def __init__(self, job: Any, delays: dict[int, float], pid_dir: str | None = None) -> None:
+        self.job, self.delays, self.pid_dir = job, delays, pid_dir
+
+    def with_options(self, **changes: Any) -> DelayedJob:
+        return DelayedJob(self.job.with_options(**changes), self.delays, self.pid_dir)
+
+    def __call__(self, split: Any, progress: Any = None) -> dict[str, Any]:
+        if self.pid_dir is not None:
+            Path(self.pid_dir, f"{split.index}.{os.getpid()}").touch()
+        time.sleep(self.delays.get(split.index, 0.0))
+        return self.job(split, progress)
+
+
+class Delaying(Executor):
+    """``inner`` with every split delayed (``DelayedJob``); ``order`` records the order splits finished in."""
+
+    def __init__(self, inner: Executor, delays: dict[int, float], pid_dir: str | None = None) -> None:
+        self.inner, self.delays, self.pid_dir = inner, delays, pid_dir
+        self.order: list[int] = []
+        self.reused: list[int] = []
+
+    def in_process(self, n_splits: int) -> bool:
+        return self.inner.in_process(n_splits)
+
+    def map(self, job: Any, splits: Any, progress: Any = None) -> Any:
+        for result in self.inner.map(DelayedJob(job, self.delays, self.pid_dir), splits, progress):
+            self.order.append(result["index"])
+            if result.get("reused"):
+                self.reused.append(result["index"])
+            yield result
