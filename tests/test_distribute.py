@@ -60,12 +60,12 @@ def test_every_line_lands_in_exactly_one_split(tmp_path_factory, lines, final_ne
     path.write_bytes(data)
     cuts = file_cuts(str(path), split_bytes)
     assert cuts[0] == 0 and cuts[-1] == len(data)
-    assert all(a < b for a, b in zip(cuts, cuts[1:])) or cuts == [0, 0]
+    assert all(a < b for a, b in zip(cuts, cuts[1:], strict=False)) or cuts == [0, 0]
     assert all(data[c - 1 : c] == b"\n" for c in cuts[1:-1])  # every inner cut just after a newline
     # lines start at 0 and after each newline: each start lies in exactly one split
     starts = [0, *(i + 1 for i, b in enumerate(data) if b == 10 and i + 1 < len(data))] if data else []
     for s in starts:
-        assert sum(a <= s < b for a, b in zip(cuts, cuts[1:])) == 1
+        assert sum(a <= s < b for a, b in zip(cuts, cuts[1:], strict=False)) == 1
     # reading the splits gives the lines of reading the file whole, numbered within each split
     whole_record = InputFile(str(path))
     whole = b"".join(b.data for b in read_blocks(whole_record, 1024))
@@ -110,7 +110,7 @@ def ray_session():
     import split_support
 
     ray.cloudpickle.register_pickle_by_value(split_support)
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    ray.init(num_cpus=2, _node_ip_address="127.0.0.1", include_dashboard=False, log_to_driver=False, configure_logging=False)
     yield ray
     ray.shutdown()
 
@@ -272,3 +272,15 @@ def test_without_resume_a_killed_build_is_started_over(tmp_path, reference):
     assert executor.reused == []  # another plan: nothing reused
     assert _digests(tmp_path / "out") == reference
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # and its leftovers are gone
+
+
+def test_validation_records_cut_is_merged_from_every_split(tmp_path):
+    """--validation-records: the N smallest keys of every split merge into the cut of the whole input."""
+    split = {"validation_records": 50}
+    one = build([str(SAMPLE_RAW)], tmp_path / "one", _cfg(split=split, read={"split_bytes": 1 << 30}))
+    serial = build([str(SAMPLE_RAW)], tmp_path / "serial", _cfg(split=split), executor=SerialExecutor())
+    build([str(SAMPLE_RAW)], tmp_path / "local", _cfg(split=split), executor=LocalExecutor(2))
+    assert _digests(tmp_path / "serial") == _digests(tmp_path / "local")
+    for name in ("train", "validation"):
+        assert serial["splits"][name]["counts"]["records"] == one["splits"][name]["counts"]["records"]
+    assert one["splits"]["validation"]["counts"]["records"] >= 50

@@ -70,6 +70,14 @@ class UsageError(WeightprepError):
     exit_code = 2
 
 
+class BackendMismatch(UsageError):
+    """fastokens and tokenizers gave different ids for a piece of the input (``file:line: field: problem``)."""
+
+    def __init__(self, path: str, line: int, field: str, problem: str) -> None:
+        self.path, self.line, self.field, self.problem = path, line, field, problem
+        super().__init__(f"{path}:{line}: {field}: {problem}")
+
+
 class AccountingError(WeightprepError):
     """Internal error: the build's counts do not add up (a bug, not bad input); nothing is published."""
 

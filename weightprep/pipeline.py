@@ -1,15 +1,20 @@
 """The build: chains the stages and keeps the counts; no stage logic lives here.
 
-    read -> validate -> [chat] -> [split] -> tokenize -> assemble -> mask -> filter -> pack -> write
+    plan splits -> per split: read -> validate -> [chat] -> [split] -> tokenize -> assemble -> mask -> filter
+                   -> pack -> write  ->  merge (driver) -> publish
 
 ``document_batch`` is the per-block work from validated records to filtered documents: a pure
 function of its inputs, so blocks can be processed anywhere (another process, another machine)
-and the rows come out the same. ``build`` streams blocks through it, packs and writes, and
-returns the manifest. Invalid lines stop the build (``validate.on_invalid: error``, the default)
+and the rows come out the same. ``SplitJob`` streams the blocks of one input split
+(``weightprep.distribute.plan``) through it, packs and writes that split's shards, and returns its counts;
+an executor (``weightprep.distribute.executors``) runs the jobs here, in worker processes or on Ray, and
+``build`` merges their results in split order (``weightprep.distribute.merge``) and returns the manifest.
+Invalid lines stop the build (``validate.on_invalid: error``, the default)
 or go to rejects.jsonl (``skip``). Before publishing, the counts must satisfy the accounting
 identity (``weightprep.accounting``). With a validation split (``weightprep.stages.split``) each split is
-tokenized, packed and written on its own and the identity holds per split and in total. On any error the partial output is removed and the error
-re-raised; the output path is left as it was.
+tokenized, packed and written on its own and the identity holds per split and in total. On any error the partial
+output is removed and the error re-raised; the output path is left as it was. An interrupted build (Ctrl-C,
+SIGKILL) leaves its finished splits in its temporary directory for ``--resume``.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ from weightprep.constants import FORMAT_NAME, FORMAT_VERSION, IGNORE_INDEX, PACK
 from weightprep.distribute.executors import Executor, SerialExecutor, run_splits
 from weightprep.distribute.merge import merge_results
 from weightprep.distribute.plan import InputSplit, plan_splits
-from weightprep.errors import InputError, UsageError, is_columnar
+from weightprep.errors import BackendMismatch, InputError, UsageError, is_columnar
 from weightprep.overlap import BackgroundSink, background
 from weightprep.stages.assemble import assemble
 from weightprep.stages.chat import ChatRenderer, parse_role_weights, render_chats
@@ -44,7 +49,14 @@ from weightprep.stages.mask import mask
 from weightprep.stages.pack import Packer
 from weightprep.stages.read import InputFile, check_inputs, expand_inputs, read_blocks
 from weightprep.stages.rejects import REJECTS_NAME, RejectsWriter
-from weightprep.stages.split import TRAIN, VALIDATION, cut_from_keys, fraction_cut, smallest_keys, split_records
+from weightprep.stages.split import (
+    TRAIN,
+    VALIDATION,
+    cut_from_keys,
+    fraction_cut,
+    smallest_keys,
+    split_records,
+)
 from weightprep.stages.tokenize import FastokensPrefetch, PieceTokenizer
 from weightprep.stages.validate import parse_block
 from weightprep.stages.write import Output, ShardWriter, prepare_output
@@ -188,8 +200,12 @@ class _Worker:
 _WORKERS: dict[str, _Worker] = {}  # per process, by SplitJob.key
 
 
-def _input_error(exc: InputError) -> dict[str, Any]:
-    return {"path": exc.path, "line": exc.line, "field": exc.field, "problem": exc.problem, "reason": exc.reason, "offset": exc.offset}
+def _located_error(exc: InputError | BackendMismatch) -> dict[str, Any]:
+    """An error at a line of the split, as its result carries it (``run_splits`` raises it, renumbered)."""
+    where = {"path": exc.path, "line": exc.line, "field": exc.field, "problem": exc.problem}
+    if isinstance(exc, BackendMismatch):
+        return {**where, "type": "backend_mismatch"}
+    return {**where, "type": "input", "reason": exc.reason, "offset": exc.offset}
 
 
 class SplitJob:
@@ -211,6 +227,8 @@ class SplitJob:
         self.cfg, self.tokenizer, self.work_dir, self.cut, self.first_pass = cfg, tokenizer, work_dir, cut, first_pass
         self.threads = threads
         self.tokenizer_key = uuid.uuid4().hex  # its variants (with_options) share the worker state
+        #: the driver's working directory: relative input paths are relative to it on every worker too
+        self.cwd = os.getcwd()
 
     def with_options(self, **changes: Any) -> SplitJob:
         job = copy.copy(self)
@@ -255,13 +273,13 @@ class SplitJob:
 
     def _keys(self, split: InputSplit) -> dict[str, Any]:
         state, split_cfg = self.worker(), self.cfg.split
-        n = split_cfg.validation_records or 0
+        record = InputFile(split.path)
         try:
-            blocks = (records for records, _, _ in _parsed_blocks(split, InputFile(split.path), self.cfg, state.chats))
-            total, keys = smallest_keys(blocks, n, split_cfg.seed)
-        except InputError as exc:
-            return {"index": split.index, "error": _input_error(exc)}
-        return {"index": split.index, "records": total, "keys": [int(k) for k in keys]}
+            blocks = (records for records, _, _ in _parsed_blocks(split, record, self.cfg, state.chats))
+            total, keys = smallest_keys(blocks, split_cfg.validation_records or 0, split_cfg.seed)
+        except (InputError, BackendMismatch) as exc:
+            return {"index": split.index, "error": _located_error(exc)}
+        return {"index": split.index, "records": total, "keys": keys.tolist(), "input": {"lines": record.lines}}
 
     def _run(self, split: InputSplit, tmp: Path, progress: ProgressFn | None) -> dict[str, Any]:
         cfg, state = self.cfg, self.worker()
@@ -305,13 +323,13 @@ class SplitJob:
             written = writer.close()
             if rejects is not None:
                 rejects.close()
-        except InputError as exc:
+        except (InputError, BackendMismatch) as exc:
             parsed.close()
             sink.cancel()
             writer.abort()
             if rejects is not None:
                 rejects.close()
-            return {"index": split.index, "error": _input_error(exc)}
+            return {"index": split.index, "error": _located_error(exc)}
         except BaseException:
             parsed.close()  # stops and joins the read thread now, not when the traceback is collected
             sink.cancel()
@@ -387,7 +405,7 @@ def build(
         prefetch = None
     summary = tokenizer_summary(tok)
     output = Output(out_path, resume_key(cfg, inputs, summary, __version__), resume=resume)
-    job = SplitJob(cfg, tokenizer if tokenizer is not None else (tok if in_process else None), output.tmp / "splits")
+    job = SplitJob(cfg, tokenizer if tokenizer is not None else (tok if in_process else None), output.tmp.absolute() / "splits")
     local: _Worker | None = None
     if in_process:  # this process is the worker: it keeps the tokenizer it loaded (and the early fastokens load)
         local = _WORKERS[job.tokenizer_key] = _Worker(tok, cfg, prefetch)

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from weightprep.distribute.plan import InputSplit
-from weightprep.errors import InputError, UsageError
+from weightprep.errors import BackendMismatch, InputError, UsageError
 
 __all__ = ["Executor", "SerialExecutor", "LocalExecutor", "RayExecutor", "make_executor", "run_splits", "RETRIES"]
 
@@ -127,6 +127,8 @@ class _SplitActor:
 
     def __init__(self, job: Any) -> None:
         self.job = job
+        if os.path.isdir(job.cwd):  # the driver's relative paths mean the same here (a shared filesystem)
+            os.chdir(job.cwd)
 
     def run(self, split: InputSplit) -> dict[str, Any]:
         return self.job(split)  # type: ignore[no-any-return]
@@ -156,7 +158,11 @@ class RayExecutor(Executor):
             raise UsageError("--executor ray needs Ray: pip install 'weightprep[ray]'") from None
         owned = not ray.is_initialized()
         if owned:
-            init: dict[str, Any] = {"address": self.address} if self.address else {"num_cpus": self.workers or _cpus()}
+            init: dict[str, Any] = (
+                {"address": self.address}
+                if self.address  # a local cluster of this build alone listens on loopback only
+                else {"num_cpus": self.workers or _cpus(), "_node_ip_address": "127.0.0.1"}
+            )
             ray.init(**init, include_dashboard=False, log_to_driver=False, configure_logging=False)
         try:
             yield from self._map(ray, job, splits)
@@ -246,5 +252,7 @@ def run_splits(
         e = results[first_error]["error"]
         split = splits[first_error]
         base = sum(results[s.index]["input"]["lines"] for s in splits[:first_error] if s.file == split.file)
+        if e["type"] == "backend_mismatch":
+            raise BackendMismatch(e["path"], e["line"] + base, e["field"], e["problem"])
         raise InputError(e["path"], e["line"] + base, e["field"], e["problem"], reason=e["reason"], offset=e["offset"])
     return [results[i] for i in range(len(splits))]

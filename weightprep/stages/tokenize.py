@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from weightprep.batches import Records
-from weightprep.errors import UsageError
+from weightprep.errors import BackendMismatch, UsageError
 
 __all__ = [
     "AGREEMENT_PROBES", "BACKENDS", "GUARD_PIECES", "FastokensPrefetch", "PieceTokenizer", "continuation_spec",
@@ -376,10 +376,10 @@ class PieceTokenizer:
                 got = ids[offsets[i] : offsets[i + 1]]
                 if not np.array_equal(got, want):
                     record = int(np.searchsorted(records.piece_offsets, i, side="right")) - 1
-                    raise UsageError(
-                        f"{records.path}:{int(records.lines[record])}: pieces[{i - int(records.piece_offsets[record])}].text: "
+                    raise BackendMismatch(
+                        records.path, int(records.lines[record]), f"pieces[{i - int(records.piece_offsets[record])}].text",
                         f"fastokens and tokenizers tokenize this piece differently: fastokens {got.tolist()}, "
-                        f"tokenizers {want.tolist()}. Rerun with --tokenizer-backend hf (and report the text to fastokens)."
+                        f"tokenizers {want.tolist()}. Rerun with --tokenizer-backend hf (and report the text to fastokens).",
                     )
 
 

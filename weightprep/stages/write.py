@@ -12,7 +12,10 @@ With a validation split (``--validation-fraction``/``--validation-records``) it 
 split a directory as above without the manifest, which stays at ``out/`` and lists every shard with its split.
 
 Everything is written into a hidden temporary directory beside ``out`` (``.NAME.tmp-PID``) and
-moved into place by a rename only when the whole build has succeeded, so a failed, interrupted or
+moved into place by a rename only when the whole build has succeeded. Each input split writes its
+``part-i.arrow`` shards under ``.NAME.tmp-PID/splits/NNNNN/`` (``ShardWriter``); the driver moves them, in
+split order, to their final ``data-i-of-n`` names (``Output.publish``). The directory's ``plan.json`` names the
+build it belongs to, so ``--resume`` can adopt the directory of a killed build of the same plan. Publication is atomic, so a failed, interrupted or
 SIGKILLed build leaves nothing at ``out``, or the previous complete dataset. Replacing an existing
 ``out`` is two renames (``out`` -> ``.NAME.old-PID``, temporary -> ``out``); a kill between them
 leaves the previous dataset in ``.NAME.old-PID``, and the next build to ``out`` puts it back
