@@ -16,6 +16,11 @@ class DelayedJob:
     def __init__(self, job: Any, delays: dict[int, float], pid_dir: str | None = None) -> None:
         self.job, self.delays, self.pid_dir = job, delays, pid_dir
 
+    def __getattr__(self, name: str) -> Any:  # the rest of the SplitJob (cwd, ...) as it is
+        if name == "job":
+            raise AttributeError(name)
+        return getattr(self.job, name)
+
     def with_options(self, **changes: Any) -> DelayedJob:
         return DelayedJob(self.job.with_options(**changes), self.delays, self.pid_dir)
 

@@ -199,7 +199,7 @@ class RayExecutor(Executor):
                         raise cause from None
                     raise
                 except ray.exceptions.RayActorError as exc:
-                    raise UsageError(f"a Ray worker died {RETRIES + 1} times running a split: {exc}") from None
+                    raise UsageError(f"a Ray worker failed (it is restarted {RETRIES} times at most): {exc}") from None
 
 
 def make_executor(name: str, workers: int | None = None, ray_address: str | None = None) -> Executor:
