@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -121,7 +122,9 @@ def test_a_file_in_one_split_has_its_whole_hash(tmp_path):
     assert "splits" not in manifest["inputs"][0]
 
 
-@pytest.mark.parametrize("make", ["serial", "local-2", "ray-1", "ray-2", "local-2-delayed", "ray-2-delayed"])
+@pytest.mark.parametrize(
+    "make", ["serial", "local-2", "ray-1", "ray-2", "local-2-delayed", "ray-2-delayed", "local-2-random"]
+)
 def test_every_executor_writes_the_same_bytes(make, tmp_path, reference, request):
     kind, *rest = make.split("-")
     workers = int(rest[0]) if rest else 1
@@ -129,12 +132,15 @@ def test_every_executor_writes_the_same_bytes(make, tmp_path, reference, request
         request.getfixturevalue("ray_session")
     inner = {"serial": SerialExecutor(), "local": LocalExecutor(workers), "ray": RayExecutor(workers)}[kind]
     delays = {i: 0.4 * (6 - i) for i in range(6)} if "delayed" in make else {}  # later splits finish first
+    if "random" in make:
+        rng = random.Random(int(os.environ.get("WEIGHTPREP_DELAY_SEED", "3")))
+        delays = {i: rng.uniform(0.0, 1.0) for i in range(6)}
     executor = Delaying(inner, delays)
     out = tmp_path / "out"
     manifest = build([str(SAMPLE_RAW)], out, _cfg(), executor=executor)
     assert _digests(out) == reference
     assert sorted(executor.order) == list(range(6))
-    if delays:
+    if "delayed" in make:
         assert executor.order != sorted(executor.order)  # they did finish out of order
     entry = manifest["inputs"][0]
     assert entry["sha256"] is None and len(entry["splits"]) == 6
@@ -284,3 +290,17 @@ def test_validation_records_cut_is_merged_from_every_split(tmp_path):
     for name in ("train", "validation"):
         assert serial["splits"][name]["counts"]["records"] == one["splits"][name]["counts"]["records"]
     assert one["splits"]["validation"]["counts"]["records"] >= 50
+
+
+@pytest.mark.parametrize("executor", [SerialExecutor(), LocalExecutor(2)], ids=["serial", "local-2"])
+def test_progress_counts_input_bytes_up_to_the_whole_input(tmp_path, executor):
+    seen: list[tuple[int, int]] = []
+    manifest = build(
+        [str(SAMPLE_RAW)], tmp_path / "out", _cfg(), executor=executor,
+        progress=lambda done, counts: seen.append((done, counts["accepted"])),
+    )
+    done = [d for d, _ in seen]
+    assert done == sorted(done) and done[-1] == SAMPLE_RAW.stat().st_size
+    assert seen[-1][1] == manifest["counts"]["accepted"]
+    if isinstance(executor, SerialExecutor):
+        assert len(seen) > 6  # within splits too, block by block
