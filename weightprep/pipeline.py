@@ -404,6 +404,7 @@ def build(
         prefetch.close()  # loaded through AutoTokenizer: the file need not be what runs, so it is not used
         prefetch = None
     summary = tokenizer_summary(tok)
+    specials = special_tokens(tok, add_bos=_ADD_BOS[cfg.tokenizer.add_bos])
     output = Output(out_path, resume_key(cfg, inputs, summary, __version__), resume=resume)
     job = SplitJob(cfg, tokenizer if tokenizer is not None else (tok if in_process else None), output.tmp.absolute() / "splits")
     local: _Worker | None = None
@@ -436,10 +437,7 @@ def build(
             "format_version": FORMAT_VERSION,
             "weightprep_version": __version__,
             "config": config_to_dict(cfg),
-            "tokenizer": {
-                **summary, "bos_added": special_tokens(tok, add_bos=_ADD_BOS[cfg.tokenizer.add_bos]).bos is not None,
-                "pad_used": special_tokens(tok, add_bos=_ADD_BOS[cfg.tokenizer.add_bos]).pad, "backend": backends[0],
-            },
+            "tokenizer": {**summary, "bos_added": specials.bos is not None, "pad_used": specials.pad, "backend": backends[0]},
             "inputs": merged.inputs,
             "columns": list(PACKED_COLUMNS if packed else UNPACKED_COLUMNS),
             "rejects_file": REJECTS_NAME if cfg.validate.on_invalid == "skip" else None,
