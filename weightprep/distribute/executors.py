@@ -158,11 +158,7 @@ class RayExecutor(Executor):
             raise UsageError("--executor ray needs Ray: pip install 'weightprep[ray]'") from None
         owned = not ray.is_initialized()
         if owned:
-            init: dict[str, Any] = (
-                {"address": self.address}
-                if self.address  # a local cluster of this build alone listens on loopback only
-                else {"num_cpus": self.workers or _cpus(), "_node_ip_address": "127.0.0.1"}
-            )
+            init: dict[str, Any] = {"address": self.address} if self.address else {"num_cpus": self.workers or _cpus()}
             ray.init(**init, include_dashboard=False, log_to_driver=False, configure_logging=False)
         try:
             yield from self._map(ray, job, splits)
