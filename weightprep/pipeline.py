@@ -197,7 +197,7 @@ class _Worker:
         self.tokenize.close()
 
 
-_WORKERS: dict[str, _Worker] = {}  # per process, by SplitJob.key
+_WORKERS: dict[str, _Worker] = {}  # per process, by SplitJob.tokenizer_key
 
 
 def _located_error(exc: InputError | BackendMismatch) -> dict[str, Any]:
@@ -323,19 +323,14 @@ class SplitJob:
             written = writer.close()
             if rejects is not None:
                 rejects.close()
-        except (InputError, BackendMismatch) as exc:
-            parsed.close()
-            sink.cancel()
-            writer.abort()
-            if rejects is not None:
-                rejects.close()
-            return {"index": split.index, "error": _located_error(exc)}
-        except BaseException:
+        except BaseException as exc:
             parsed.close()  # stops and joins the read thread now, not when the traceback is collected
             sink.cancel()
             writer.abort()
             if rejects is not None:
                 rejects.close()
+            if isinstance(exc, (InputError, BackendMismatch)):
+                return {"index": split.index, "error": _located_error(exc)}
             raise
         counts = {}
         for name in packers:
@@ -406,7 +401,7 @@ def build(
     summary = tokenizer_summary(tok)
     specials = special_tokens(tok, add_bos=_ADD_BOS[cfg.tokenizer.add_bos])
     output = Output(out_path, resume_key(cfg, inputs, summary, __version__), resume=resume)
-    job = SplitJob(cfg, tokenizer if tokenizer is not None else (tok if in_process else None), output.tmp.absolute() / "splits")
+    job = SplitJob(cfg, tokenizer, output.tmp.absolute() / "splits")  # workers load it themselves if None
     local: _Worker | None = None
     if in_process:  # this process is the worker: it keeps the tokenizer it loaded (and the early fastokens load)
         local = _WORKERS[job.tokenizer_key] = _Worker(tok, cfg, prefetch)

@@ -57,9 +57,11 @@ def merge_results(
     merged.shards = {name: [] for name in sets}
     merged.counts = {name: Counter() for name in sets}
     line_base: dict[int, int] = {}  # lines of the earlier splits of the same file
+    lines_so_far: Counter[int] = Counter()
     files: dict[int, list[tuple[InputSplit, dict[str, Any]]]] = {}
     for split, result in zip(splits, results, strict=True):
-        line_base[split.index] = sum(r["input"]["lines"] for _, r in files.get(split.file, []))
+        line_base[split.index] = lines_so_far[split.file]
+        lines_so_far[split.file] += result["input"]["lines"]
         files.setdefault(split.file, []).append((split, result))
     for split_file in files.values():
         first = split_file[0][0]
@@ -81,13 +83,12 @@ def merge_results(
     try:
         for split, result in zip(splits, results, strict=True):
             directory = work_dir / f"{split.index:05d}"
-            for name in sets:
-                merged.counts[name].update(result["counts"][name])
             merged.rejected.update(result["rejected"])
             if rejects is not None and result["rejects_file"]:
                 with (directory / result["rejects_file"]).open(encoding="utf-8", newline="\n") as f:
                     rejects.writelines(_shift(f, "line", line_base[split.index]))
             for name in sets:
+                merged.counts[name].update(result["counts"][name])
                 written = result["written"][name]
                 merged.shards[name].extend((directory / rel, rows) for rel, rows in written["shards"])
                 if written["turns"]:

@@ -57,7 +57,7 @@ from weightprep.constants import (
 )
 from weightprep.errors import UsageError
 
-__all__ = ["features", "arrow_schema", "ShardWriter", "Output", "rows_per_shard", "prepare_output", "recover_stale"]
+__all__ = ["features", "arrow_schema", "ShardWriter", "Output", "prepare_output", "recover_stale"]
 
 _DTYPES = {INPUT_IDS: "int32", LABELS: "int32", WEIGHTS: "float32", POSITION_IDS: "int32", ATTENTION_MASK: "int8"}
 
@@ -235,10 +235,10 @@ class ShardWriter:
     ) -> None:
         self.directory = directory
         self.seq_len = seq_len
-        self.packed = packed
         self.schema = arrow_schema(seq_len, packed=packed)
         self.columns = PACKED_COLUMNS if packed else UNPACKED_COLUMNS
-        self.rows_per_shard = rows_per_shard(seq_len, packed=packed, max_shard_bytes=max_shard_bytes)
+        per_token = sum(4 if _DTYPES[c] != "int8" else 1 for c in self.columns if c != SEQ_LENGTHS)
+        self.rows_per_shard = max(1, max_shard_bytes // (seq_len * per_token + 64))
         self._sets = {
             name: _ShardSet(directory / name if name else directory, self.schema, self.rows_per_shard)
             for name in (tuple(splits) if splits else (None,))
@@ -307,13 +307,6 @@ class ShardWriter:
             shard_set.abort()
 
 
-def rows_per_shard(seq_len: int, *, packed: bool, max_shard_bytes: int) -> int:
-    """Rows of one shard under ``max_shard_bytes``."""
-    columns = PACKED_COLUMNS if packed else UNPACKED_COLUMNS
-    per_token = sum(4 if _DTYPES[c] != "int8" else 1 for c in columns if c != SEQ_LENGTHS)
-    return max(1, max_shard_bytes // (seq_len * per_token + 64))
-
-
 class Output:
     """The build's temporary directory beside ``out`` and its publication (see the module docstring).
 
@@ -326,7 +319,7 @@ class Output:
     def __init__(self, out: Path, plan_key: str, *, resume: bool = False) -> None:
         self.out = out
         self.tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
-        self.resumed = False
+        adopted = False
         if self.tmp.exists():
             shutil.rmtree(self.tmp)
         if resume:
@@ -334,9 +327,9 @@ class Output:
                 m = _STALE.match(candidate.name)
                 plan = candidate / self.PLAN
                 if m and m["name"] == out.name and not _alive(int(m["pid"])) and plan.is_file():
-                    if not self.resumed and plan.read_text() == plan_key:
+                    if not adopted and plan.read_text() == plan_key:
                         candidate.rename(self.tmp)
-                        self.resumed = True
+                        adopted = True
                     else:  # another plan (or a second leftover of this one): of no use to this build
                         shutil.rmtree(candidate, ignore_errors=True)
         self.tmp.mkdir(parents=True, exist_ok=True)
