@@ -1,5 +1,6 @@
 """Chat tokenizers for the tests: each family's template (TRL's installed ``chat_templates``, or written here) on a
-small byte-level BPE built in-process with that family's control tokens, plus a naive reference of the weights.
+small tokenizer built in-process with that family's control tokens (byte-level BPE unless asked otherwise), plus a
+naive reference of the weights.
 
 The reference finds each message's header and content by plain string search in the rendered text, using what
 each family is known to write around a turn; it shares nothing with ``weightprep.stages.chat``, which aligns by
@@ -15,7 +16,7 @@ from typing import Any
 
 import numpy as np
 import trl
-from tokenizer_factory import _byte_level_bpe
+from tokenizer_factory import _byte_level_bpe, _sentencepiece
 
 TEMPLATES = Path(trl.__file__).parent / "chat_templates"
 
@@ -76,13 +77,23 @@ FAMILIES = {
 }  # fmt: skip
 
 
+#: The tokenizer models a chat family can be built on: byte-level BPE (Llama-3, Qwen), SentencePiece with byte
+#: fallback and no word-start marker (Gemma), and the legacy SentencePiece conversion that puts "▁" in front of
+#: every text between special tokens (Llama-2, Mistral v1), whose tokens do not spell the text byte for byte.
+MODELS = ("byte_level", "sentencepiece", "sentencepiece_legacy")
+
+
 @functools.lru_cache
-def chat_tokenizer(name: str, template: str | None = None) -> Any:
-    """A fast tokenizer of family ``name`` with its chat template (or ``template``): treat as read-only."""
+def chat_tokenizer(name: str, template: str | None = None, model: str = "byte_level") -> Any:
+    """A fast tokenizer of family ``name`` with its chat template (or ``template``) on ``model`` (``MODELS``):
+    treat as read-only."""
     from transformers import PreTrainedTokenizerFast
 
     fam = FAMILIES[name]
-    backend = _byte_level_bpe(list(fam.specials), 500)
+    if model == "byte_level":
+        backend = _byte_level_bpe(list(fam.specials), 500)
+    else:
+        backend = _sentencepiece(list(fam.specials), 500, "gemma" if model == "sentencepiece" else "legacy")
     tok = PreTrainedTokenizerFast(
         tokenizer_object=backend, bos_token=fam.bos, eos_token=fam.eos, pad_token=fam.eos, model_max_length=8192,
         clean_up_tokenization_spaces=False,

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import json
+import re
 
 import numpy as np
 import pytest
@@ -15,9 +17,11 @@ from weightprep.accounting import check_accounting
 from weightprep.batches import Chat
 from weightprep.config import config_from_dict
 from weightprep.constants import IGNORE_INDEX
-from weightprep.errors import InputError
+from weightprep.errors import InputError, UsageError
 from weightprep.pipeline import build
 from weightprep.stages.chat import ChatError, ChatRenderer, parse_role_weights
+from weightprep.stages.spans import TokenSpans
+from weightprep.stages.tokenize import PieceTokenizer
 from weightprep.stages.validate import check_line
 
 ROLE_WEIGHTS = {"assistant": 1.0}
@@ -50,12 +54,24 @@ def conversations(draw):
     return messages
 
 
-@pytest.mark.parametrize("name", list(FAMILIES))
+#: (family, tokenizer model): every family on byte-level BPE (ids' bytes give the spans, fastokens the ids), three on
+#: Gemma-like SentencePiece (spans from "▁" and byte-fallback tokens) and on the legacy conversion (tokenizers' offsets).
+CASES = [(n, "byte_level") for n in FAMILIES] + [
+    (n, m) for n in ("chatml", "gemma", "mistral_v1") for m in ("sentencepiece", "sentencepiece_legacy")
+]
+
+
+@functools.lru_cache
+def _piece_tokenizer(name: str, model: str) -> PieceTokenizer:
+    return PieceTokenizer(chat_tokenizer(name, model=model), backend="auto")
+
+
+@pytest.mark.parametrize(("name", "model"), CASES)
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(messages=conversations())
-def test_ids_and_weights_equal_the_template_and_a_naive_reference(name, messages):
-    fam, tok = FAMILIES[name], chat_tokenizer(name)
-    renderer = ChatRenderer(tok, role_weights=ROLE_WEIGHTS)
+def test_ids_and_weights_equal_the_template_and_a_naive_reference(name, model, messages):
+    fam, tok = FAMILIES[name], chat_tokenizer(name, model=model)
+    renderer = ChatRenderer(tok, role_weights=ROLE_WEIGHTS, tokenize=_piece_tokenizer(name, model))
     text = tok.apply_chat_template(_plain(messages), tokenize=False)
     enc = tok.backend_tokenizer.encode(text, add_special_tokens=False)
     ref_w, straddle = reference_token_weights(enc, reference_char_weights(fam, text, messages, ROLE_WEIGHTS))
@@ -66,9 +82,76 @@ def test_ids_and_weights_equal_the_template_and_a_naive_reference(name, messages
         return
     out = renderer.tokens(_chat(messages))
     assert out.ids.tolist() == tok.apply_chat_template(_plain(messages), tokenize=True)["input_ids"]
-    assert tok.decode(out.ids.tolist(), skip_special_tokens=False) == text
+    if model != "sentencepiece_legacy":  # that one reads a "▁" in front of each text between special tokens
+        assert tok.decode(out.ids.tolist(), skip_special_tokens=False) == text
     np.testing.assert_array_equal(out.weights, ref_w)
     # every change of weight falls on a token boundary: nothing straddles, by construction of the reference
+
+
+def test_the_cases_run_fastokens_and_both_span_sources():
+    """The premise of the test above: fastokens gives the ids, and both ways to the spans are taken."""
+    for name, model in CASES:
+        assert _piece_tokenizer(name, model).backend == "fastokens", (name, model)
+        assert TokenSpans(chat_tokenizer(name, model=model).backend_tokenizer).supported == (model != "sentencepiece_legacy")
+
+
+@pytest.mark.parametrize("template", [None, "qwen2_5_training", "llama3_1"])
+@settings(max_examples=30, deadline=None)
+@given(messages=conversations(), tools=st.sampled_from([None, [{"type": "function", "function": {"name": "f"}}]]))
+def test_prefix_renders_equal_render_jinja_template(template, messages, tools):
+    """Each prefix, with and without the generation prompt, as transformers renders it (inputs converted once, or
+    at every call where the direct path is off)."""
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    text = None if template is None else (TEMPLATES / f"{template}.jinja").read_text()
+    tok = chat_tokenizer("chatml", text)
+    renderer = ChatRenderer(tok)
+    chat = _chat(messages, tools)
+    plain = _plain(messages)
+    for direct in (True, False):
+        renderer.prepare(chat, plain)  # compiles the template
+        renderer._template.direct = direct
+        prepared = renderer.prepare(chat, plain)
+        assert prepared.direct == direct
+        for k in range(len(plain) + 1):
+            for generation in (False, True):
+                try:
+                    want = render_jinja_template(
+                        conversations=[plain[:k]], tools=tools, chat_template=renderer.template,
+                        add_generation_prompt=generation, return_assistant_tokens_mask=renderer.tagged,
+                        **tok.special_tokens_map,
+                    )  # fmt: skip
+                except Exception as exc:  # e.g. no message at all: the same failure, as a template_error
+                    with pytest.raises(ChatError, match=re.escape(f"{type(exc).__name__}: {exc}")):
+                        renderer.render(prepared, k, generation=generation)
+                    continue
+                assert renderer.render(prepared, k, generation=generation) == (want[0][0], want[1][0] if want[1] else [])
+
+
+def test_the_guard_names_the_conversation_fastokens_gets_wrong(tmp_path, monkeypatch):
+    from weightprep.stages import tokenize as stage
+
+    real = stage._FastokensEncoder.__call__
+
+    def wrong_on_weird(self, texts):
+        ids, offsets = real(self, texts)
+        ids = ids.copy()
+        for i, t in enumerate(texts):
+            if "weird" in t:
+                ids[offsets[i]] += 1
+        return ids, offsets
+
+    monkeypatch.setattr(stage._FastokensEncoder, "__call__", wrong_on_weird)
+    tok_dir = _save(chat_tokenizer("chatml"), tmp_path / "tok")
+    fine = {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "fine"}]}
+    weird = {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "weird"}]}
+    inp = tmp_path / "raw.jsonl"
+    inp.write_text("".join(json.dumps(r) + "\n" for r in [fine, fine, weird, fine]))
+    cfg = config_from_dict({"tokenizer": {"name": str(tok_dir), "backend": "auto"}, "pack": {"seq_len": 256}})
+    with pytest.raises(UsageError) as err:
+        build([str(inp)], tmp_path / "out", cfg)
+    assert f"{inp}:3: messages: fastokens and tokenizers tokenize this text differently" in str(err.value)
+    assert not (tmp_path / "out").exists()
 
 
 def test_a_worked_example_token_by_token():

@@ -99,7 +99,7 @@ def _byte_level_bpe(specials: list[str], vocab_size: int, add_prefix_space: bool
 
 def _sentencepiece(specials: list[str], vocab_size: int, form: str) -> Any:
     """BPE with byte fallback as ``transformers`` converts a SentencePiece model: ``form`` "legacy" puts the
-    "▁" marker in the normalizer, "metaspace" in the pre-tokenizer. Characters outside the 60 most frequent
+    "▁" marker in the normalizer, "metaspace" in the pre-tokenizer, "gemma" has none (spaces become "▁"). Characters outside the 60 most frequent
     are left out of the alphabet, so byte fallback (``<0xNN>``) is exercised."""
     import json
 
@@ -108,11 +108,12 @@ def _sentencepiece(specials: list[str], vocab_size: int, form: str) -> Any:
     tok = Tokenizer(models.BPE(byte_fallback=True))
     if form == "legacy":
         tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    elif form == "gemma":  # spaces become "▁", no marker in front of a call, none to strip when decoding
+        tok.normalizer = normalizers.Replace(" ", "▁")
     else:
         tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first", split=False)
-    tok.decoder = decoders.Sequence(
-        [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
-    )
+    strip = [] if form == "gemma" else [decoders.Strip(" ", 1, 0)]
+    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), *strip])
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials, limit_alphabet=60, show_progress=False)
     tok.train_from_iterator(CORPUS, trainer=trainer)
     # the 256 byte tokens, right after the specials as in a Llama vocabulary

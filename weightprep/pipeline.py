@@ -143,8 +143,8 @@ def _count_rows(rows: Rows, counts: Counter[str]) -> None:
 class _Chats:
     """The chat stage of a build: a renderer made at the first conversation (a pieces-only build needs no template)."""
 
-    def __init__(self, tokenizer: Any, cfg: BuildConfig) -> None:
-        self.tokenizer, self.cfg = tokenizer, cfg
+    def __init__(self, tokenizer: Any, cfg: BuildConfig, tokenize: PieceTokenizer) -> None:
+        self.tokenizer, self.cfg, self.tokenize = tokenizer, cfg, tokenize
         self._renderer: ChatRenderer | None = None
         #: the conversations' role names, by turn code (``batches.turn_code``), for the writer's turns file
         self.roles: list[str] = []
@@ -157,7 +157,7 @@ class _Chats:
             template = Path(path).read_text(encoding="utf-8") if path else None
             renderer = ChatRenderer(
                 transformers_tokenizer(self.tokenizer), template, parse_role_weights(self.cfg.chat.role_weights),
-                self.roles,
+                self.roles, self.tokenize,
             )
             renderer.check()
             self._renderer = renderer
@@ -191,7 +191,7 @@ class _Worker:
         self.specials = special_tokens(tok, add_bos=_ADD_BOS[cfg.tokenizer.add_bos])
         self.notes: list[str] = []
         self.tokenize = PieceTokenizer(tok, cfg.tokenizer.batch_size, cfg.tokenizer.backend, self.notes.append, prefetched=prefetch)
-        self.chats = _Chats(tok, cfg)
+        self.chats = _Chats(tok, cfg, self.tokenize)
 
     def close(self) -> None:
         self.tokenize.close()

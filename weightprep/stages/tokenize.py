@@ -1,6 +1,6 @@
 """Stage 3 — tokenize: every piece text exactly once, in large batches, through the Rust tokenizer.
 
-This is the only module that calls a tokenizer on piece texts. It talks to the fast tokenizer's Rust
+This is the only module that calls a tokenizer on piece texts (and on rendered conversations: ``documents``). It talks to the fast tokenizer's Rust
 backend directly (``encode_batch_fast``, no offsets), which spreads a batch over all cores and skips the
 Python-side bookkeeping of ``tokenizer(texts)``; special tokens are never added here (the assemble
 stage places BOS/EOS itself), and truncation/padding are switched off on a private copy so a
@@ -363,24 +363,60 @@ class PieceTokenizer:
             self._guard(records, ids, offsets, is_start)
         return ids, offsets
 
+    @property
+    def backend_tokenizer(self) -> Any:
+        """tokenizers' backend that the guard compares with (truncation and padding off)."""
+        return self.reference[0].backend
+
+    def encodings(self, texts: list[str]) -> list[Any]:
+        """tokenizers' own encodings of whole documents, with their offsets (``Encoding.ids``, ``.offsets``)."""
+        return self.backend_tokenizer.encode_batch(texts, add_special_tokens=False) if texts else []
+
+    def documents(self, texts: list[str], where: Callable[[int], tuple[str, int, str]]) -> tuple[np.ndarray, np.ndarray]:
+        """Ids of whole documents (a rendered conversation), each tokenized as the start of a sequence: document
+        ``d`` is ``ids[offsets[d]:offsets[d + 1]]``. The guard re-encodes a sample as for pieces; ``where(d)`` is the
+        (file, line, field) it names."""
+        start = self.encoders[0]
+        ids, offsets = start(texts)
+        if self.encoders is not self.reference:
+            self._compare(texts, _sample(len(texts)), self.reference[0], ids, offsets, where)
+        return ids, offsets
+
     def _guard(self, records: Records, ids: np.ndarray, offsets: np.ndarray, is_start: np.ndarray | None) -> None:
         """Re-encode a deterministic sample of the pieces with tokenizers; stop at the first difference."""
-        n = len(records.texts)
-        if n == 0:
-            return
-        sample = np.unique(np.linspace(0, n - 1, num=min(n, GUARD_PIECES)).astype(np.int64))
+        sample = _sample(len(records.texts))
         groups = [sample] if is_start is None else [sample[is_start[sample]], sample[~is_start[sample]]]
+
+        def where(i: int) -> tuple[str, int, str]:
+            record = int(np.searchsorted(records.piece_offsets, i, side="right")) - 1
+            return records.path, int(records.lines[record]), f"pieces[{i - int(records.piece_offsets[record])}].text"
+
         for index, ref in zip(groups, self.reference, strict=False):  # start pieces, then continuations
-            expected = _split(*ref([records.texts[i] for i in index.tolist()]))
-            for i, want in zip(index.tolist(), expected, strict=True):
-                got = ids[offsets[i] : offsets[i + 1]]
-                if not np.array_equal(got, want):
-                    record = int(np.searchsorted(records.piece_offsets, i, side="right")) - 1
-                    raise BackendMismatch(
-                        records.path, int(records.lines[record]), f"pieces[{i - int(records.piece_offsets[record])}].text",
-                        f"fastokens and tokenizers tokenize this piece differently: fastokens {got.tolist()}, "
-                        f"tokenizers {want.tolist()}. Rerun with --tokenizer-backend hf (and report the text to fastokens).",
-                    )
+            self._compare(records.texts, index, ref, ids, offsets, where)
+
+    @staticmethod
+    def _compare(
+        texts: list[str], index: np.ndarray, ref: Any, ids: np.ndarray, offsets: np.ndarray,
+        where: Callable[[int], tuple[str, int, str]],
+    ) -> None:  # fmt: skip
+        """Texts ``index`` encoded by ``ref`` (tokenizers) must give ``ids[offsets[i]:offsets[i + 1]]``."""
+        if not len(index):
+            return
+        expected = _split(*ref([texts[i] for i in index.tolist()]))
+        for i, want in zip(index.tolist(), expected, strict=True):
+            got = ids[offsets[i] : offsets[i + 1]]
+            if not np.array_equal(got, want):
+                path, line, field = where(i)
+                raise BackendMismatch(
+                    path, line, field,
+                    f"fastokens and tokenizers tokenize this text differently: fastokens {got.tolist()}, "
+                    f"tokenizers {want.tolist()}. Rerun with --tokenizer-backend hf (and report the text to fastokens).",
+                )  # fmt: skip
+
+
+def _sample(n: int) -> np.ndarray:
+    """The guard's deterministic sample of ``n`` texts: ``GUARD_PIECES`` evenly spaced (all of them if fewer)."""
+    return np.unique(np.linspace(0, n - 1, num=min(n, GUARD_PIECES)).astype(np.int64)) if n else np.zeros(0, np.int64)
 
 
 def _split(ids: np.ndarray, offsets: np.ndarray) -> list[np.ndarray]:

@@ -1,0 +1,152 @@
+"""Character spans of tokens from their ids alone: what the chat stage puts weights on tokens with.
+
+tokenizers' offsets cost more than the tokenization itself (a Python tuple per token, about 0.9 µs each), and
+fastokens returns none. But where a tokenizer's tokens spell out the text byte for byte, a token's span is simply
+where its bytes fall: read each id's bytes from the vocabulary once, sum the byte lengths of a document's tokens,
+and map the byte positions to characters. That holds for
+
+- byte-level BPE (decoder ``ByteLevel``: GPT-2, Llama-3, Qwen, DeepSeek): a token's characters stand for bytes
+  through GPT-2's byte-to-unicode table;
+- SentencePiece conversions whose decoder only turns ``▁`` back into a space and ``<0xNN>`` into its byte
+  (Gemma): ``▁the`` is `` the``.
+
+Added tokens (``<|im_start|>``) spell their content. An added token that strips the whitespace around it, or is
+matched on normalized text under a normalizer, has no fixed bytes; a document holding one takes tokenizers'
+offsets instead.
+
+The spans of a document are used only where its tokens' bytes, put back together, are exactly the document's
+UTF-8 bytes; this is checked for every document, in one vectorized comparison per batch. Where they are not (a
+normalizer changed the text, a tokenizer that prepends a word-start marker, a token without fixed bytes),
+``spans`` returns None for that document and the caller asks tokenizers for offsets. So the spans are never a
+guess: the bytes match, and the tokens come in order, so each token covers exactly its own bytes.
+
+A token that holds part of a multi-byte character spans that whole character (as tokenizers' offsets do):
+``"東"`` is three bytes; byte-level tokens ``[æĿ, ±]`` (2 + 1 bytes) both span characters ``[0, 1)``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import numpy as np
+
+__all__ = ["TokenSpans"]
+
+_BYTE_FALLBACK = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+
+
+def _byte_level_alphabet() -> dict[str, int]:
+    """GPT-2's byte-to-unicode table, inverted: the character that stands for each byte -> the byte."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    chars = {b: b for b in printable}
+    extra = 0
+    for b in range(256):
+        if b not in chars:
+            chars[b] = 256 + extra
+            extra += 1
+    return {chr(c): b for b, c in chars.items()}
+
+
+def _decoder_kind(decoder: dict[str, Any] | None) -> str | None:
+    """``"byte_level"``, ``"sentencepiece"`` (``▁`` -> space and byte fallback only), or None (unknown)."""
+    if decoder is None:
+        return None
+    if decoder.get("type") == "ByteLevel":
+        return "byte_level"
+    parts = decoder.get("decoders", []) if decoder.get("type") == "Sequence" else [decoder]
+    for part in parts:
+        t = part.get("type")
+        if t == "Replace" and part.get("pattern") == {"String": "▁"} and part.get("content") == " ":
+            continue
+        if t not in ("ByteFallback", "Fuse"):
+            return None  # Strip (a prefix marker to drop), Metaspace, WordPiece, ...: not bytes for bytes
+    return "sentencepiece"
+
+
+class TokenSpans:
+    """The bytes of every id of one tokenizer (``tokenizers.Tokenizer``), and spans of documents from their ids.
+
+    Example (byte-level BPE): ``"Hi 東"`` encoded as ``[Hi, Ġ, æĿ, ±]`` -> starts ``[0, 2, 3, 3]``, ends
+    ``[2, 3, 4, 4]``."""
+
+    def __init__(self, backend: Any) -> None:
+        spec = json.loads(backend.to_str())
+        kind = _decoder_kind(spec.get("decoder"))
+        vocab: dict[str, int] = backend.get_vocab(with_added_tokens=True)
+        size = max(vocab.values(), default=-1) + 1
+        surfaces: list[bytes | None] = [None] * size
+        if kind is not None:
+            alphabet = _byte_level_alphabet()
+            fallback = bool(spec.get("model", {}).get("byte_fallback"))
+            for token, i in vocab.items():
+                surfaces[i] = _model_bytes(token, kind, alphabet, fallback)
+            normalized = spec.get("normalizer") is not None
+            for i, added in backend.get_added_tokens_decoder().items():
+                fixed = not (added.lstrip or added.rstrip or added.single_word or (added.normalized and normalized))
+                surfaces[i] = added.content.encode("utf-8") if fixed else None
+        #: whether any id has bytes (False: every document needs tokenizers' offsets)
+        self.supported = kind is not None
+        self._lengths = np.array([-1 if s is None else len(s) for s in surfaces], dtype=np.int64)
+        self._starts = np.zeros(size + 1, dtype=np.int64)
+        np.cumsum(np.maximum(self._lengths, 0), out=self._starts[1:])
+        self._bytes = np.frombuffer(b"".join(s for s in surfaces if s is not None), dtype=np.uint8)
+
+    def spans(self, texts: list[str], ids: np.ndarray, offsets: np.ndarray) -> list[tuple[np.ndarray, np.ndarray] | None]:
+        """Per document ``d`` (tokens ``ids[offsets[d]:offsets[d + 1]]`` of ``texts[d]``): the character (start,
+        end) of each token, or None where its tokens' bytes are not exactly the text's."""
+        ids = np.asarray(ids, dtype=np.int64)
+        encoded = [t.encode("utf-8") for t in texts]
+        known = (ids >= 0) & (ids < len(self._lengths))
+        lengths = np.where(known, self._lengths[np.where(known, ids, 0)], -1)
+        counts = np.diff(offsets)
+        doc = np.repeat(np.arange(len(texts)), counts)
+        per_doc = np.bincount(doc, weights=np.maximum(lengths, 0), minlength=len(texts)).astype(np.int64)
+        unknown = np.bincount(doc, weights=lengths < 0, minlength=len(texts)) > 0
+        sizes = np.fromiter(map(len, encoded), dtype=np.int64, count=len(texts))
+        ok = (per_doc == sizes) & ~unknown
+        if ok.any():  # the tokens' bytes of the documents whose byte counts match, against their text bytes
+            take = ok[doc]
+            lens = lengths[take]
+            gather = np.repeat(self._starts[ids[take]] - np.cumsum(lens) + lens, lens) + np.arange(int(lens.sum()))
+            spelled = self._bytes[gather]
+            text_bytes = np.frombuffer(b"".join(e for e, good in zip(encoded, ok, strict=True) if good), dtype=np.uint8)
+            wrong = np.flatnonzero(spelled != text_bytes)
+            if len(wrong):
+                bounds = np.cumsum(sizes[ok])
+                ok[np.flatnonzero(ok)[np.unique(np.searchsorted(bounds, wrong, side="right"))]] = False
+        # every token's bytes, then characters, placed in the documents' text bytes put end to end
+        size = np.maximum(lengths, 0)
+        token_base = np.zeros(len(texts), dtype=np.int64)
+        np.cumsum(per_doc[:-1], out=token_base[1:])
+        text_base = np.zeros(len(texts), dtype=np.int64)
+        np.cumsum(sizes[:-1], out=text_base[1:])
+        byte_start = np.cumsum(size) - size - token_base[doc] + text_base[doc]
+        raw = np.frombuffer(b"".join(encoded), dtype=np.uint8)
+        char_of = np.empty(len(raw) + 1, dtype=np.int64)  # the character each byte belongs to, then a sentinel
+        np.cumsum((raw & 0xC0) != 0x80, out=char_of[:-1])
+        char_of[:-1] -= 1
+        char_of[-1] = char_of[-2] + 1 if len(raw) else 0
+        char_base = np.zeros(len(texts), dtype=np.int64)
+        np.cumsum(np.fromiter(map(len, texts), dtype=np.int64, count=len(texts))[:-1], out=char_base[1:])
+        byte_start = np.minimum(np.maximum(byte_start, 0), len(raw))  # a mismatched document's positions are not used
+        starts = char_of[byte_start] - char_base[doc]
+        last = np.minimum(np.maximum(byte_start + size - 1, 0), len(raw))
+        ends = np.where(size > 0, char_of[last] + 1 - char_base[doc], starts)
+        return [
+            (starts[offsets[d] : offsets[d + 1]], ends[offsets[d] : offsets[d + 1]]) if good else None
+            for d, good in enumerate(ok.tolist())
+        ]
+
+
+def _model_bytes(token: str, kind: str, alphabet: dict[str, int], fallback: bool) -> bytes | None:
+    """The bytes that a vocabulary token stands for in the text."""
+    if kind == "byte_level":
+        try:
+            return bytes(alphabet[c] for c in token)
+        except KeyError:
+            return None
+    if fallback and (m := _BYTE_FALLBACK.fullmatch(token)):
+        return bytes([int(m.group(1), 16)])
+    return token.replace("▁", " ").encode("utf-8")
