@@ -364,3 +364,24 @@ def test_a_token_across_a_weight_change_is_refused():
         ChatRenderer(tok).tokens(_chat(messages))
     assert (err.value.reason, err.value.field) == ("token_straddle", "messages[1]")
     assert "crosses a change of weight at character 9" in err.value.problem
+
+
+def test_offsets_that_go_backwards_or_miss_a_weighted_character_are_refused():
+    """tokenizers' offsets (the path for tokenizers whose ids do not spell the text) are checked before use;
+    spans from the ids' bytes are exact by construction and skip the check."""
+    renderer = ChatRenderer(chat_tokenizer("chatml"))
+    chat = _chat([{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yes"}])
+    text, char_w, turns = renderer.char_weights(chat)
+    ids = np.arange(3, dtype=np.int32)
+    n = len(text)
+    backwards = (np.array([0, 5, 4]), np.array([5, 6, n]))
+    with pytest.raises(ChatError, match="go backwards") as err:
+        renderer.align(chat, text, char_w, turns, ids, *backwards)
+    assert err.value.reason == "bad_offsets"
+    gap = int(np.flatnonzero(char_w > 0)[0])  # the first weighted character, in no token
+    missing = (np.array([0, gap + 1, n]), np.array([gap, n, n]))
+    with pytest.raises(ChatError, match=f"weighted character {gap} ") as err:
+        renderer.align(chat, text, char_w, turns, ids, *missing)
+    assert err.value.reason == "bad_offsets"
+    out = renderer.align(chat, text, char_w, turns, ids, *missing, exact=True)  # trusted: no check
+    assert len(out.ids) == 3

@@ -10,6 +10,7 @@ mode turns the first into an ``InputError``; ``--skip-invalid`` writes them to r
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -88,13 +89,22 @@ def split_turn_code(code: int) -> tuple[int, int]:
 
 
 class ChatTokens(NamedTuple):
-    """A rendered conversation: its token ids and per-token weights (template specials included), and the
-    canonical JSON of the record that the validation split hashes."""
+    """A rendered conversation: its token ids and per-token weights (template specials included), each token's
+    turn, and the record it came from (whose canonical JSON the validation split hashes)."""
 
     ids: np.ndarray  # int32[N]
     weights: np.ndarray  # float32[N]
-    canonical: str
+    source: Chat
     turns: np.ndarray  # int32[N], each token's turn code (``turn_code``; 0 outside every message)
+
+    @property
+    def canonical(self) -> str:
+        """The record as canonical JSON (sorted keys, no spaces): what the validation split hashes."""
+        chat = self.source
+        return json.dumps(
+            {"messages": chat.messages, "tools": chat.tools, "chat_template_kwargs": chat.template_kwargs},
+            sort_keys=True, ensure_ascii=False, separators=(",", ":"),
+        )  # fmt: skip
 
 
 @dataclass(frozen=True)

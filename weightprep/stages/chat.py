@@ -369,18 +369,19 @@ class ChatRenderer:
         located = where or (lambda c: ("<conversations>", c + 1))
         spans = self._token_spans(texts, lambda d: (*located(kept[d]), "messages"))
         out: list[ChatTokens | ChatError] = list(rendered)  # type: ignore[arg-type]
-        for c, (ids, starts, ends) in zip(kept, spans, strict=True):
+        for c, (ids, starts, ends, exact) in zip(kept, spans, strict=True):
             try:
-                out[c] = self.align(chats[c], *rendered[c], ids, starts, ends)  # type: ignore[misc]
+                out[c] = self.align(chats[c], *rendered[c], ids, starts, ends, exact=exact)  # type: ignore[misc]
             except ChatError as exc:
                 out[c] = exc
         return out
 
     def _token_spans(
         self, texts: list[str], where: Callable[[int], tuple[str, int, str]]
-    ) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-        """Each text's token ids and their characters' (start, end): the build's tokenizer gives the ids, their
-        bytes the spans (``TokenSpans``); where those do not spell the text, tokenizers' ids and offsets."""
+    ) -> list[tuple[np.ndarray, np.ndarray, np.ndarray, bool]]:
+        """Each text's token ids, their characters' (start, end), and whether those came from the ids' bytes: the
+        build's tokenizer gives the ids, their bytes the spans (``TokenSpans``); where those do not spell the text,
+        tokenizers' ids and offsets."""
         if not texts:
             return []
         tokenize = self.tokenize
@@ -391,20 +392,16 @@ class ChatRenderer:
             ids, offsets = tokenize.documents(texts, where)
             for d, found in enumerate(self._spans.spans(texts, ids, offsets)):
                 if found is not None:
-                    spans[d] = (ids[offsets[d] : offsets[d + 1]], *found)
+                    spans[d] = (ids[offsets[d] : offsets[d + 1]], *found, True)
         missing = [d for d, found in enumerate(spans) if found is None]
         for d, enc in zip(missing, tokenize.encodings([texts[d] for d in missing]), strict=True):
             pairs = np.fromiter(itertools.chain.from_iterable(enc.offsets), dtype=np.int64, count=2 * len(enc.ids))
-            spans[d] = (np.asarray(enc.ids, dtype=np.int32), pairs[0::2], pairs[1::2])
+            spans[d] = (np.asarray(enc.ids, dtype=np.int32), pairs[0::2], pairs[1::2], False)
         return spans
 
-    def align(
-        self, chat: Chat, text: str, char_w: np.ndarray, char_turns: np.ndarray, ids: np.ndarray, starts: np.ndarray,
-        ends: np.ndarray,
-    ) -> ChatTokens:  # fmt: skip
-        """Step 5: the weights (and turn codes) of the characters put on the tokens ``ids`` of ``text``, whose
-        characters are ``[starts[t], ends[t])``; a token takes the turn of its first character."""
-        ids = np.asarray(ids, dtype=np.int32)
+    @staticmethod
+    def _check_offsets(text: str, char_w: np.ndarray, ids: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> None:
+        """Offsets must go forwards and cover every weighted character (``bad_offsets``)."""
         if len(ids) and ((np.diff(starts) < 0).any() or (np.diff(ends) < 0).any() or (ends < starts).any()):
             raise ChatError("messages", "the tokenizer's offsets go backwards; cannot align weights", "bad_offsets")
         covered = np.bincount(starts, minlength=len(text) + 1) - np.bincount(ends, minlength=len(text) + 1)
@@ -412,6 +409,16 @@ class ChatRenderer:
         if uncovered.any():
             at = int(np.argmax(uncovered))
             raise ChatError("messages", f"weighted character {at} ({_snippet(text, at)}) is in no token", "bad_offsets")
+
+    def align(
+        self, chat: Chat, text: str, char_w: np.ndarray, char_turns: np.ndarray, ids: np.ndarray, starts: np.ndarray,
+        ends: np.ndarray, *, exact: bool = False,
+    ) -> ChatTokens:  # fmt: skip
+        """Step 5: the weights (and turn codes) of the characters put on the tokens ``ids`` of ``text``, whose
+        characters are ``[starts[t], ends[t])``; a token takes the turn of its first character."""
+        ids = np.asarray(ids, dtype=np.int32)
+        if not exact:  # tokenizers' offsets; spans from the ids' bytes are in order and cover the text by construction
+            self._check_offsets(text, char_w, ids, starts, ends)
         changes = np.flatnonzero(np.diff(char_w)) + 1  # first character of each new weight
         if len(changes) and len(ids):
             k = np.searchsorted(starts, changes, side="right") - 1
@@ -431,11 +438,7 @@ class ChatRenderer:
         token_w = char_w[safe] if len(text) else np.zeros(len(ids), dtype=np.float32)
         token_w = np.where(ends > starts, token_w, 0).astype(np.float32)
         token_turns = char_turns[safe] if len(text) else np.zeros(len(ids), dtype=np.int32)
-        canonical = json.dumps(
-            {"messages": chat.messages, "tools": chat.tools, "chat_template_kwargs": chat.template_kwargs},
-            sort_keys=True, ensure_ascii=False, separators=(",", ":"),
-        )  # fmt: skip
-        return ChatTokens(ids, token_w, canonical, token_turns.astype(np.int32))
+        return ChatTokens(ids, token_w, chat._replace(raw=b""), token_turns.astype(np.int32))
 
     def _message_at(self, chat: Chat, char: int) -> str:
         """The field of the message whose characters hold ``char`` (for error messages)."""
