@@ -95,7 +95,15 @@ def test_the_cases_run_fastokens_and_both_span_sources():
         assert TokenSpans(chat_tokenizer(name, model=model).backend_tokenizer).supported == (model != "sentencepiece_legacy")
 
 
-@pytest.mark.parametrize("template", [None, "qwen2_5_training", "llama3_1"])
+#: A template that reads the environment's globals (namespace, strftime_now, raise_exception).
+USES_GLOBALS = (
+    "{% set ns = namespace(n=0) %}{% for m in messages %}{% set ns.n = ns.n + 1 %}{{ m['role'] + ': ' + m['content'] }}\n"
+    "{% endfor %}{{ ns.n }} on {{ strftime_now('%Y-%m-%d') }}{% if messages|length > 5 %}{{ raise_exception('too many') }}"
+    "{% endif %}"
+)
+
+
+@pytest.mark.parametrize("template", [None, "qwen2_5_training", "llama3_1", "uses_globals"])
 @settings(max_examples=30, deadline=None)
 @given(messages=conversations(), tools=st.sampled_from([None, [{"type": "function", "function": {"name": "f"}}]]))
 def test_prefix_renders_equal_render_jinja_template(template, messages, tools):
@@ -103,7 +111,7 @@ def test_prefix_renders_equal_render_jinja_template(template, messages, tools):
     at every call where the direct path is off)."""
     from transformers.utils.chat_template_utils import render_jinja_template
 
-    text = None if template is None else (TEMPLATES / f"{template}.jinja").read_text()
+    text = None if template is None else USES_GLOBALS if template == "uses_globals" else (TEMPLATES / f"{template}.jinja").read_text()
     tok = chat_tokenizer("chatml", text)
     renderer = ChatRenderer(tok)
     chat = _chat(messages, tools)

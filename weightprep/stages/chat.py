@@ -108,7 +108,8 @@ class _Template:
     conversation is converted once (``prepare``) and each prefix is rendered by the same compiled template, called
     with the same arguments as ``render_jinja_template`` calls it (``_render_with_assistant_indices`` for
     ``{% generation %}`` spans). The template is sandboxed and immutable, so the converted messages are shared by the
-    renders. With a transformers that lacks those functions, every render goes through ``render_jinja_template``.
+    renders; a render's context is the one ``Template.render`` builds, from a copy of the globals made once. With a
+    transformers that lacks those functions, every render goes through ``render_jinja_template``.
     """
 
     def __init__(self, template: str, tagged: bool) -> None:
@@ -121,6 +122,8 @@ class _Template:
             ("_compile_jinja_template", "_plain_template_data", "_alias_reasoning_fields", "_render_with_assistant_indices")
         )  # fmt: skip
         self._compiled = ctu._compile_jinja_template(template) if self.direct else None
+        # what Template.render merges into every context (a ChainMap over the environment's globals, slow to copy)
+        self._globals = dict(self._compiled.globals) if self._compiled is not None else {}
 
     def prepare(self, messages: list[dict[str, Any]], tools: Any, kwargs: dict[str, Any]) -> _Prepared:
         """The conversation as the template sees it."""
@@ -142,7 +145,21 @@ class _Template:
         if self.tagged:
             text, spans = self._ctu._render_with_assistant_indices(compiled_template=self._compiled, **args)
             return text, spans
-        return self._compiled.render(**args), []
+        return self._render(args), []
+
+    def _render(self, args: dict[str, Any]) -> str:
+        """``Template.render(**args)``: the same context (the template's globals, then ``args``), built from a copy
+        of the globals made once."""
+        compiled = self._compiled
+        env = compiled.environment
+        if env.is_async:
+            return compiled.render(**args)
+        context = compiled.new_context({**self._globals, **args}, shared=True)
+        try:
+            return env.concat(compiled.root_render_func(context))
+        except Exception:
+            env.handle_exception()  # raises the template's error with its own traceback, as render does
+            raise
 
 
 class _Prepared(NamedTuple):
