@@ -30,8 +30,8 @@ A rejected conversation names ``messages[i]`` and the reason, in strict mode as 
 in rejects.jsonl.
 
 Cost, for a 5-message conversation of ~670 tokens on one core: seven renders (``S``, four prefixes, two generation
-prompts) of about 45 µs each, the conversation converted for the template once (``_Template``), ~100 µs for
-fastokens, its guard and the spans together, ~90 µs of alignment. Renders are O(turns²) and most of the cost.
+prompts) of about 33 µs each, the conversation converted for the template once (``_Template``), ~100 µs for
+fastokens, its guard and the spans together, ~60 µs of alignment. Renders are O(turns²) and most of the cost.
 """
 
 from __future__ import annotations
