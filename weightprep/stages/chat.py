@@ -95,6 +95,11 @@ def _diverge(a: str, b: str) -> int:
     return int(np.argmin(eq)) if not eq.all() else n
 
 
+def _template_messages(chat: Chat) -> list[dict[str, Any]]:
+    """The messages as apply_chat_template renders them: keys whose value is None dropped, and our ``weight``."""
+    return [{k: v for k, v in m.items() if v is not None and k != "weight"} for m in chat.messages]
+
+
 def _snippet(text: str, at: int) -> str:
     return repr(text[max(0, at - 10) : at + 20])
 
@@ -143,8 +148,7 @@ class _Template:
             return rendered[0], (spans[0] if spans else [])
         args = {"messages": messages[:k], "tools": tools, "documents": None, "add_generation_prompt": generation, **kwargs}
         if self.tagged:
-            text, spans = self._ctu._render_with_assistant_indices(compiled_template=self._compiled, **args)
-            return text, spans
+            return self._ctu._render_with_assistant_indices(compiled_template=self._compiled, **args)  # type: ignore[no-any-return]
         return self._render(args), []
 
     def _render(self, args: dict[str, Any]) -> str:
@@ -266,8 +270,7 @@ class ChatRenderer:
     def char_weights(self, chat: Chat) -> tuple[str, np.ndarray, np.ndarray]:
         """The rendered text, one weight per character (steps 1-4 of the module docstring) and one turn code per
         character (``turn_code``: the message whose span holds it; 0 for template text outside every message)."""
-        # what apply_chat_template renders: keys whose value is None are dropped
-        messages = [{k: v for k, v in m.items() if v is not None and k != "weight"} for m in chat.messages]
+        messages = _template_messages(chat)
         control = self._control_tokens()
         for i, m in enumerate(messages):
             if isinstance(m.get("content"), str) and (hit := control.search(m["content"])):
@@ -459,7 +462,7 @@ class ChatRenderer:
 
     def _message_at(self, chat: Chat, char: int) -> str:
         """The field of the message whose characters hold ``char`` (for error messages)."""
-        messages = [{k: v for k, v in m.items() if v is not None and k != "weight"} for m in chat.messages]
+        messages = _template_messages(chat)
         prepared = self.prepare(chat, messages)
         for i in range(len(messages)):
             if len(self.render(prepared, i + 1)[0]) > char:

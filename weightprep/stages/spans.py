@@ -72,17 +72,18 @@ class TokenSpans:
     ``[2, 3, 4, 4]``."""
 
     def __init__(self, backend: Any) -> None:
-        spec = json.loads(backend.to_str())
-        kind = _decoder_kind(spec.get("decoder"))
+        # only the components that decide the bytes: no parse of the whole tokenizer.json (the vocabulary)
+        decoder = None if backend.decoder is None else json.loads(backend.decoder.__getstate__())
+        kind = _decoder_kind(decoder)
         vocab: dict[str, int] = backend.get_vocab(with_added_tokens=True)
         size = max(vocab.values(), default=-1) + 1
         surfaces: list[bytes | None] = [None] * size
         if kind is not None:
             alphabet = _byte_level_alphabet()
-            fallback = bool(spec.get("model", {}).get("byte_fallback"))
+            fallback = bool(getattr(backend.model, "byte_fallback", False))
             for token, i in vocab.items():
                 surfaces[i] = _model_bytes(token, kind, alphabet, fallback)
-            normalized = spec.get("normalizer") is not None
+            normalized = backend.normalizer is not None
             for i, added in backend.get_added_tokens_decoder().items():
                 fixed = not (added.lstrip or added.rstrip or added.single_word or (added.normalized and normalized))
                 surfaces[i] = added.content.encode("utf-8") if fixed else None
