@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 # The CPU wheel of torch 2.13.0 (a plain `torch` may pull a multi-GB CUDA build); override with TORCH=torch
 TORCH  ?= torch==2.13.0
 
-.PHONY: setup demo test lint bench
+.PHONY: setup demo test lint bench mutate
 
 $(BIN)/weightprep: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,3 +25,6 @@ test: setup  ## the whole offline, CPU-only test suite
 
 lint: setup
 	$(BIN)/ruff check weightprep tests benchmarks sample_data
+
+mutate: setup  ## the mutation check of the modules that place weights, lines and bytes (slow; not in CI)
+	$(BIN)/python tools/mutate.py --jobs 2 --out docs/mutations.md

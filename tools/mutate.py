@@ -1,0 +1,452 @@
+"""Mutation check of the modules whose bugs lose or misplace data: does some test fail on each small change?
+
+    python tools/mutate.py [--module stages/pack.py ...] [--jobs 2] [--out docs/mutations.md]
+
+Each mutant is one small change to one function of one module (a comparison flipped, ``+`` for ``-``, a constant
+off by one, ``and`` for ``or``, a condition negated, a call statement dropped, ``side="right"`` for ``"left"``).
+The tests are imported once; each mutant runs in a forked child that swaps the mutated function's code object
+into the live function (``func.__code__``), so every reference to it, ``from m import f`` ones included, runs the
+mutant, then runs that module's tests (``MODULES``) with ``-x``. A failing run kills the mutant; a run past its
+time limit (``--timeout-factor`` x the unmutated run) counts as killed too (an endless loop). A mutant that every
+test survives is listed, unless ``EQUIVALENT`` explains why it cannot change behaviour.
+
+What it does not see: code run in other processes (the spawn pools of ``--executor local``, Ray actors, the CLI
+run as a subprocess) runs unmutated, so only in-process tests kill mutants; module-level code is not mutated.
+Cost: one unmutated run of each module's tests, then one child per mutant (about a second each when a test
+fails early, the whole test run when none does). Not part of CI; run it before stopping on a change to these
+modules (``make mutate``) and keep the survivors at zero or explained in ``docs/mutations.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import copy
+import datetime
+import importlib
+import os
+import signal
+import sys
+import time
+import types
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+#: module (relative to weightprep/) -> the test files that exercise it in-process
+MODULES: dict[str, list[str]] = {
+    "stages/assemble.py": ["tests/test_properties.py", "tests/test_tokenize.py", "tests/test_build_output.py"],
+    "stages/mask.py": ["tests/test_properties.py", "tests/test_build_output.py"],
+    "stages/pack.py": ["tests/test_properties.py", "tests/test_build_output.py", "tests/test_chat_turns.py"],
+    "stages/filter.py": ["tests/test_properties.py", "tests/test_build_output.py", "tests/test_bad_input.py"],
+    "stages/spans.py": ["tests/test_spans.py"],
+    "stages/chat.py": ["tests/test_chat.py", "tests/test_chat_turns.py"],
+    "distribute/merge.py": ["tests/test_distribute.py"],
+    "distribute/executors.py": ["tests/test_distribute.py"],
+    "accounting.py": ["tests/test_hostile_inputs.py", "tests/test_split.py", "tests/test_build_output.py"],
+    "train/loss.py": ["tests/test_train_loss.py"],
+}
+
+#: mutant id -> why no test can tell it from the original (an equivalent mutant)
+EQUIVALENT: dict[str, str] = {}
+
+_COMPARE_SWAP = {
+    ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt, ast.Eq: ast.NotEq, ast.NotEq: ast.Eq,
+    ast.Is: ast.IsNot, ast.IsNot: ast.Is, ast.In: ast.NotIn, ast.NotIn: ast.In,
+}
+_BINOP_SWAP = {
+    ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.FloorDiv, ast.FloorDiv: ast.Mult, ast.Div: ast.Mult,
+    ast.Mod: ast.FloorDiv, ast.BitAnd: ast.BitOr, ast.BitOr: ast.BitAnd,
+}
+_STRING_SWAP = {"right": "left", "left": "right", "stable": "quicksort"}
+
+
+@dataclass(frozen=True)
+class Mutant:
+    module: str  # relative to weightprep/
+    function: str  # qualified name of the patched (outermost) function
+    line: int
+    col: int
+    kind: str
+    before: str
+    after: str
+
+    @property
+    def id(self) -> str:
+        return f"{self.module}:{self.line}:{self.col}:{self.kind}"
+
+
+def _children(node: ast.AST) -> list[ast.AST]:
+    return list(ast.iter_child_nodes(node))
+
+
+def _kinds(node: ast.AST) -> list[str]:
+    kinds: list[str] = []
+    if isinstance(node, ast.Compare):
+        kinds += [f"compare{i}" for i, op in enumerate(node.ops) if type(op) in _COMPARE_SWAP]
+    elif isinstance(node, ast.BinOp) and type(node.op) in _BINOP_SWAP:
+        kinds.append("binop")
+    elif isinstance(node, ast.AugAssign) and type(node.op) in _BINOP_SWAP:
+        kinds += ["augop", "augassign"]
+    elif isinstance(node, ast.BoolOp):
+        kinds.append("boolop")
+    elif isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+        kinds.append("not")
+    elif isinstance(node, ast.Constant):
+        if isinstance(node.value, bool):
+            kinds.append("bool")
+        elif isinstance(node.value, int):
+            kinds.append("int+1")
+            if node.value != 0:
+                kinds.append("int-1")
+        elif isinstance(node.value, str) and node.value in _STRING_SWAP:
+            kinds.append("string")
+    elif isinstance(node, (ast.If, ast.While)):
+        kinds.append("negate")
+    elif isinstance(node, ast.Expr) and isinstance(node.value, ast.Call):
+        kinds.append("drop")
+    elif isinstance(node, ast.Return) and node.value is not None:
+        kinds.append("return_none")
+    return kinds
+
+
+def _apply(node: ast.AST, kind: str) -> ast.AST:
+    """The mutated copy of ``node``."""
+    new = copy.deepcopy(node)
+    if kind.startswith("compare"):
+        i = int(kind[len("compare"):])
+        new.ops[i] = _COMPARE_SWAP[type(new.ops[i])]()  # type: ignore[attr-defined]
+    elif kind in ("binop", "augop"):
+        new.op = _BINOP_SWAP[type(new.op)]()  # type: ignore[attr-defined]
+    elif kind == "augassign":
+        return ast.copy_location(ast.Assign(targets=[new.target], value=new.value), node)  # type: ignore[attr-defined]
+    elif kind == "boolop":
+        new.op = ast.Or() if isinstance(new.op, ast.And) else ast.And()  # type: ignore[attr-defined]
+    elif kind == "not":
+        return new.operand  # type: ignore[attr-defined, no-any-return]
+    elif kind == "bool":
+        new.value = not new.value  # type: ignore[attr-defined]
+    elif kind == "int+1":
+        new.value += 1  # type: ignore[attr-defined]
+    elif kind == "int-1":
+        new.value -= 1  # type: ignore[attr-defined]
+    elif kind == "string":
+        new.value = _STRING_SWAP[new.value]  # type: ignore[attr-defined]
+    elif kind == "negate":
+        new.test = ast.UnaryOp(op=ast.Not(), operand=new.test)  # type: ignore[attr-defined]
+    elif kind == "drop":
+        return ast.copy_location(ast.Pass(), node)
+    elif kind == "return_none":
+        new.value = ast.Constant(value=None)  # type: ignore[attr-defined]
+    return new
+
+
+def _get(tree: ast.AST, path: tuple[int, ...]) -> ast.AST:
+    node = tree
+    for i in path:
+        node = _children(node)[i]
+    return node
+
+
+def _replace(tree: ast.AST, path: tuple[int, ...], new: ast.AST) -> ast.AST:
+    """A copy of ``tree`` with the node at ``path`` replaced by ``new``."""
+    tree = copy.deepcopy(tree)
+    parent = _get(tree, path[:-1])
+    old = _children(parent)[path[-1]]
+    for field, value in ast.iter_fields(parent):
+        if value is old:
+            setattr(parent, field, new)
+            break
+        if isinstance(value, list) and any(v is old for v in value):
+            value[[i for i, v in enumerate(value) if v is old][0]] = new
+            break
+    return ast.fix_missing_locations(tree)
+
+
+def mutants(module: str) -> list[tuple[Mutant, ast.AST]]:
+    """Every mutant of ``module`` with the mutated module tree."""
+    source = (ROOT / "weightprep" / module).read_text()
+    tree = ast.parse(source)
+    out: list[tuple[Mutant, ast.AST]] = []
+    for path, kind, function in _points(tree):
+        node = _get(tree, path)
+        new = _apply(node, kind)
+        mutated = _replace(tree, path, new)
+        before, after = ast.unparse(node), ast.unparse(new)
+        if before == after:
+            continue
+        line, col = getattr(node, "lineno", 0), getattr(node, "col_offset", 0)
+        out.append((Mutant(module, function, line, col, kind, _short(before), _short(after)), mutated))
+    return out
+
+
+def _short(text: str) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _points(tree: ast.Module) -> list[tuple[tuple[int, ...], str, str]]:
+    """Mutation points inside the module's functions and methods, with the outermost function's qualified name."""
+    points: list[tuple[tuple[int, ...], str, str]] = []
+
+    def visit(node: ast.AST, path: tuple[int, ...], owner: str | None, prefix: str) -> None:
+        if isinstance(node, (ast.Raise, ast.Assert, ast.JoinedStr)):
+            return
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+            return  # a docstring
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and owner is None:
+            owner = prefix + node.name
+        elif isinstance(node, ast.ClassDef) and owner is None:
+            prefix = prefix + node.name + "."
+        if owner is not None and not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.arguments)):
+            for kind in _kinds(node):
+                points.append((path, kind, owner))
+        for i, child in enumerate(_children(node)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and (
+                child in node.decorator_list or child is node.returns or isinstance(child, ast.arguments)
+            ):
+                continue  # decorators, annotations and defaults are evaluated at definition time
+            visit(child, (*path, i), owner, prefix)
+
+    visit(tree, (), None, "")
+    return points
+
+
+def _code_of(code: types.CodeType, qualname: str) -> types.CodeType | None:
+    """The code object named ``qualname`` among the constants of ``code``, recursively."""
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            if const.co_qualname == qualname:
+                return const
+            found = _code_of(const, qualname)
+            if found is not None:
+                return found
+    return None
+
+
+def _live_function(mod: types.ModuleType, qualname: str) -> types.FunctionType:
+    owner: object = mod
+    parts = qualname.split(".")
+    for part in parts[:-1]:
+        owner = getattr(owner, part)
+    attr = owner.__dict__[parts[-1]] if isinstance(owner, type) else getattr(owner, parts[-1])
+    if isinstance(attr, (staticmethod, classmethod)):
+        attr = attr.__func__
+    elif isinstance(attr, property):
+        attr = attr.fget
+    while hasattr(attr, "__wrapped__"):
+        attr = attr.__wrapped__
+    return attr  # type: ignore[return-value]
+
+
+def patch(mutant: Mutant, tree: ast.AST) -> None:
+    """Swap the mutated code into the live function (in this process)."""
+    name = "weightprep." + mutant.module[:-3].replace("/", ".")
+    mod = importlib.import_module(name)
+    code = compile(tree, mod.__file__ or name, "exec")
+    new = _code_of(code, mutant.function)
+    if new is None:
+        raise LookupError(f"no code object {mutant.function} in {name}")
+    _live_function(mod, mutant.function).__code__ = new
+
+
+def _run_tests(tests: list[str], coverage_file: str | None = None, module_file: str | None = None) -> int:
+    import pytest
+
+    plugins: list[object] = []
+    if coverage_file is not None:
+        plugins.append(_Coverage(module_file or "", coverage_file))
+    args = [*tests, "-x", "-q", "-p", "no:cacheprovider", "--no-header", "-W", "ignore"]
+    return int(pytest.main(args, plugins=plugins))
+
+
+class _Coverage:
+    """A pytest plugin that records which tests call which functions of one module, and how long each test takes:
+    a mutant then runs only the tests that reach its function, quickest first."""
+
+    def __init__(self, module_file: str, out: str) -> None:
+        self.module_file, self.out = module_file, out
+        self.current: str | None = None
+        self.calls: dict[str, set[str]] = {}
+        self.durations: dict[str, float] = {}
+
+    def _profile(self, frame, event, arg):  # type: ignore[no-untyped-def]
+        if event == "call" and self.current is not None and frame.f_code.co_filename == self.module_file:
+            function = frame.f_code.co_qualname.split(".<locals>")[0]
+            self.calls.setdefault(function, set()).add(self.current)
+
+    def pytest_sessionstart(self, session) -> None:  # type: ignore[no-untyped-def]
+        import threading
+
+        sys.setprofile(self._profile)
+        threading.setprofile(self._profile)  # the build's read and write threads
+
+    def pytest_runtest_setup(self, item) -> None:  # type: ignore[no-untyped-def]
+        self.current = item.nodeid
+
+    def pytest_runtest_logreport(self, report) -> None:  # type: ignore[no-untyped-def]
+        self.durations[report.nodeid] = self.durations.get(report.nodeid, 0.0) + report.duration
+
+    def pytest_sessionfinish(self, session) -> None:  # type: ignore[no-untyped-def]
+        import json
+
+        sys.setprofile(None)
+        calls = {f: sorted(ids) for f, ids in self.calls.items()}
+        Path(self.out).write_text(json.dumps({"calls": calls, "durations": self.durations}))
+
+
+_UNPATCHABLE = 99  # the child's exit code when the mutant could not be swapped in
+
+
+def _child(mutant: Mutant | None, tree: ast.AST | None, tests: list[str], **coverage: str) -> int:
+    """Fork; in the child patch the mutant and run the tests, quietly. Returns the child's pid."""
+    pid = os.fork()
+    if pid == 0:
+        code = 3
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, 1)
+            os.dup2(devnull, 2)
+            if mutant is not None:
+                code = _UNPATCHABLE
+                patch(mutant, tree)  # type: ignore[arg-type]
+            code = _run_tests(tests, **coverage)
+        finally:
+            os._exit(code)
+    return pid
+
+
+def _preload(tests: list[str]) -> None:
+    """Import the package, the heavy libraries and the test modules once, before any fork."""
+    import contextlib
+    import io
+
+    import pytest
+
+    with contextlib.redirect_stdout(io.StringIO()):
+        pytest.main([*tests, "--collect-only", "-q", "-p", "no:cacheprovider"], plugins=[])
+
+
+def check(module: str, jobs: int, timeout_factor: float, log) -> dict:  # type: ignore[no-untyped-def]
+    import json
+    import tempfile
+
+    tests = MODULES[module]
+    module_file = str(ROOT / "weightprep" / module)
+    with tempfile.TemporaryDirectory() as tmp:
+        coverage_file = str(Path(tmp) / "coverage.json")
+        start = time.monotonic()
+        pid = _child(None, None, tests, coverage_file=coverage_file, module_file=module_file)
+        _, status = os.waitpid(pid, 0)
+        baseline = time.monotonic() - start
+        if os.waitstatus_to_exitcode(status) != 0:
+            raise SystemExit(f"{module}: the unmutated tests fail ({' '.join(tests)}): fix them first")
+        coverage = json.loads(Path(coverage_file).read_text())
+    durations = coverage["durations"]
+    todo = mutants(module)
+    log(f"{module}: {len(todo)} mutants, tests {baseline:.0f} s unmutated (with call tracing)")
+    results: dict[str, list[Mutant]] = {"killed": [], "timeout": [], "survived": [], "equivalent": []}
+    queue = []
+    for mutant, tree in todo:
+        reach = sorted(coverage["calls"].get(mutant.function, []), key=lambda t: durations.get(t, 0.0))
+        if reach:
+            limit = timeout_factor * sum(durations.get(t, 0.0) for t in reach) + 15
+            queue.append((mutant, tree, reach, limit))
+        elif mutant.id in EQUIVALENT:
+            results["equivalent"].append(mutant)
+        else:  # no test runs this function
+            results["survived"].append(mutant)
+            log(f"  survived {mutant.id} in {mutant.function} (no test calls it): {mutant.before}  ->  {mutant.after}")
+    running: dict[int, tuple[Mutant, float, float]] = {}
+    while queue or running:
+        while queue and len(running) < jobs:
+            mutant, tree, reach, limit = queue.pop(0)
+            running[_child(mutant, tree, reach)] = (mutant, time.monotonic(), limit)
+        pid, status = os.waitpid(-1, os.WNOHANG)
+        if pid == 0:
+            time.sleep(0.05)
+            for other, (_, began, limit) in list(running.items()):
+                if time.monotonic() - began > limit:
+                    os.kill(other, signal.SIGKILL)
+            continue
+        mutant, _, _ = running.pop(pid)
+        code = os.waitstatus_to_exitcode(status)
+        if code == _UNPATCHABLE:
+            raise SystemExit(f"{mutant.id}: could not swap the mutated code into {mutant.function}")
+        if code == -signal.SIGKILL:
+            outcome = "timeout"
+        elif code == 0:
+            outcome = "equivalent" if mutant.id in EQUIVALENT else "survived"
+        else:
+            outcome = "killed"
+        results[outcome].append(mutant)
+        if outcome == "survived":
+            log(f"  survived {mutant.id} in {mutant.function}: {mutant.before}  ->  {mutant.after}")
+    return {"tests": tests, "baseline_s": baseline, "total": len(todo), **results}
+
+
+def report(results: dict[str, dict], command: str) -> str:
+    lines = [
+        "# Mutation check",
+        "",
+        f"Generated {datetime.date.today().isoformat()} by `{command}` (`tools/mutate.py` says how it works).",
+        "A surviving mutant is a change to the code that no test notices: make a test fail on it, or explain in",
+        "`EQUIVALENT` (tools/mutate.py) why no test can (an equivalent mutant).",
+        "",
+        "| module | mutants | killed | timeout | equivalent | survived | tests |",
+        "|---|---:|---:|---:|---:|---:|---|",
+    ]
+    for module, r in results.items():
+        lines.append(
+            f"| weightprep/{module} | {r['total']} | {len(r['killed'])} | {len(r['timeout'])} | "
+            f"{len(r['equivalent'])} | {len(r['survived'])} | {', '.join(Path(t).name for t in r['tests'])} |"
+        )
+    for title, key in (("Surviving mutants", "survived"), ("Equivalent mutants", "equivalent")):
+        rows = [(m, r) for r in results.values() for m in r[key]]
+        lines += ["", f"## {title}", ""]
+        if not rows:
+            lines.append("None.")
+            continue
+        lines += ["| mutant | function | change | why equivalent |" if key == "equivalent" else
+                  "| mutant | function | change |", "|---|---|---|" + ("---|" if key == "equivalent" else "")]
+        for m, _ in rows:
+            why = f" {EQUIVALENT[m.id]} |" if key == "equivalent" else ""
+            lines.append(f"| `{m.id}` | `{m.function}` | `{m.before}` → `{m.after}` |{why}")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--module", action="append", choices=sorted(MODULES), help="default: all of MODULES")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--timeout-factor", type=float, default=3.0)
+    parser.add_argument("--list", action="store_true", help="print the mutants and exit")
+    parser.add_argument("--out", help="write the report (markdown) here")
+    args = parser.parse_args()
+    os.chdir(ROOT)
+    sys.path.insert(0, str(ROOT))
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    modules = args.module or list(MODULES)
+    if args.list:
+        for module in modules:
+            for m, _ in mutants(module):
+                print(f"{m.id}\t{m.function}\t{m.before} -> {m.after}")
+        return
+    _preload(sorted({t for m in modules for t in MODULES[m]}))
+    results = {}
+    for module in modules:
+        results[module] = check(module, args.jobs, args.timeout_factor, lambda s: print(s, flush=True))
+        r = results[module]
+        print(
+            f"{module}: {r['total']} mutants, {len(r['killed'])} killed, {len(r['timeout'])} timeout, "
+            f"{len(r['equivalent'])} equivalent, {len(r['survived'])} survived",
+            flush=True,
+        )
+    if args.out:
+        command = "python tools/mutate.py" + "".join(f" --module {m}" for m in args.module or [])
+        Path(args.out).write_text(report(results, command))
+
+
+if __name__ == "__main__":
+    main()
