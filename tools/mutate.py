@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 #: module (relative to weightprep/) -> the test files that exercise it in-process
 MODULES: dict[str, list[str]] = {
     "stages/assemble.py": ["tests/test_properties.py", "tests/test_tokenize.py", "tests/test_build_output.py"],
-    "stages/mask.py": ["tests/test_properties.py", "tests/test_build_output.py"],
+    "stages/mask.py": ["tests/test_stages.py", "tests/test_properties.py", "tests/test_build_output.py"],
     "stages/pack.py": ["tests/test_properties.py", "tests/test_build_output.py", "tests/test_chat_turns.py"],
     "stages/filter.py": ["tests/test_properties.py", "tests/test_build_output.py", "tests/test_bad_input.py"],
     "stages/spans.py": ["tests/test_spans.py"],
@@ -48,8 +48,10 @@ MODULES: dict[str, list[str]] = {
     "train/loss.py": ["tests/test_train_loss.py"],
 }
 
-#: mutant id -> why no test can tell it from the original (an equivalent mutant)
-EQUIVALENT: dict[str, str] = {}
+#: mutant id (``--list`` prints them) -> why no test can tell it from the original (an equivalent mutant)
+EQUIVALENT: dict[str, str] = {
+    "stages/mask.py:labels_from_weights:bool:False": "np.where made a new array: astype copies or not, same values",
+}
 
 _COMPARE_SWAP = {
     ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt, ast.Eq: ast.NotEq, ast.NotEq: ast.Eq,
@@ -71,10 +73,13 @@ class Mutant:
     kind: str
     before: str
     after: str
+    occurrence: int = 0  # among the mutants of the same function, kind and text
 
     @property
     def id(self) -> str:
-        return f"{self.module}:{self.line}:{self.col}:{self.kind}"
+        """Stable across edits elsewhere in the module (no line numbers)."""
+        suffix = f"#{self.occurrence}" if self.occurrence else ""
+        return f"{self.module}:{self.function}:{self.kind}:{self.before}{suffix}"
 
 
 def _children(node: ast.AST) -> list[ast.AST]:
@@ -169,6 +174,7 @@ def mutants(module: str) -> list[tuple[Mutant, ast.AST]]:
     source = (ROOT / "weightprep" / module).read_text()
     tree = ast.parse(source)
     out: list[tuple[Mutant, ast.AST]] = []
+    seen: dict[tuple[str, str, str], int] = {}
     for path, kind, function in _points(tree):
         node = _get(tree, path)
         new = _apply(node, kind)
@@ -177,7 +183,9 @@ def mutants(module: str) -> list[tuple[Mutant, ast.AST]]:
         if before == after:
             continue
         line, col = getattr(node, "lineno", 0), getattr(node, "col_offset", 0)
-        out.append((Mutant(module, function, line, col, kind, _short(before), _short(after)), mutated))
+        key = (function, kind, _short(before))
+        seen[key] = seen.get(key, -1) + 1
+        out.append((Mutant(module, function, line, col, kind, *key[2:], _short(after), seen[key]), mutated))
     return out
 
 
@@ -357,7 +365,7 @@ def check(module: str, jobs: int, timeout_factor: float, log) -> dict:  # type: 
             results["equivalent"].append(mutant)
         else:  # no test runs this function
             results["survived"].append(mutant)
-            log(f"  survived {mutant.id} in {mutant.function} (no test calls it): {mutant.before}  ->  {mutant.after}")
+            log(f"  survived line {mutant.line} (no test calls it): {mutant.id}  ->  {mutant.after}")
     running: dict[int, tuple[Mutant, float, float]] = {}
     while queue or running:
         while queue and len(running) < jobs:
@@ -382,7 +390,7 @@ def check(module: str, jobs: int, timeout_factor: float, log) -> dict:  # type: 
             outcome = "killed"
         results[outcome].append(mutant)
         if outcome == "survived":
-            log(f"  survived {mutant.id} in {mutant.function}: {mutant.before}  ->  {mutant.after}")
+            log(f"  survived line {mutant.line}: {mutant.id}  ->  {mutant.after}")
     return {"tests": tests, "baseline_s": baseline, "total": len(todo), **results}
 
 
@@ -408,11 +416,11 @@ def report(results: dict[str, dict], command: str) -> str:
         if not rows:
             lines.append("None.")
             continue
-        lines += ["| mutant | function | change | why equivalent |" if key == "equivalent" else
-                  "| mutant | function | change |", "|---|---|---|" + ("---|" if key == "equivalent" else "")]
+        lines += ["| line | function | change | why equivalent |" if key == "equivalent" else
+                  "| line | function | change |", "|---|---|---|" + ("---|" if key == "equivalent" else "")]
         for m, _ in rows:
             why = f" {EQUIVALENT[m.id]} |" if key == "equivalent" else ""
-            lines.append(f"| `{m.id}` | `{m.function}` | `{m.before}` → `{m.after}` |{why}")
+            lines.append(f"| {m.line} | `{m.function}` | `{m.before}` → `{m.after}` ({m.kind}) |{why}")
     return "\n".join(lines) + "\n"
 
 
@@ -431,7 +439,7 @@ def main() -> None:
     if args.list:
         for module in modules:
             for m, _ in mutants(module):
-                print(f"{m.id}\t{m.function}\t{m.before} -> {m.after}")
+                print(f"{m.line}\t{m.id}\t-> {m.after}")
         return
     _preload(sorted({t for m in modules for t in MODULES[m]}))
     results = {}
