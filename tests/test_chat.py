@@ -8,7 +8,14 @@ import re
 
 import numpy as np
 import pytest
-from chat_support import FAMILIES, TEMPLATES, chat_tokenizer, reference_char_weights, reference_token_weights
+from chat_support import (
+    FAMILIES,
+    TEMPLATES,
+    chat_tokenizer,
+    merging_tokenizer,
+    reference_char_weights,
+    reference_token_weights,
+)
 from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -372,6 +379,37 @@ def test_a_token_across_a_weight_change_is_refused():
         ChatRenderer(tok).tokens(_chat(messages))
     assert (err.value.reason, err.value.field) == ("token_straddle", "messages[1]")
     assert "crosses a change of weight at character 9" in err.value.problem
+
+
+@pytest.mark.parametrize("source", ["bytes", "offsets"])
+def test_a_token_merged_into_a_multibyte_character_at_a_weight_change_is_refused(source, monkeypatch):
+    """The generation prompt ends in "A" and the answer starts with "東": byte-level BPE merges "A" with the first
+    byte of "東" into one token, which starts before the change of weight and ends after it, while the token of
+    the other bytes of "東" starts exactly at the change. Refused whichever way the spans come: from the ids'
+    bytes (``TokenSpans``) or from tokenizers' offsets."""
+    tok = merging_tokenizer()
+    messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "東京"}]
+    text = tok.apply_chat_template(messages, tokenize=False)
+    change = text.index("東")
+    enc = tok.backend_tokenizer.encode(text, add_special_tokens=False)
+    across = [(t, s, e) for t, (s, e) in zip(enc.tokens, enc.offsets, strict=True) if s < change < e]
+    assert across == [("Aæ", change - 1, change + 1)]  # the premise: one token holds "A" and a byte of "東"
+    if source == "offsets":  # as for a document whose ids do not spell it
+        monkeypatch.setattr(TokenSpans, "spans", lambda self, texts, ids, offsets: [None] * len(texts))
+    exact: list[bool] = []
+    align = ChatRenderer.align
+
+    def spy(self, *args, **kwargs):
+        exact.append(kwargs["exact"])
+        return align(self, *args, **kwargs)
+
+    monkeypatch.setattr(ChatRenderer, "align", spy)
+    with pytest.raises(ChatError) as err:
+        ChatRenderer(tok).tokens(_chat(messages))
+    assert exact == [source == "bytes"]  # the span source under test was the one used
+    assert (err.value.reason, err.value.field) == ("token_straddle", "messages[1]")
+    token = f"token {tok.convert_tokens_to_ids('Aæ')} ('A東', characters {change - 1}-{change + 1})"
+    assert f"{token} crosses a change of weight at character {change}" in err.value.problem
 
 
 def test_offsets_that_go_backwards_or_miss_a_weighted_character_are_refused():

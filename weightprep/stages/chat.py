@@ -441,8 +441,11 @@ class ChatRenderer:
             self._check_offsets(text, char_w, ids, starts, ends)
         changes = np.flatnonzero(np.diff(char_w)) + 1  # first character of each new weight
         if len(changes) and len(ids):
-            k = np.searchsorted(starts, changes, side="right") - 1
-            inside = (k >= 0) & (starts[np.maximum(k, 0)] < changes) & (ends[np.maximum(k, 0)] > changes)
+            # the first token that ends after the change: ends go forwards, so of the tokens that reach past the change
+            # it starts first, and some token straddles the change iff it does. Not the token that starts at the
+            # change: "A" merged with the first bytes of "東" starts before it, and the token of its other bytes at it.
+            k = np.minimum(np.searchsorted(ends, changes, side="right"), len(ids) - 1)
+            inside = (starts[k] < changes) & (ends[k] > changes)
             if inside.any():
                 c = int(changes[np.argmax(inside)])
                 t = int(k[np.argmax(inside)])
