@@ -367,6 +367,27 @@ def test_cli_chat_template_and_role_weights(tmp_path):
     assert bad.exit_code == 2 and "chat.role_weights" in bad.output
 
 
+def test_a_chat_template_that_does_not_parse_is_one_error_line_naming_its_file_and_line(tmp_path):
+    from weightprep.cli import main
+
+    tok_dir = _save(chat_tokenizer("chatml"), tmp_path / "tok")
+    template = tmp_path / "broken.jinja"
+    template.write_text("{% for m in messages %}\n{{ m['content'] }}\n{% if %}\n{% endfor %}\n")
+    inp = tmp_path / "raw.jsonl"
+    inp.write_text(json.dumps({"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo"}]}) + "\n")
+    args = ["build", str(inp), "--tokenizer", str(tok_dir), "--out", str(tmp_path / "out"), "--chat-template", str(template)]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 2, result.output
+    assert result.stderr.splitlines() == [
+        f"error: {template}:3: the chat template is not valid Jinja: Expected an expression, got 'end of statement "
+        "block' (the line reads '{% if %}'); fix the file"
+    ]
+    assert not (tmp_path / "out").exists()
+    broken = chat_tokenizer("chatml", "{{ bos_token }}\n{{ messages[0]['content'] | no_such_filter }}")
+    with pytest.raises(UsageError, match=r"^the tokenizer's chat_template, line 2: .*no_such_filter.*--chat-template"):
+        ChatRenderer(broken).check()  # the tokenizer's own template: no file to name
+
+
 def test_a_token_across_a_weight_change_is_refused():
     # the generation prompt ends inside a word: "The" is one token across the prompt (0) and the answer (1)
     template = ("{% for m in messages %}{% if m['role'] == 'user' %}{{ m['content'] + '\\n' }}{% else %}"

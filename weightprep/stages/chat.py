@@ -126,7 +126,9 @@ class _Template:
             hasattr(ctu, f) for f in
             ("_compile_jinja_template", "_plain_template_data", "_alias_reasoning_fields", "_render_with_assistant_indices")
         )  # fmt: skip
-        self._compiled = ctu._compile_jinja_template(template) if self.direct else None
+        # compiled whatever the path, so that a template that does not parse fails here, once (TemplateSyntaxError)
+        compile_ = getattr(ctu, "_compile_jinja_template", None)
+        self._compiled = compile_(template) if compile_ is not None else None
         # what Template.render merges into every context (a ChainMap over the environment's globals, slow to copy)
         self._globals = dict(self._compiled.globals) if self._compiled is not None else {}
 
@@ -187,8 +189,11 @@ class ChatRenderer:
         role_weights: dict[str, float] | None = None,
         roles: list[str] | None = None,
         tokenize: PieceTokenizer | None = None,
+        source: str | None = None,
     ) -> None:
         self.tok = tokenizer
+        #: the file of ``template`` (for errors); None: the tokenizer's own template
+        self.source = source
         #: role names by code - 1, in order of first appearance (shared with the writer, which names turns)
         self.roles: list[str] = roles if roles is not None else []
         self.template = template if template is not None else getattr(tokenizer, "chat_template", None)
@@ -217,6 +222,28 @@ class ChatRenderer:
         version = tuple(int(p) for p in re.findall(r"\d+", tokenizers.__version__)[:3])
         if version < (0, 20, 1):  # earlier offsets are wrong for Llama-3-style ignore_merges tokenizers
             raise UsageError(f"chat records need tokenizers >= 0.20.1 (correct offsets); found {tokenizers.__version__}")
+        self._compiled()
+
+    def _compiled(self) -> _Template:
+        """The template, compiled once. One that does not parse fails every conversation alike: the user's to fix
+        (``UsageError`` naming the file and the line), not a reject per record."""
+        if self._template is None:
+            from jinja2 import TemplateSyntaxError
+
+            try:
+                self._template = _Template(self.template, self.tagged)
+            except TemplateSyntaxError as exc:
+                lines = self.template.splitlines()
+                n = exc.lineno if 0 < exc.lineno <= len(lines) else len(lines)
+                where = f"{self.source}:{n}" if self.source else f"the tokenizer's chat_template, line {n}"
+                fix = "fix the file" if self.source else "pass a working template with --chat-template FILE.jinja"
+                line = lines[n - 1].strip() if lines else ""
+                problem = str(exc.message or exc).rstrip(".")
+                raise UsageError(
+                    f"{where}: the chat template is not valid Jinja: {problem} (the line reads "
+                    f"{line[:80] + ('...' if len(line) > 80 else '')!r}); {fix}"
+                ) from None
+        return self._template
 
     def _control_tokens(self) -> re.Pattern[str]:
         if self._control is None:
@@ -237,9 +264,7 @@ class ChatRenderer:
     def prepare(self, chat: Chat, messages: list[dict[str, Any]]) -> _Prepared:
         """The conversation's inputs to the template: messages, tools, and ``apply_chat_template``'s keyword
         arguments (the special tokens, then the record's ``chat_template_kwargs``)."""
-        if self._template is None:
-            self._template = _Template(self.template, self.tagged)
-        return self._template.prepare(messages, chat.tools, {**self.tok.special_tokens_map, **(chat.template_kwargs or {})})
+        return self._compiled().prepare(messages, chat.tools, {**self.tok.special_tokens_map, **(chat.template_kwargs or {})})
 
     def render(self, prepared: _Prepared, k: int, *, generation: bool = False) -> tuple[str, list]:
         """The first ``k`` messages of a prepared conversation rendered (``template_error`` if the template fails)."""
