@@ -345,6 +345,40 @@ def test_strict_and_skip_invalid_name_the_message(tmp_path):
     check_accounting(m["counts"])
 
 
+def test_chat_template_kwargs_cannot_override_what_the_renderer_sets(tmp_path):
+    """``{"add_generation_prompt": true}`` would end the document with a generation prompt of weight 1; the special
+    tokens, messages and tools are the renderer's too. Refused, naming file:line and the key; a template variable
+    of the record's own (``enable_thinking``) reaches the template."""
+    tok = chat_tokenizer("chatml")
+    convo = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo"}]
+    with pytest.raises(ChatError) as err:
+        ChatRenderer(tok).tokens(_chat(convo, kwargs={"add_generation_prompt": True}))
+    assert (err.value.reason, err.value.field) == ("reserved_template_kwarg", "chat_template_kwargs.add_generation_prompt")
+    tok_dir = _save(tok, tmp_path / "tok")
+    lines = [{"messages": convo, "chat_template_kwargs": {"enable_thinking": False}}] + [
+        {"messages": convo, "chat_template_kwargs": {key: value, "enable_thinking": False}}
+        for key, value in [("add_generation_prompt", True), ("eos_token", "</s>"), ("messages", []), ("tools", [])]
+    ]
+    inp = tmp_path / "raw.jsonl"
+    inp.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    cfg = {"tokenizer": {"name": str(tok_dir)}, "pack": {"seq_len": 128}}
+    with pytest.raises(InputError) as strict:
+        build([str(inp)], tmp_path / "out", config_from_dict(cfg))
+    assert str(strict.value).startswith(f"{inp}:2: chat_template_kwargs.add_generation_prompt: weightprep sets this")
+    assert strict.value.reason == "reserved_template_kwarg"
+    m = build([str(inp)], tmp_path / "out", config_from_dict({**cfg, "validate": {"on_invalid": "skip"}}))
+    assert m["counts"]["rejected"] == {"reserved_template_kwarg": 4}
+    rejects = [json.loads(x) for x in (tmp_path / "out" / "rejects.jsonl").read_text().splitlines()]
+    assert [(r["line"], r["field"]) for r in rejects] == [
+        (2, "chat_template_kwargs.add_generation_prompt"), (3, "chat_template_kwargs.eos_token"),
+        (4, "chat_template_kwargs.messages"), (5, "chat_template_kwargs.tools"),
+    ]  # fmt: skip
+    import datasets
+
+    row = datasets.load_from_disk(str(tmp_path / "out"))[0]
+    assert row["input_ids"][: row["seq_lengths"][0]] == tok.apply_chat_template(convo, tokenize=True)["input_ids"]
+
+
 def test_cli_chat_template_and_role_weights(tmp_path):
     from weightprep.cli import main
 

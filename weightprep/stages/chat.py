@@ -23,7 +23,10 @@ fail loudly:
    token takes the weight of its characters. A token across a weight change is ``token_straddle``; offsets that go
    backwards or leave weighted characters uncovered are ``bad_offsets``; two leading BOS are ``double_bos``.
 6. Content holding a control token of the template (``<|im_end|>`` in a user message) is
-   ``control_token_in_content``; a template that raises is ``template_error``.
+   ``control_token_in_content``; a template that raises is ``template_error``; ``chat_template_kwargs`` that set
+   what the renderer sets itself (``add_generation_prompt``, ``messages``, ``tools``, the tokenizer's special
+   tokens, ...: ``RESERVED_KWARGS``) are ``reserved_template_kwarg``, field ``chat_template_kwargs.KEY``: with
+   ``add_generation_prompt`` a trailing generation prompt would enter the document with the last turn's weight.
 
 Default weights: ``assistant`` 1, every other role 0 (``--role-weights``); a message's ``weight`` overrides them.
 A rejected conversation names ``messages[i]`` and the reason, in strict mode as an error, with ``--skip-invalid``
@@ -49,7 +52,7 @@ from weightprep.errors import ConfigError, UsageError
 from weightprep.stages.spans import TokenSpans
 from weightprep.stages.tokenize import PieceTokenizer
 
-__all__ = ["CHAT_REASONS", "ChatError", "ChatRenderer", "parse_role_weights", "render_chats"]
+__all__ = ["CHAT_REASONS", "RESERVED_KWARGS", "ChatError", "ChatRenderer", "parse_role_weights", "render_chats"]
 
 
 CHAT_REASONS = (
@@ -61,7 +64,14 @@ CHAT_REASONS = (
     "token_straddle",
     "bad_offsets",
     "double_bos",
+    "reserved_template_kwarg",
 )
+#: What every render sets itself, besides the tokenizer's special tokens: the template's inputs, and the parameters
+#: of ``render_jinja_template`` (which it reads rather than passes on, so a record must not set them either).
+RESERVED_KWARGS = (
+    "messages", "tools", "documents", "add_generation_prompt", "conversations", "chat_template",
+    "return_assistant_tokens_mask", "continue_final_message",
+)  # fmt: skip
 _GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%\}")
 _PROBES = ("\ue000weightprep-probe-a\ue000", "\ue001weightprep-probe-b\ue001")
 
@@ -295,6 +305,7 @@ class ChatRenderer:
     def char_weights(self, chat: Chat) -> tuple[str, np.ndarray, np.ndarray]:
         """The rendered text, one weight per character (steps 1-4 of the module docstring) and one turn code per
         character (``turn_code``: the message whose span holds it; 0 for template text outside every message)."""
+        self._check_kwargs(chat)
         messages = _template_messages(chat)
         control = self._control_tokens()
         for i, m in enumerate(messages):
@@ -373,6 +384,19 @@ class ChatRenderer:
                 probes = [self.render(self.prepare(chat, [*messages[:i], {**m, "content": p}]), i + 1)[0] for p in _PROBES]
                 weights[max(start, _diverge(*probes)) : end] = w
         return text, weights, self._char_turns(messages, text, prefix)
+
+    def _check_kwargs(self, chat: Chat) -> None:
+        """``chat_template_kwargs`` come after the renderer's own arguments (``prepare``): one that names an argument
+        the renderer sets would override it (``reserved_template_kwarg``)."""
+        reserved = {*RESERVED_KWARGS, *self.tok.special_tokens_map}
+        for key in chat.template_kwargs or {}:
+            if key in reserved:
+                raise ChatError(
+                    f"chat_template_kwargs.{key}",
+                    "weightprep sets this argument of the template itself for every render (the generation prompt, "
+                    "the messages and tools, the tokenizer's special tokens); a record cannot override it. Remove it",
+                    "reserved_template_kwarg",
+                )
 
     def _char_turns(self, messages: list[dict[str, Any]], text: str, prefix: Any) -> np.ndarray:
         """Each character's turn code, from every message's boundaries ``[|P_i|, |P_{i+1}|)``. A boundary that
