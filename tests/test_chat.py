@@ -467,6 +467,21 @@ def test_a_token_merged_into_a_multibyte_character_at_a_weight_change_is_refused
     assert f"{token} crosses a change of weight at character {change}" in err.value.problem
 
 
+def test_a_conversation_that_starts_with_two_bos_is_refused():
+    """A custom template that writes BOS in front of Llama-3's, which writes it too (the way a second BOS usually
+    gets in): the model would train on a start it never sees at inference."""
+    fam = FAMILIES["llama3"]
+    tok = chat_tokenizer("llama3", "{{ bos_token }}" + fam.template)
+    messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]
+    ids = tok.apply_chat_template(messages, tokenize=True)["input_ids"]
+    assert ids[:3] == [tok.bos_token_id, tok.bos_token_id, tok.convert_tokens_to_ids("<|start_header_id|>")]
+    with pytest.raises(ChatError) as err:
+        ChatRenderer(tok).tokens(_chat(messages))
+    assert (err.value.reason, err.value.field) == ("double_bos", "messages")
+    assert "two BOS" in err.value.problem
+    assert ChatRenderer(chat_tokenizer("llama3")).tokens(_chat(messages)).ids.tolist() == ids[1:]  # one BOS: fine
+
+
 def test_offsets_that_go_backwards_or_miss_a_weighted_character_are_refused():
     """tokenizers' offsets (the path for tokenizers whose ids do not spell the text) are checked before use;
     spans from the ids' bytes are exact by construction and skip the check."""
