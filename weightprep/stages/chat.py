@@ -27,6 +27,7 @@ fail loudly:
    what the renderer sets itself (``add_generation_prompt``, ``messages``, ``tools``, the tokenizer's special
    tokens, ...: ``RESERVED_KWARGS``) are ``reserved_template_kwarg``, field ``chat_template_kwargs.KEY``: with
    ``add_generation_prompt`` a trailing generation prompt would enter the document with the last turn's weight.
+   A template that does not parse is a usage error naming its file and line, raised by ``check`` before any record.
 
 Default weights: ``assistant`` 1, every other role 0 (``--role-weights``); a message's ``weight`` overrides them.
 A rejected conversation names ``messages[i]`` and the reason, in strict mode as an error, with ``--skip-invalid``
@@ -190,7 +191,8 @@ class _Prepared(NamedTuple):
 class ChatRenderer:
     """Renders and aligns conversations for one tokenizer and template text (default: the tokenizer's own).
 
-    ``tokenize`` is the build's ``PieceTokenizer`` (fastokens where it runs); without one, tokenizers'."""
+    ``tokenize`` is the build's ``PieceTokenizer`` (fastokens where it runs); without one, tokenizers'. ``source``
+    is the file ``template`` was read from, named in errors."""
 
     def __init__(
         self,
@@ -490,9 +492,10 @@ class ChatRenderer:
             self._check_offsets(text, char_w, ids, starts, ends)
         changes = np.flatnonzero(np.diff(char_w)) + 1  # first character of each new weight
         if len(changes) and len(ids):
-            # the first token that ends after the change: ends go forwards, so of the tokens that reach past the change
-            # it starts first, and some token straddles the change iff it does. Not the token that starts at the
-            # change: "A" merged with the first bytes of "東" starts before it, and the token of its other bytes at it.
+            # the first token that ends after the change: starts and ends go forwards (checked above, or by
+            # construction), so of the tokens that reach past the change it starts first, and some token straddles
+            # the change iff it does. Not the last token that starts at or before the change: "A" merged with the
+            # first bytes of "東" starts before it, and the token of the other bytes of "東" starts at it.
             k = np.minimum(np.searchsorted(ends, changes, side="right"), len(ids) - 1)
             inside = (starts[k] < changes) & (ends[k] > changes)
             if inside.any():
