@@ -103,6 +103,33 @@ def chat_tokenizer(name: str, template: str | None = None, model: str = "byte_le
     return tok
 
 
+#: Its generation prompt ends in a letter ("A"), so the answer's first letter joins it in one pre-token (byte-level
+#: BPE keeps a run of letters together) and BPE may merge across the change of weight.
+LETTER_PROMPT = (
+    "{% for m in messages %}{% if m['role'] == 'user' %}{{ 'Q: ' + m['content'] + '\\n' }}{% else %}"
+    "{{ 'A' + m['content'] + eos_token }}{% endif %}{% endfor %}{% if add_generation_prompt %}A{% endif %}"
+)
+
+
+@functools.lru_cache
+def merging_tokenizer(template: str = LETTER_PROMPT) -> Any:
+    """Byte-level BPE whose only merge is ``A`` + ``æ`` (the first byte of ``東``, ``日``, ``本``, ...): ``"A東"``
+    is ``[Aæ, Ŀ, ±]``, one token across a character boundary that a multi-byte character makes. BOS and EOS are
+    added special tokens (Llama-3's). Treat as read-only."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    bos, eos = "<|begin_of_text|>", "<|eot_id|>"
+    vocab = {t: i for i, t in enumerate([bos, eos, *sorted(pre_tokenizers.ByteLevel.alphabet()), "Aæ"])}
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[("A", "æ")]))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    backend.add_special_tokens([AddedToken(bos, special=True), AddedToken(eos, special=True)])
+    tok = PreTrainedTokenizerFast(tokenizer_object=backend, bos_token=bos, eos_token=eos, clean_up_tokenization_spaces=False)
+    tok.chat_template = template
+    return tok
+
+
 def reference_char_weights(fam: Family, text: str, messages: list[dict], role_weights: dict[str, float]) -> np.ndarray:
     """Per-character weights found by searching each turn's header and content in ``text``, left to right."""
     w = np.zeros(len(text), dtype=np.float32)

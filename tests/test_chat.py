@@ -8,7 +8,14 @@ import re
 
 import numpy as np
 import pytest
-from chat_support import FAMILIES, TEMPLATES, chat_tokenizer, reference_char_weights, reference_token_weights
+from chat_support import (
+    FAMILIES,
+    TEMPLATES,
+    chat_tokenizer,
+    merging_tokenizer,
+    reference_char_weights,
+    reference_token_weights,
+)
 from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -338,6 +345,40 @@ def test_strict_and_skip_invalid_name_the_message(tmp_path):
     check_accounting(m["counts"])
 
 
+def test_chat_template_kwargs_cannot_override_what_the_renderer_sets(tmp_path):
+    """``{"add_generation_prompt": true}`` would end the document with a generation prompt of weight 1; the special
+    tokens, messages and tools are the renderer's too. Refused, naming file:line and the key; a template variable
+    of the record's own (``enable_thinking``) reaches the template."""
+    tok = chat_tokenizer("chatml")
+    convo = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo"}]
+    with pytest.raises(ChatError) as err:
+        ChatRenderer(tok).tokens(_chat(convo, kwargs={"add_generation_prompt": True}))
+    assert (err.value.reason, err.value.field) == ("reserved_template_kwarg", "chat_template_kwargs.add_generation_prompt")
+    tok_dir = _save(tok, tmp_path / "tok")
+    lines = [{"messages": convo, "chat_template_kwargs": {"enable_thinking": False}}] + [
+        {"messages": convo, "chat_template_kwargs": {key: value, "enable_thinking": False}}
+        for key, value in [("add_generation_prompt", True), ("eos_token", "</s>"), ("messages", []), ("tools", [])]
+    ]
+    inp = tmp_path / "raw.jsonl"
+    inp.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    cfg = {"tokenizer": {"name": str(tok_dir)}, "pack": {"seq_len": 128}}
+    with pytest.raises(InputError) as strict:
+        build([str(inp)], tmp_path / "out", config_from_dict(cfg))
+    assert str(strict.value).startswith(f"{inp}:2: chat_template_kwargs.add_generation_prompt: weightprep sets this")
+    assert strict.value.reason == "reserved_template_kwarg"
+    m = build([str(inp)], tmp_path / "out", config_from_dict({**cfg, "validate": {"on_invalid": "skip"}}))
+    assert m["counts"]["rejected"] == {"reserved_template_kwarg": 4}
+    rejects = [json.loads(x) for x in (tmp_path / "out" / "rejects.jsonl").read_text().splitlines()]
+    assert [(r["line"], r["field"]) for r in rejects] == [
+        (2, "chat_template_kwargs.add_generation_prompt"), (3, "chat_template_kwargs.eos_token"),
+        (4, "chat_template_kwargs.messages"), (5, "chat_template_kwargs.tools"),
+    ]  # fmt: skip
+    import datasets
+
+    row = datasets.load_from_disk(str(tmp_path / "out"))[0]
+    assert row["input_ids"][: row["seq_lengths"][0]] == tok.apply_chat_template(convo, tokenize=True)["input_ids"]
+
+
 def test_cli_chat_template_and_role_weights(tmp_path):
     from weightprep.cli import main
 
@@ -360,6 +401,27 @@ def test_cli_chat_template_and_role_weights(tmp_path):
     assert bad.exit_code == 2 and "chat.role_weights" in bad.output
 
 
+def test_a_chat_template_that_does_not_parse_is_one_error_line_naming_its_file_and_line(tmp_path):
+    from weightprep.cli import main
+
+    tok_dir = _save(chat_tokenizer("chatml"), tmp_path / "tok")
+    template = tmp_path / "broken.jinja"
+    template.write_text("{% for m in messages %}\n{{ m['content'] }}\n{% if %}\n{% endfor %}\n")
+    inp = tmp_path / "raw.jsonl"
+    inp.write_text(json.dumps({"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo"}]}) + "\n")
+    args = ["build", str(inp), "--tokenizer", str(tok_dir), "--out", str(tmp_path / "out"), "--chat-template", str(template)]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 2, result.output
+    assert result.stderr.splitlines() == [
+        f"error: {template}:3: the chat template is not valid Jinja: Expected an expression, got 'end of statement "
+        "block' (the line reads '{% if %}'); fix the file"
+    ]
+    assert not (tmp_path / "out").exists()
+    broken = chat_tokenizer("chatml", "{{ bos_token }}\n{{ messages[0]['content'] | no_such_filter }}")
+    with pytest.raises(UsageError, match=r"^the tokenizer's chat_template, line 2: .*no_such_filter.*--chat-template"):
+        ChatRenderer(broken).check()  # the tokenizer's own template: no file to name
+
+
 def test_a_token_across_a_weight_change_is_refused():
     # the generation prompt ends inside a word: "The" is one token across the prompt (0) and the answer (1)
     template = ("{% for m in messages %}{% if m['role'] == 'user' %}{{ m['content'] + '\\n' }}{% else %}"
@@ -372,6 +434,52 @@ def test_a_token_across_a_weight_change_is_refused():
         ChatRenderer(tok).tokens(_chat(messages))
     assert (err.value.reason, err.value.field) == ("token_straddle", "messages[1]")
     assert "crosses a change of weight at character 9" in err.value.problem
+
+
+@pytest.mark.parametrize("source", ["bytes", "offsets"])
+def test_a_token_merged_into_a_multibyte_character_at_a_weight_change_is_refused(source, monkeypatch):
+    """The generation prompt ends in "A" and the answer starts with "東": byte-level BPE merges "A" with the first
+    byte of "東" into one token, which starts before the change of weight and ends after it, while the token of
+    the other bytes of "東" starts exactly at the change. Refused whichever way the spans come: from the ids'
+    bytes (``TokenSpans``) or from tokenizers' offsets."""
+    tok = merging_tokenizer()
+    messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "東京"}]
+    text = tok.apply_chat_template(messages, tokenize=False)
+    change = text.index("東")
+    enc = tok.backend_tokenizer.encode(text, add_special_tokens=False)
+    across = [(t, s, e) for t, (s, e) in zip(enc.tokens, enc.offsets, strict=True) if s < change < e]
+    assert across == [("Aæ", change - 1, change + 1)]  # the premise: one token holds "A" and a byte of "東"
+    if source == "offsets":  # as for a document whose ids do not spell it
+        monkeypatch.setattr(TokenSpans, "spans", lambda self, texts, ids, offsets: [None] * len(texts))
+    exact: list[bool] = []
+    align = ChatRenderer.align
+
+    def spy(self, *args, **kwargs):
+        exact.append(kwargs["exact"])
+        return align(self, *args, **kwargs)
+
+    monkeypatch.setattr(ChatRenderer, "align", spy)
+    with pytest.raises(ChatError) as err:
+        ChatRenderer(tok).tokens(_chat(messages))
+    assert exact == [source == "bytes"]  # the span source under test was the one used
+    assert (err.value.reason, err.value.field) == ("token_straddle", "messages[1]")
+    token = f"token {tok.convert_tokens_to_ids('Aæ')} ('A東', characters {change - 1}-{change + 1})"
+    assert f"{token} crosses a change of weight at character {change}" in err.value.problem
+
+
+def test_a_conversation_that_starts_with_two_bos_is_refused():
+    """A custom template that writes BOS in front of Llama-3's, which writes it too (the way a second BOS usually
+    gets in): the model would train on a start it never sees at inference."""
+    fam = FAMILIES["llama3"]
+    tok = chat_tokenizer("llama3", "{{ bos_token }}" + fam.template)
+    messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]
+    ids = tok.apply_chat_template(messages, tokenize=True)["input_ids"]
+    assert ids[:3] == [tok.bos_token_id, tok.bos_token_id, tok.convert_tokens_to_ids("<|start_header_id|>")]
+    with pytest.raises(ChatError) as err:
+        ChatRenderer(tok).tokens(_chat(messages))
+    assert (err.value.reason, err.value.field) == ("double_bos", "messages")
+    assert "two BOS" in err.value.problem
+    assert ChatRenderer(chat_tokenizer("llama3")).tokens(_chat(messages)).ids.tolist() == ids[1:]  # one BOS: fine
 
 
 def test_offsets_that_go_backwards_or_miss_a_weighted_character_are_refused():

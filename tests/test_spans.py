@@ -57,21 +57,37 @@ def test_spans_are_tokenizers_offsets(name, texts):
         np.testing.assert_array_equal(found[1], want[:, 1])
 
 
-def test_a_document_whose_ids_do_not_spell_it_gets_none_and_the_others_are_kept():
+def _assert_offsets(got, encs, wrong):
+    """Every document but ``wrong`` has exactly tokenizers' offsets; ``wrong`` has None."""
+    for d, (found, enc) in enumerate(zip(got, encs, strict=True)):
+        if d == wrong:
+            assert found is None, d
+            continue
+        assert found is not None, d
+        want = np.asarray(enc.offsets, dtype=np.int64).reshape(-1, 2)
+        np.testing.assert_array_equal(found[0], want[:, 0], err_msg=f"starts of document {d}")
+        np.testing.assert_array_equal(found[1], want[:, 1], err_msg=f"ends of document {d}")
+
+
+@pytest.mark.parametrize("wrong", [0, 1])
+@pytest.mark.parametrize("edit", ["swap", "drop", "add"])
+def test_a_document_whose_ids_do_not_spell_it_gets_none_and_the_others_keep_their_offsets(edit, wrong):
+    """One document's first token replaced by another of the same byte length, dropped, or doubled: that document
+    gets None, and every other one, before and after it, exactly tokenizers' offsets (a document after one whose
+    tokens hold fewer or more bytes than its text is placed by its own text, not by the tokens before it)."""
     backend = chat_tokenizer("chatml").backend_tokenizer
     spans = TokenSpans(backend)
-    texts = ["Hello world", "東京は world", "the end"]
+    texts = ["Hello world", "東京は world", "the end 😀", "Ünïcödé<|im_end|>\n", "x"]
     encs, ids, offsets = _encode(backend, texts)
-    swapped = ids.copy()
-    d = offsets[1]  # the first token of the second document, replaced by a token of the same byte length
-    same_length = [i for t, i in backend.get_vocab().items() if i != ids[d] and spans._lengths[i] == spans._lengths[ids[d]]]
-    swapped[d] = same_length[0]
-    got = spans.spans(texts, swapped, offsets)
-    assert got[1] is None and got[0] is not None and got[2] is not None
-    np.testing.assert_array_equal(got[2][0], np.asarray(encs[2].offsets)[:, 0])
-    dropped = np.delete(ids, offsets[1])  # a token missing: the byte count no longer matches
-    got = spans.spans(texts, dropped, np.array([0, offsets[1], offsets[2] - 1, offsets[3] - 1]))
-    assert got[1] is None and got[0] is not None and got[2] is not None
+    at = int(offsets[wrong])
+    if edit == "swap":  # the byte count still matches: the bytes themselves differ
+        same_length = [i for i in backend.get_vocab().values() if i != ids[at] and spans._lengths[i] == spans._lengths[ids[at]]]
+        ids = ids.copy()
+        ids[at] = same_length[0]
+    else:
+        ids = np.delete(ids, at) if edit == "drop" else np.insert(ids, at, ids[at])
+        offsets = offsets + np.where(np.arange(len(offsets)) > wrong, -1 if edit == "drop" else 1, 0)
+    _assert_offsets(spans.spans(texts, ids, offsets), encs, wrong)
 
 
 def test_a_literal_word_marker_in_gemma_text_gets_none():

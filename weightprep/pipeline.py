@@ -157,7 +157,7 @@ class _Chats:
             template = Path(path).read_text(encoding="utf-8") if path else None
             renderer = ChatRenderer(
                 transformers_tokenizer(self.tokenizer), template, parse_role_weights(self.cfg.chat.role_weights),
-                self.roles, self.tokenize,
+                self.roles, self.tokenize, path,
             )
             renderer.check()
             self._renderer = renderer

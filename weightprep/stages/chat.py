@@ -23,7 +23,11 @@ fail loudly:
    token takes the weight of its characters. A token across a weight change is ``token_straddle``; offsets that go
    backwards or leave weighted characters uncovered are ``bad_offsets``; two leading BOS are ``double_bos``.
 6. Content holding a control token of the template (``<|im_end|>`` in a user message) is
-   ``control_token_in_content``; a template that raises is ``template_error``.
+   ``control_token_in_content``; a template that raises is ``template_error``; ``chat_template_kwargs`` that set
+   what the renderer sets itself (``add_generation_prompt``, ``messages``, ``tools``, the tokenizer's special
+   tokens, ...: ``RESERVED_KWARGS``) are ``reserved_template_kwarg``, field ``chat_template_kwargs.KEY``: with
+   ``add_generation_prompt`` a trailing generation prompt would enter the document with the last turn's weight.
+   A template that does not parse is a usage error naming its file and line, raised by ``check`` before any record.
 
 Default weights: ``assistant`` 1, every other role 0 (``--role-weights``); a message's ``weight`` overrides them.
 A rejected conversation names ``messages[i]`` and the reason, in strict mode as an error, with ``--skip-invalid``
@@ -49,7 +53,7 @@ from weightprep.errors import ConfigError, UsageError
 from weightprep.stages.spans import TokenSpans
 from weightprep.stages.tokenize import PieceTokenizer
 
-__all__ = ["CHAT_REASONS", "ChatError", "ChatRenderer", "parse_role_weights", "render_chats"]
+__all__ = ["CHAT_REASONS", "RESERVED_KWARGS", "ChatError", "ChatRenderer", "parse_role_weights", "render_chats"]
 
 
 CHAT_REASONS = (
@@ -61,7 +65,14 @@ CHAT_REASONS = (
     "token_straddle",
     "bad_offsets",
     "double_bos",
+    "reserved_template_kwarg",
 )
+#: What every render sets itself, besides the tokenizer's special tokens: the template's inputs, and the parameters
+#: of ``render_jinja_template`` (which it reads rather than passes on, so a record must not set them either).
+RESERVED_KWARGS = (
+    "messages", "tools", "documents", "add_generation_prompt", "conversations", "chat_template",
+    "return_assistant_tokens_mask", "continue_final_message",
+)  # fmt: skip
 _GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%\}")
 _PROBES = ("\ue000weightprep-probe-a\ue000", "\ue001weightprep-probe-b\ue001")
 
@@ -126,7 +137,9 @@ class _Template:
             hasattr(ctu, f) for f in
             ("_compile_jinja_template", "_plain_template_data", "_alias_reasoning_fields", "_render_with_assistant_indices")
         )  # fmt: skip
-        self._compiled = ctu._compile_jinja_template(template) if self.direct else None
+        # compiled whatever the path, so that a template that does not parse fails here, once (TemplateSyntaxError)
+        compile_ = getattr(ctu, "_compile_jinja_template", None)
+        self._compiled = compile_(template) if compile_ is not None else None
         # what Template.render merges into every context (a ChainMap over the environment's globals, slow to copy)
         self._globals = dict(self._compiled.globals) if self._compiled is not None else {}
 
@@ -178,7 +191,8 @@ class _Prepared(NamedTuple):
 class ChatRenderer:
     """Renders and aligns conversations for one tokenizer and template text (default: the tokenizer's own).
 
-    ``tokenize`` is the build's ``PieceTokenizer`` (fastokens where it runs); without one, tokenizers'."""
+    ``tokenize`` is the build's ``PieceTokenizer`` (fastokens where it runs); without one, tokenizers'. ``source``
+    is the file ``template`` was read from, named in errors."""
 
     def __init__(
         self,
@@ -187,8 +201,11 @@ class ChatRenderer:
         role_weights: dict[str, float] | None = None,
         roles: list[str] | None = None,
         tokenize: PieceTokenizer | None = None,
+        source: str | None = None,
     ) -> None:
         self.tok = tokenizer
+        #: the file of ``template`` (for errors); None: the tokenizer's own template
+        self.source = source
         #: role names by code - 1, in order of first appearance (shared with the writer, which names turns)
         self.roles: list[str] = roles if roles is not None else []
         self.template = template if template is not None else getattr(tokenizer, "chat_template", None)
@@ -217,6 +234,28 @@ class ChatRenderer:
         version = tuple(int(p) for p in re.findall(r"\d+", tokenizers.__version__)[:3])
         if version < (0, 20, 1):  # earlier offsets are wrong for Llama-3-style ignore_merges tokenizers
             raise UsageError(f"chat records need tokenizers >= 0.20.1 (correct offsets); found {tokenizers.__version__}")
+        self._compiled()
+
+    def _compiled(self) -> _Template:
+        """The template, compiled once. One that does not parse fails every conversation alike: the user's to fix
+        (``UsageError`` naming the file and the line), not a reject per record."""
+        if self._template is None:
+            from jinja2 import TemplateSyntaxError
+
+            try:
+                self._template = _Template(self.template, self.tagged)
+            except TemplateSyntaxError as exc:
+                lines = self.template.splitlines()
+                n = exc.lineno if 0 < exc.lineno <= len(lines) else len(lines)
+                where = f"{self.source}:{n}" if self.source else f"the tokenizer's chat_template, line {n}"
+                fix = "fix the file" if self.source else "pass a working template with --chat-template FILE.jinja"
+                line = lines[n - 1].strip() if lines else ""
+                problem = str(exc.message or exc).rstrip(".")
+                raise UsageError(
+                    f"{where}: the chat template is not valid Jinja: {problem} (the line reads "
+                    f"{line[:80] + ('...' if len(line) > 80 else '')!r}); {fix}"
+                ) from None
+        return self._template
 
     def _control_tokens(self) -> re.Pattern[str]:
         if self._control is None:
@@ -237,9 +276,7 @@ class ChatRenderer:
     def prepare(self, chat: Chat, messages: list[dict[str, Any]]) -> _Prepared:
         """The conversation's inputs to the template: messages, tools, and ``apply_chat_template``'s keyword
         arguments (the special tokens, then the record's ``chat_template_kwargs``)."""
-        if self._template is None:
-            self._template = _Template(self.template, self.tagged)
-        return self._template.prepare(messages, chat.tools, {**self.tok.special_tokens_map, **(chat.template_kwargs or {})})
+        return self._compiled().prepare(messages, chat.tools, {**self.tok.special_tokens_map, **(chat.template_kwargs or {})})
 
     def render(self, prepared: _Prepared, k: int, *, generation: bool = False) -> tuple[str, list]:
         """The first ``k`` messages of a prepared conversation rendered (``template_error`` if the template fails)."""
@@ -270,6 +307,7 @@ class ChatRenderer:
     def char_weights(self, chat: Chat) -> tuple[str, np.ndarray, np.ndarray]:
         """The rendered text, one weight per character (steps 1-4 of the module docstring) and one turn code per
         character (``turn_code``: the message whose span holds it; 0 for template text outside every message)."""
+        self._check_kwargs(chat)
         messages = _template_messages(chat)
         control = self._control_tokens()
         for i, m in enumerate(messages):
@@ -348,6 +386,19 @@ class ChatRenderer:
                 probes = [self.render(self.prepare(chat, [*messages[:i], {**m, "content": p}]), i + 1)[0] for p in _PROBES]
                 weights[max(start, _diverge(*probes)) : end] = w
         return text, weights, self._char_turns(messages, text, prefix)
+
+    def _check_kwargs(self, chat: Chat) -> None:
+        """``chat_template_kwargs`` come after the renderer's own arguments (``prepare``): one that names an argument
+        the renderer sets would override it (``reserved_template_kwarg``)."""
+        reserved = {*RESERVED_KWARGS, *self.tok.special_tokens_map}
+        for key in chat.template_kwargs or {}:
+            if key in reserved:
+                raise ChatError(
+                    f"chat_template_kwargs.{key}",
+                    "weightprep sets this argument of the template itself for every render (the generation prompt, "
+                    "the messages and tools, the tokenizer's special tokens); a record cannot override it. Remove it",
+                    "reserved_template_kwarg",
+                )
 
     def _char_turns(self, messages: list[dict[str, Any]], text: str, prefix: Any) -> np.ndarray:
         """Each character's turn code, from every message's boundaries ``[|P_i|, |P_{i+1}|)``. A boundary that
@@ -441,8 +492,12 @@ class ChatRenderer:
             self._check_offsets(text, char_w, ids, starts, ends)
         changes = np.flatnonzero(np.diff(char_w)) + 1  # first character of each new weight
         if len(changes) and len(ids):
-            k = np.searchsorted(starts, changes, side="right") - 1
-            inside = (k >= 0) & (starts[np.maximum(k, 0)] < changes) & (ends[np.maximum(k, 0)] > changes)
+            # the first token that ends after the change: starts and ends go forwards (checked above, or by
+            # construction), so of the tokens that reach past the change it starts first, and some token straddles
+            # the change iff it does. Not the last token that starts at or before the change: "A" merged with the
+            # first bytes of "東" starts before it, and the token of the other bytes of "東" starts at it.
+            k = np.minimum(np.searchsorted(ends, changes, side="right"), len(ids) - 1)
+            inside = (starts[k] < changes) & (ends[k] > changes)
             if inside.any():
                 c = int(changes[np.argmax(inside)])
                 t = int(k[np.argmax(inside)])
