@@ -50,7 +50,16 @@ MODULES: dict[str, list[str]] = {
 
 #: mutant id (``--list`` prints them) -> why no test can tell it from the original (an equivalent mutant)
 EQUIVALENT: dict[str, str] = {
-    "stages/mask.py:labels_from_weights:bool:False": "np.where made a new array: astype copies or not, same values",
+    "stages/mask.py:labels_from_weights:bool:return np.where(weights > 0, input_ids, np.int32(IGNORE_INDEX)).astype(np.int32, copy=False)":
+        "np.where made a new array: astype copies it or not, the values are the same",
+    "stages/assemble.py:assemble:int-1:input_ids[offsets[1:] - 1] = specials.eos":
+        "offsets[0:] - 1 adds index -1 (the last token) to the previous documents' last tokens: all EOS already",
+    "stages/assemble.py:assemble:int-1:weights[offsets[1:] - 1] = eos_weight":
+        "offsets[0:] - 1 adds index -1 (the last token) to the previous documents' last tokens: all EOS already",
+    "stages/filter.py:filter_documents:augassign:counts[f'tokens_{reason}'] += len(before.input_ids) - len(after.input_ids)":
+        "each reason is removed at most once per call, into a Counter made by that call: = and += agree",
+    "stages/filter.py:filter_documents:augassign:counts[f'weight_{reason}'] += float(before.weights.sum(dtype=np.float64) - after.weights.sum(dtyp...":
+        "each reason is removed at most once per call, into a Counter made by that call: = and += agree",
 }
 
 _COMPARE_SWAP = {
@@ -170,7 +179,7 @@ def _replace(tree: ast.AST, path: tuple[int, ...], new: ast.AST) -> ast.AST:
 
 
 def mutants(module: str) -> list[tuple[Mutant, ast.AST]]:
-    """Every mutant of ``module`` with the mutated module tree."""
+    """Every mutant of ``module`` with the mutated module tree, each shown as the statement it changes."""
     source = (ROOT / "weightprep" / module).read_text()
     tree = ast.parse(source)
     out: list[tuple[Mutant, ast.AST]] = []
@@ -178,10 +187,11 @@ def mutants(module: str) -> list[tuple[Mutant, ast.AST]]:
     for path, kind, function in _points(tree):
         node = _get(tree, path)
         new = _apply(node, kind)
-        mutated = _replace(tree, path, new)
-        before, after = ast.unparse(node), ast.unparse(new)
-        if before == after:
+        if ast.unparse(node) == ast.unparse(new):
             continue
+        mutated = _replace(tree, path, new)
+        at = _statement(tree, path)
+        before, after = _header(_get(tree, at)), _header(_get(mutated, at))
         line, col = getattr(node, "lineno", 0), getattr(node, "col_offset", 0)
         key = (function, kind, _short(before))
         seen[key] = seen.get(key, -1) + 1
@@ -189,9 +199,30 @@ def mutants(module: str) -> list[tuple[Mutant, ast.AST]]:
     return out
 
 
+def _statement(tree: ast.AST, path: tuple[int, ...]) -> tuple[int, ...]:
+    """The path of the innermost statement at or above ``path``."""
+    for end in range(len(path), -1, -1):
+        if isinstance(_get(tree, path[:end]), ast.stmt):
+            return path[:end]
+    return path
+
+
+def _header(stmt: ast.AST) -> str:
+    """A statement as one line: a compound statement by its header only."""
+    if isinstance(stmt, (ast.If, ast.While)):
+        return f"{'if' if isinstance(stmt, ast.If) else 'while'} {ast.unparse(stmt.test)}:"
+    if isinstance(stmt, (ast.For, ast.AsyncFor)):
+        return f"for {ast.unparse(stmt.target)} in {ast.unparse(stmt.iter)}:"
+    if isinstance(stmt, (ast.With, ast.AsyncWith)):
+        return f"with {', '.join(ast.unparse(i) for i in stmt.items)}:"
+    if isinstance(stmt, (ast.Try, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return ast.unparse(stmt).splitlines()[0]
+    return ast.unparse(stmt)
+
+
 def _short(text: str) -> str:
     text = " ".join(text.split())
-    return text if len(text) <= 80 else text[:77] + "..."
+    return text if len(text) <= 100 else text[:97] + "..."
 
 
 def _points(tree: ast.Module) -> list[tuple[tuple[int, ...], str, str]]:
