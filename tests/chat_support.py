@@ -87,19 +87,29 @@ MODELS = ("byte_level", "sentencepiece", "sentencepiece_legacy")
 def chat_tokenizer(name: str, template: str | None = None, model: str = "byte_level") -> Any:
     """A fast tokenizer of family ``name`` with its chat template (or ``template``) on ``model`` (``MODELS``):
     treat as read-only."""
+    fam = FAMILIES[name]
+    return build_chat_tokenizer(fam.specials, fam.bos, fam.eos, template or fam.template, model)
+
+
+def build_chat_tokenizer(
+    specials: tuple[str, ...], bos: str | None, eos: str, template: str, model: str = "byte_level", plain: tuple[str, ...] = ()
+) -> Any:
+    """A fast tokenizer on ``model`` (``MODELS``) whose ``specials`` are special added tokens and ``plain`` added tokens
+    that are not special (as Qwen's ``<think>`` / ``<tool_call>``), with ``bos``/``eos`` (pad = eos) and ``template``."""
+    from tokenizers import AddedToken
     from transformers import PreTrainedTokenizerFast
 
-    fam = FAMILIES[name]
     if model == "byte_level":
-        backend = _byte_level_bpe(list(fam.specials), 500)
+        backend = _byte_level_bpe(list(specials), 500)
     else:
-        backend = _sentencepiece(list(fam.specials), 500, "gemma" if model == "sentencepiece" else "legacy")
+        backend = _sentencepiece(list(specials), 500, "gemma" if model == "sentencepiece" else "legacy")
+    backend.add_tokens([AddedToken(t, special=False, normalized=False) for t in plain])
     tok = PreTrainedTokenizerFast(
-        tokenizer_object=backend, bos_token=fam.bos, eos_token=fam.eos, pad_token=fam.eos, model_max_length=8192,
+        tokenizer_object=backend, bos_token=bos, eos_token=eos, pad_token=eos, model_max_length=8192,
         clean_up_tokenization_spaces=False,
     )  # fmt: skip
-    tok.add_special_tokens({"additional_special_tokens": [t for t in fam.specials if t not in (fam.bos, fam.eos)]})
-    tok.chat_template = template or fam.template
+    tok.add_special_tokens({"additional_special_tokens": [t for t in specials if t not in (bos, eos)]})
+    tok.chat_template = template
     return tok
 
 

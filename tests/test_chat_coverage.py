@@ -1,0 +1,244 @@
+"""The chat coverage harness (``benchmarks/chat_coverage.py``, ``docs/chat.md``): its tokenizers, its
+reference and its classification. The tests check the instrument, not today's coverage: which pairs weightprep
+refuses is what the table measures and the chat work changes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from chat_coverage_support import (
+    OK,
+    REJECTED_CORRECTLY,
+    REJECTED_WRONGLY,
+    SHAPES,
+    STATUSES,
+    UNVERIFIED,
+    WRONG,
+    Built,
+    Doc,
+    Reference,
+    Rejected,
+    attribute,
+    candidates,
+    classify,
+    coverage_tokenizer,
+    family_tokens,
+    reference,
+    run_coverage,
+    shape_record,
+    template_text,
+    totals,
+)
+from chat_support import FAMILIES, reference_char_weights, reference_token_weights
+
+SAMPLE = ["qwen2_5", "qwen3", "deepseek_r1_distill"]
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory):
+    return tmp_path_factory.mktemp("coverage")
+
+
+def _tok(work, name):
+    return coverage_tokenizer(name, str(work / "tokenizers" / name))
+
+
+@pytest.mark.parametrize(
+    ("name", "special", "plain", "text"),
+    [
+        (
+            "qwen3",
+            ["<|im_start|>", "<|im_end|>", "<|endoftext|>"],
+            ["<think>", "</think>", "<tool_call>"],
+            ["<tools>"],
+        ),
+        (
+            "deepseek_r1_distill",
+            ["<｜Assistant｜>", "<｜begin▁of▁sentence｜>"],
+            ["<｜tool▁sep｜>", "<think>"],
+            [],
+        ),
+        ("gemma4", ["<|turn>", "<turn|>", '<|"|>', "<bos>"], [], []),
+        ("llava_next", ["[INST]", "[/INST]", "<s>", "</s>"], [], []),
+        ("phi3", ["<|user|>", "<|assistant|>", "<|end|>"], [], []),
+    ],
+)
+def test_family_tokens_are_the_templates_control_tokens(work, name, special, plain, text):
+    """Each family's markers are one added token each (special or not, as the real vocabularies have them); XML-like
+    words the real vocabularies hold as text are not added."""
+    fam = family_tokens(name, template_text(name))
+    assert set(special) <= set(fam.specials) and set(plain) <= set(fam.plain)
+    assert not set(text) & set(fam.specials + fam.plain)
+    tok = _tok(work, name)
+    by_content = {t.content: t for t in tok.added_tokens_decoder.values()}
+    for t in special + plain:
+        assert len(tok.encode(t, add_special_tokens=False)) == 1, t
+        assert by_content[t].special == (t in special), t
+    assert len(tok.encode("<tools>", add_special_tokens=False)) > 1
+
+
+@pytest.mark.parametrize(
+    ("family", "template"), [("chatml", "qwen2_5"), ("llama3", "llama3"), ("gemma", "gemma")]
+)
+@pytest.mark.parametrize("shape", ["one_turn", "multi_turn", "float_weights", "cjk_emoji"])
+def test_the_reference_agrees_with_the_naive_string_search_reference(work, family, template, shape):
+    """The prefix-render reference gives the weights that ``chat_support``'s search for each family's turn markers
+    gives (the first token unlabeled, as every built document)."""
+    tok, text = _tok(work, template), template_text(template)
+    record = shape_record(shape, text)
+    ref = reference(tok, record, text)
+    assert ref.error is None and ref.whole is not None and ref.whole.weights is not None
+    rendered = tok.apply_chat_template([{k: v for k, v in m.items() if k != "weight"} for m in
+    record["messages"]],
+                                       tokenize=False)  # fmt: skip
+    enc = tok.backend_tokenizer.encode(rendered, add_special_tokens=False)
+    naive, straddle = reference_token_weights(
+        enc, reference_char_weights(FAMILIES[family], rendered, record["messages"], {"assistant": 1.0})
+    )
+    naive[0] = 0.0
+    assert not straddle and not ref.whole.straddle
+    np.testing.assert_array_equal(ref.whole.weights, naive)
+    if shape == "float_weights":
+        assert {0.5, 2.0} <= set(ref.whole.weights.tolist())
+
+
+def test_the_tagged_reference_is_what_sfttrainer_masks(work):
+    """Under a training template, the reference weighs exactly transformers' assistant_masks (float weights per
+    generation block), and per turn only that turn's block."""
+    from chat_coverage_support import assistant_masks
+
+    tok = _tok(work, "qwen3")
+    training = template_text("qwen3_training")
+    record = shape_record("float_weights", training)
+    ref = reference(tok, record, training)
+    masks = assistant_masks(tok, record, training)
+    assert (ref.whole.weights[1:] > 0).tolist() == [bool(m) for m in masks[1:]]
+    assert set(ref.whole.weights.tolist()) == {0.0, 0.5, 2.0}
+    first, second = ref.per_turn
+    assert set(first.weights.tolist()) == {0.0, 0.5} and set(second.weights.tolist()) == {0.0, 2.0}
+
+
+@pytest.fixture(scope="module")
+def sample(work):
+    return run_coverage(SAMPLE, work=work), run_coverage(SAMPLE, training_run=True, work=work)
+
+
+def test_the_sample_is_classified_in_full(sample):
+    default, training = sample
+    for rows in (default, training):
+        assert [r.template for r in rows] == SAMPLE
+        for row in rows:
+            assert list(row.cells) == list(SHAPES), row.template
+            assert all(c.status in STATUSES for c in row.cells.values())
+        t = totals(rows)
+        assert t.pairs == 3 * len(SHAPES) and sum(t.statuses.values()) == t.pairs
+        assert t.exact <= t.renderable <= t.pairs
+        wrong = [(r.template, s, c.detail) for r in rows for s, c in r.cells.items() if c.status == WRONG]
+        assert not wrong, wrong  # built but not equal to apply_chat_template / the reference: a bug
+    # a known-good pair (the issue's own table: Qwen2.5, one turn)
+    assert default[0].cells["one_turn"].status == OK
+    assert all(r.note.startswith(f"`{r.template}_training`") for r in training)
+
+
+def test_the_report_of_the_sample(sample):
+    """benchmarks/chat_coverage.py's Markdown: both tables, their totals and the work list."""
+    import importlib.util
+
+    from conftest import REPO
+
+    spec = importlib.util.spec_from_file_location("chat_coverage", REPO / "benchmarks" / "chat_coverage.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    default, training = sample
+    text = bench.report("python benchmarks/chat_coverage.py --templates X", list(SHAPES), default, training)
+    assert text.count("| template | one_turn | multi_turn |") == 2
+    assert "| `qwen3` | ok |" in text and "`qwen3_training` |" in text
+    t = totals(default)
+    assert f"**{t.exact} of {t.renderable} renderable pairs built exactly ({t.percent:.1f}%)**" in text
+
+
+def test_a_corrupted_build_is_classified_wrong(work):
+    """The real build's outcome, altered before classification: a weight changed, a token changed, or a reject
+    of a renderable conversation."""
+
+    def corrupt(shape, outcome):
+        assert isinstance(outcome, Built) and len(outcome.docs) == 1
+        ids, weights = outcome.docs[0]
+        if shape == "one_turn":
+            weights = weights.copy()
+            weights[-1] *= 2
+        elif shape == "multi_turn":
+            ids = [*ids[:-1], ids[-1] + 1]
+        else:
+            return Rejected("token_straddle", "messages[1]", "made up")
+        return Built([(ids, weights)])
+
+    (row,) = run_coverage(["qwen2_5"], ["one_turn", "multi_turn", "cjk_emoji"], work=work, corrupt=corrupt)
+    weight, ids, refused = (row.cells[s] for s in ("one_turn", "multi_turn", "cjk_emoji"))
+    assert (
+        weight.status == WRONG
+        and "render document 0: token" in weight.detail
+        and "weight 2.0 instead of 1.0" in weight.detail
+    )
+    assert ids.status == WRONG and "equal no candidate" in ids.detail
+    assert refused.status == REJECTED_WRONGLY and refused.text == "`token_straddle`"
+
+
+def test_the_exact_forms_of_a_history_rewriting_template(work):
+    """Qwen3, several turns: the whole render has no reference (earlier turns re-rendered), so a build equal to it is
+    unverified; the training render and one document per turn are exact; a refusal is wrong (†)."""
+    tok = _tok(work, "qwen3")
+    record = shape_record("multi_turn", template_text("qwen3"))
+    ref = reference(tok, record, template_text("qwen3"))
+    train = reference(tok, record, template_text("qwen3_training"))
+    assert ref.whole.weights is None and "differently once later messages follow" in ref.whole.why
+    assert [name for name, _ in candidates(ref, train)] == ["render", "training", "per-turn"]
+    as_docs = lambda docs: Built([(d.ids, d.weights) for d in docs])  # noqa: E731
+    assert classify(ref, as_docs(ref.per_turn), train).text == "ok (per-turn)"
+    assert classify(ref, as_docs([train.whole]), train).text == "ok (training)"
+    assert classify(ref, as_docs([train.whole]), None).status == WRONG  # the training render is not asked for
+    whole = Built([(ref.whole.ids, np.zeros(len(ref.whole.ids), np.float32))])
+    assert classify(ref, whole, train).status == UNVERIFIED
+    refused = classify(ref, Rejected("not_prefix_preserving", "messages[1]", "..."), train)
+    assert refused.status == REJECTED_WRONGLY and refused.text == "`not_prefix_preserving` †"
+    per_turn = ref.per_turn
+    bad = Built([(per_turn[0].ids, per_turn[0].weights), (per_turn[1].ids, per_turn[1].weights * 0)])
+    assert classify(ref, bad, train).status == WRONG
+
+
+def test_rejects_and_vanished_conversations():
+    renders = Reference(None, Doc([1, 2, 3], np.array([0, 1, 1], np.float32)))
+    raises = Reference("TemplateError: System role not supported")
+    assert classify(raises, Rejected("template_error", "messages", "...")).status == REJECTED_CORRECTLY
+    assert classify(raises, Rejected("template_error", "messages", "...")).text == "n/a"
+    assert classify(renders, Rejected("template_error", "messages", "...")).status == REJECTED_WRONGLY
+    assert classify(raises, Built([([1], np.zeros(1, np.float32))])).status == WRONG
+    assert classify(renders, Built([])).status == WRONG
+    assert classify(renders, "UsageError: boom").status == WRONG
+
+
+def test_documents_are_attributed_in_input_order():
+    """A record that left no document (dropped) takes none; the next record still finds its own."""
+    a, b, c = (Doc([k, k + 1], np.array([0, 1], np.float32)) for k in (10, 20, 30))
+    docs = [(a.ids, a.weights), (c.ids, c.weights), ([99], np.zeros(1, np.float32))]
+    cands = [[[a]], [[b]], [[c]], [[Doc([5], None)]], [[Doc([6], None)]]]
+    out = attribute(cands, {4: Rejected("r", "f", "p")}, docs)
+    assert out[0] == Built([docs[0]]) and out[1] == Built([]) and out[2] == Built([docs[1]])
+    assert isinstance(out[3], Rejected) and out[4] == Built([docs[2]])  # ids wrong: still its document
+
+
+def test_every_template_is_classified(tmp_path):
+    """Every template TRL ships, under both flags (~13 s): every pair classified, none built wrong."""
+    from chat_coverage_support import template_names
+
+    names = template_names()
+    assert len(names) > 60
+    default = run_coverage(names, work=tmp_path)
+    training = run_coverage(
+        [n for n in names if not n.endswith("_training")], training_run=True, work=tmp_path
+    )
+    for rows in (default, training):
+        cells = [(r.template, s, c) for r in rows for s, c in r.cells.items()]
+        assert all(c.status in STATUSES for _, _, c in cells)
+        assert not [(t, s, c.detail) for t, s, c in cells if c.status == WRONG]
+    assert all(len(r.cells) == len(SHAPES) for r in default)
