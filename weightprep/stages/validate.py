@@ -474,11 +474,11 @@ def _fast_other_shapes(path: str, lines: np.ndarray, table: pa.Table) -> Records
             if not row or any(p is None or p["text"] is None or p["weight"] is None for p in row):
                 return None
             for p in row:
-                if not is_valid_weight(p["weight"]):
-                    return None
                 texts.append(p["text"])
                 weights.append(float(p["weight"]))
         offsets.append(len(texts))
+    if not valid_weights(weights).all():  # the pieces' weights (the others are checked above), all at once
+        return None
     return _records(path, lines.tolist(), texts, weights, offsets)
 
 
