@@ -81,6 +81,50 @@ def test_a_schema_with_no_accepted_shape_fails_before_reading_rows(tmp_path, sam
         build([str(pieces)], tmp_path / "x", _cfg(read={"columns": "text=body"}), tokenizer=sample_tok)
 
 
+@pytest.mark.parametrize(
+    ("columns", "row", "held"),
+    [
+        ("text=body", {"text": "the file's own text", "body": "the body"}, ("'text' and 'body'", "--columns text=body")),
+        ("text=body", {"body": "the body", "text": "the file's own text"}, ("'body' and 'text'", "--columns text=body")),
+        ("text=a,text=b", {"a": "one", "b": "two"}, ("'a' and 'b'", "--columns text=a, text=b")),
+    ],
+    ids=["onto-text", "onto-text-listed-after", "two-onto-one"],
+)
+def test_a_mapping_onto_a_name_the_file_already_holds_is_refused_before_any_work(tmp_path, columns, row, held):
+    """Two columns becoming one field would keep one and silently drop the other ("last one wins")."""
+    from click.testing import CliRunner
+
+    from weightprep.cli import main
+
+    path = _parquet(tmp_path / "d.parquet", [row])
+    out = tmp_path / "out"
+    # a tokenizer that does not exist: refused before it is loaded, or the error would be about it
+    args = ["build", str(path), "--columns", columns, "--out", str(out), "--tokenizer", str(tmp_path / "no-tok")]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 2, result.output
+    message = result.output.replace("\n", " ")
+    assert f"{path}: columns {held[0]} would both be the field 'text' (renamed by {held[1]})" in message
+    assert "Traceback" not in result.output and not out.exists()
+
+
+def test_a_column_mapped_twice_is_refused(tmp_path):
+    from click.testing import CliRunner
+
+    from weightprep.cli import main
+
+    path = _parquet(tmp_path / "d.parquet", [{"q": "question"}])
+    result = CliRunner().invoke(main, ["build", str(path), "--columns", "prompt=q,completion=q", "--out", str(tmp_path / "o")])
+    assert result.exit_code == 2 and "column 'q' is mapped twice (prompt=q, completion=q)" in result.output
+
+
+def test_a_mapping_that_clashes_in_no_file_builds(tmp_path, sample_tok):
+    """``text=a,text=b`` over files that each hold one of the two is the way to read differently named files."""
+    a = _parquet(tmp_path / "a.parquet", [{"a": "from a"}])
+    b = _parquet(tmp_path / "b.parquet", [{"b": "from b"}])
+    m = build([str(a), str(b)], tmp_path / "out", _cfg(read={"columns": "text=a,text=b"}), tokenizer=sample_tok)
+    assert m["counts"]["documents_written"] == 2
+
+
 def test_a_save_to_disk_directory_is_an_input(tmp_path, sample_tok):
     import datasets
 

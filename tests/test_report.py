@@ -270,3 +270,59 @@ def test_a_damaged_shard_is_refused_by_inspect_and_the_report(built, tmp_path, d
         assert "unreadable shard" in res.output or "truncated or was replaced" in res.output, res.output
         assert "Traceback" not in res.output
     assert not (tmp_path / "r.html").exists()
+
+
+def _reject_positions(html: Path) -> list[str]:
+    from html import unescape
+
+    cells = re.findall(r'<tr class="reject"><td class="k">([^<]*)</td>', html.read_text(encoding="utf-8"))
+    return [unescape(c) for c in cells]
+
+
+def test_rejects_are_placed_as_errors_place_them_jsonl_lines_and_parquet_rows(built, tmp_path):
+    """A JSONL reject at ``raw.jsonl:6``; a Parquet one at ``d.parquet: row 4`` (it has a row, not a line)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from weightprep.errors import InputError
+
+    out, html = built
+    raw = read_manifest(out)["inputs"][0]["path"]
+    assert _reject_positions(html) == [f"{raw}:6", f"{raw}:10"]
+
+    records = [{"pieces": [{"text": f"Question {i}?", "weight": 0.0}, {"text": f" Answer {i}.", "weight": 1.0}]}
+               for i in range(8)]  # fmt: skip
+    records[4]["pieces"][1]["weight"] = -1.0
+    path = tmp_path / "d.parquet"
+    pq.write_table(pa.Table.from_pylist(records), str(path), row_group_size=3)
+    shards, report = tmp_path / "shards", tmp_path / "report.html"
+    res = CliRunner().invoke(main, ["build", str(path), "--out", str(shards), "--seq-len", "64", "--skip-invalid"])
+    assert res.exit_code == 0, res.output
+    res = CliRunner().invoke(main, ["inspect", str(shards), "--html", str(report)])
+    assert res.exit_code == 0, res.output
+    # the same words as the error the build stops with when invalid rows are not skipped
+    where = str(InputError(str(path), 4, "pieces[1].weight", "x")).split(": pieces[1]")[0]
+    assert _reject_positions(report) == [where] == [f"{path}: row 4"]
+    assert "None" not in report.read_text(encoding="utf-8").split('class="rejects"')[1].split("</table>")[0]
+
+
+def test_a_hostile_role_is_shown_escaped(tmp_path):
+    """Roles are any non-empty string and reach the page from the turns file: as text, never as markup."""
+    from chat_support import chat_tokenizer
+
+    role = '<b id="x">&'
+    chat_tokenizer("chatml").save_pretrained(tmp_path / "tok")
+    convo = [{"role": role, "content": "hi"}, {"role": "assistant", "content": "Hello!"}]
+    raw = tmp_path / "raw.jsonl"
+    raw.write_text(json.dumps({"messages": convo}) + "\n", encoding="utf-8")
+    out, html = tmp_path / "out", tmp_path / "report.html"
+    res = CliRunner().invoke(main, ["build", str(raw), "--tokenizer", str(tmp_path / "tok"), "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    res = CliRunner().invoke(main, ["inspect", str(out), "--html", str(html)])
+    assert res.exit_code == 0, res.output
+    text = html.read_text(encoding="utf-8")
+    escaped = "&lt;b id=&quot;x&quot;&gt;&amp;"
+    assert f'<span class="turn" data-role="{escaped}" data-message="0">{escaped} · messages[0]</span>' in text
+    assert '<b id=' not in text and 'id="x"' not in text  # neither in the turn heads nor in the tokens
+    heads = [a for t, a in parse(html).elements if "turn" in a.get("class", "").split()]
+    assert [a["data-role"] for a in heads] == [role, "assistant"]  # the attribute holds the role itself

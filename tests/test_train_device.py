@@ -160,22 +160,33 @@ def test_sft_config_follows_the_policy(fake_gpu, tmp_path):
     assert captured["activation_checkpointing"] is True
 
 
-def test_fsdp_loads_weights_on_rank_0_only(monkeypatch):
-    """Under FSDP the other ranks build the model on the meta device (no weights read, buffers real)."""
+@pytest.mark.parametrize(("lora", "dtype"), [(False, torch.float32), (True, torch.bfloat16)], ids=["full", "lora"])
+def test_fsdp_loads_weights_on_rank_0_only(fake_gpu, monkeypatch, lora, dtype):
+    """Under FSDP the other ranks build the model on the meta device (no weights read, buffers real).
+
+    FSDP runs on GPUs only, so the policy is the one ``weightprep train`` resolves there (an A100 faked, as in the
+    tests above): ``load_model`` reads its dtype and attention, and the weights still land in host RAM."""
     from pathlib import Path
 
     from transformers import AutoConfig
 
     model_dir = str(Path(__file__).resolve().parent.parent / "sample_data" / "tiny-llama")
     config = AutoConfig.from_pretrained(model_dir)
-    policy = resolve_device_policy() if not torch.cuda.is_available() else None
+    fake_gpu((8, 0), flash=False)
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    policy = resolve_device_policy("auto", "auto", None, lora=lora)  # as train/command.py calls it
+    assert (policy.device, policy.precision, policy.attn_implementation) == ("cuda:1", "bf16", "sdpa")
+    assert getattr(torch, policy.load_dtype) == dtype
     monkeypatch.setenv("RANK", "1")
     empty = load_model(model_dir, config, policy, fsdp=True)
     assert all(p.device.type == "meta" for p in empty.parameters())
     assert all(b.device.type == "cpu" for b in empty.buffers())  # rotary frequencies are re-registered from these
+    assert {p.dtype for p in empty.parameters()} == {dtype}
+    assert empty.config._attn_implementation == "sdpa"
     monkeypatch.setenv("RANK", "0")
     real = load_model(model_dir, config, policy, fsdp=True)
     assert all(p.device.type == "cpu" for p in real.parameters())
+    assert {p.dtype for p in real.parameters()} == {dtype} and real.config._attn_implementation == "sdpa"
     assert real.lm_head.weight.abs().sum() > 0
     assert {n for n, _ in empty.named_parameters()} == {n for n, _ in real.named_parameters()}
     monkeypatch.setenv("RANK", "1")

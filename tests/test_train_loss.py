@@ -147,12 +147,25 @@ def test_eos_keeps_label_and_weight_when_pad_is_eos(tmp_path):
     assert (eos_logp < 0).all()  # each EOS was scored as a target
 
 
-def test_denominator_over_micro_batches_equals_whole_batch():
-    rows = ts.random_rows(11, 8, 32, VOCAB, packed=True)
-    whole = WeightedCollator()(rows)
-    parts = [WeightedCollator()([row]) for row in rows]
+@pytest.mark.parametrize("packed", [True, False], ids=["packed", "unpacked"])
+def test_denominator_over_micro_batches_equals_whole_batch(packed):
+    """Against sums by hand over the rows: a token is a target at t >= 1 (predicted from t - 1) when it has a
+    label and a weight > 0; ``weight`` sums those weights, ``tokens`` counts them, whatever the micro-batching."""
+    rows = ts.random_rows(11, 8, 32, VOCAB, packed=packed)
+    targets = [
+        float(row[WEIGHTS][t])
+        for row in rows
+        for t in range(1, len(row[LABELS]))
+        if int(row[LABELS][t]) != IGNORE_INDEX and float(row[WEIGHTS][t]) > 0
+    ]
+    by_hand = {"weight": sum(targets), "tokens": float(len(targets))}
+    assert by_hand["tokens"] > 20 and by_hand["weight"] != by_hand["tokens"]  # many targets, weights not all 1
+    whole = [WeightedCollator()(rows)]
+    singles = [WeightedCollator()([row]) for row in rows]
+    uneven = [WeightedCollator()(rows[a:b]) for a, b in ((0, 3), (3, 4), (4, 8))]
     for normalize in ("weight", "tokens"):
-        assert torch.isclose(loss_denominator([whole], normalize), loss_denominator(parts, normalize))
+        for batches in (whole, singles, uneven):
+            assert loss_denominator(batches, normalize).item() == pytest.approx(by_hand[normalize], rel=1e-12)
 
 
 def test_collator_stacks_without_touching_labels():

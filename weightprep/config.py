@@ -20,7 +20,6 @@ applied on top as dotted overrides (``{"pack.seq_len": 4096}``) and validated th
 from __future__ import annotations
 
 import dataclasses
-import math
 import types
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -211,9 +210,11 @@ def _semantic_checks(cfg: BuildConfig, problems: list[str]) -> None:
     ml = cfg.filter.max_length
     if isinstance(ml, int) and isinstance(cfg.pack.seq_len, int) and not 2 <= ml <= cfg.pack.seq_len:
         problems.append(f"filter.max_length: must be between 2 and pack.seq_len ({cfg.pack.seq_len}), got {ml}")
+    from weightprep.weights import is_valid_weight, weight_overflow_note
+
     w = cfg.assemble.eos_weight
-    if isinstance(w, float) and not (math.isfinite(w) and w >= 0):
-        problems.append(f"assemble.eos_weight: must be a finite number >= 0, got {w}")
+    if isinstance(w, float) and not is_valid_weight(w):
+        problems.append(f"assemble.eos_weight: must be a finite number >= 0, got {w}{weight_overflow_note(w)}")
     if isinstance(cfg.read.columns, str):
         from weightprep.errors import UsageError
         from weightprep.stages.columnar import parse_columns

@@ -46,7 +46,7 @@ class InputError(WeightprepError):
         self.problem = problem
         self.reason = reason
         self.offset = offset
-        where = f"{path}: row {line}" if is_columnar(path) else f"{path}:{line}"
+        where = record_position(path, line)
         if offset is not None and is_compressed(path):
             where += f" (decompressed byte {offset})"
         super().__init__(f"{where}: {field}: {problem}")
@@ -75,7 +75,7 @@ class BackendMismatch(UsageError):
 
     def __init__(self, path: str, line: int, field: str, problem: str) -> None:
         self.path, self.line, self.field, self.problem = path, line, field, problem
-        super().__init__(f"{path}:{line}: {field}: {problem}")
+        super().__init__(f"{record_position(path, line)}: {field}: {problem}")
 
 
 class AccountingError(WeightprepError):
@@ -90,6 +90,11 @@ class AccountingError(WeightprepError):
             + "\n".join(f"  - {p}" for p in self.problems)
             + "\nplease report this with the command line and the manifest counts"
         )
+
+
+def record_position(path: str, line: int) -> str:
+    """Where a record is, as every message and the report name it: ``raw.jsonl:17``, ``data.parquet: row 4``."""
+    return f"{path}: row {line}" if is_columnar(path) else f"{path}:{line}"
 
 
 def is_columnar(path: str) -> bool:

@@ -376,7 +376,7 @@ def build(
     from weightprep import __version__
 
     inputs = expand_inputs(inputs)
-    check_inputs(inputs)
+    check_inputs(inputs, parse_columns(cfg.read.columns))
     if cfg.read.columns and (jsonl := [p for p in inputs if not is_columnar(p)]):
         raise UsageError(
             f"--columns renames the columns of Parquet/Arrow inputs; {jsonl[0]} is JSONL: give its records the "

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from weightprep.constants import IGNORE_INDEX, INPUT_IDS, LABELS, WEIGHTS
+from weightprep.errors import record_position
 from weightprep.report.stats import SplitStats, document_turns, row_segments, split_stats
 from weightprep.report.svg import histogram_svg
 from weightprep.report.tokens import token_groups
@@ -151,11 +152,12 @@ def _rejects_list(directory: Path, manifest: dict[str, Any]) -> str:
             total += 1
             if len(rows) < MAX_REJECTS_LISTED:
                 r = json.loads(line)
+                where = r["row"] if "row" in r else r.get("line")  # rows of Parquet/Arrow inputs, lines of JSONL
                 original = str(r.get("original", ""))
                 if len(original) > 200:
                     original = original[:200] + "…"
                 rows.append(
-                    f'<tr class="reject"><td class="k">{escape(str(r.get("source")))}:{r.get("line")}</td>'
+                    f'<tr class="reject"><td class="k">{escape(record_position(str(r.get("source")), where))}</td>'
                     f'<td class="k">{escape(str(r.get("reason")))}</td><td class="k">{escape(str(r.get("field")))}</td>'
                     f'<td class="text">{escape(str(r.get("problem")))}</td><td class="text">{escape(original)}</td></tr>'
                 )

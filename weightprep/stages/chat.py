@@ -52,6 +52,7 @@ from weightprep.batches import Chat, ChatTokens, Records, Reject, turn_code
 from weightprep.errors import ConfigError, UsageError
 from weightprep.stages.spans import TokenSpans
 from weightprep.stages.tokenize import PieceTokenizer
+from weightprep.weights import is_valid_weight, weight_overflow_note
 
 __all__ = ["CHAT_REASONS", "RESERVED_KWARGS", "ChatError", "ChatRenderer", "parse_role_weights", "render_chats"]
 
@@ -94,8 +95,9 @@ def parse_role_weights(spec: str) -> dict[str, float]:
             w = float(value)
         except ValueError:
             w = float("nan")
-        if not sep or not role.strip() or not (w >= 0 and np.isfinite(w)):
-            raise ConfigError([f"chat.role_weights: expected ROLE=WEIGHT[,ROLE=WEIGHT...] with weights >= 0, got {part!r}"])
+        if not sep or not role.strip() or not is_valid_weight(w):
+            raise ConfigError([f"chat.role_weights: expected ROLE=WEIGHT[,ROLE=WEIGHT...] with weights >= 0, got {part!r}"
+                               f"{weight_overflow_note(w)}"])  # fmt: skip
         weights[role.strip()] = w
     return weights
 

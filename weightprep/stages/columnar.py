@@ -8,7 +8,9 @@ pieces[2].weight: ...``. Memory is bounded by the batch: Parquet is read by row 
 
 ``--columns prompt=question,completion=answer`` renames columns before anything else (target=source). A file
 whose columns can hold no accepted shape (``pieces``, ``messages``, ``text``, ``prompt`` + ``completion``) fails
-before any row is read, naming the columns it has.
+before any row is read, naming the columns it has; so does one where two columns would get the same name
+(``--columns text=body`` onto a file that has a ``text`` column too), as a duplicate key does in JSONL: never
+"last one wins". ``weightprep.stages.read.check_inputs`` runs these checks before the build starts.
 """
 
 from __future__ import annotations
@@ -39,6 +41,11 @@ def parse_columns(spec: str | None) -> dict[str, str]:
         target, sep, source = part.partition("=")
         if not sep or not target.strip() or not source.strip():
             raise UsageError(f"--columns: expected TARGET=SOURCE[,TARGET=SOURCE...], got {part!r}")
+        if source.strip() in mapping:  # a column cannot become two fields: the last mapping would win silently
+            raise UsageError(
+                f"--columns: column {source.strip()!r} is mapped twice ({mapping[source.strip()]}={source.strip()}, "
+                f"{part}); map each column once"
+            )
         mapping[source.strip()] = target.strip()
     return mapping
 
@@ -76,18 +83,30 @@ def _schema(path: str) -> Any:
 
 
 def check_schema(path: str, columns: dict[str, str]) -> None:
-    """Refuse, before reading rows, a file none of whose column sets is an accepted shape."""
+    """Refuse, before reading rows, a file none of whose column sets is an accepted shape, or two of whose columns
+    would have the same name once renamed (``--columns text=body`` onto a file with a ``text`` column)."""
     import pyarrow as pa
 
     try:
-        names = [columns.get(n, n) for n in _schema(path).names]
+        sources = _schema(path).names
     except (OSError, pa.ArrowInvalid) as exc:
         raise UsageError(f"{path}: not a readable {Path(path).suffix[1:]} file ({exc})") from exc
+    names = [columns.get(n, n) for n in sources]
+    clash = next((name for name in names if names.count(name) > 1), None)
+    if clash is not None:  # a row would keep one of them as the field and drop the other: never last one wins
+        held = [source for source, name in zip(sources, names, strict=True) if name == clash]
+        renamed = [f"{clash}={s}" for s in held if s != clash]
+        how = f" (renamed by --columns {', '.join(renamed)})" if renamed else ""
+        unmap = f", or take {', '.join(renamed)} out of --columns" if renamed else ""
+        raise UsageError(
+            f"{path}: columns {' and '.join(map(repr, held))} would both be the field {clash!r}{how}; one would "
+            f"silently replace the other. Keep the one to train on: drop the other column from the file{unmap}"
+        )
     if not any(shape <= set(names) for shape in _SHAPES):
         mapped = f" (after --columns: {', '.join(names)})" if columns else ""
         raise UsageError(
             f"{path}: no column holds a record: expected 'pieces', 'messages', 'text' or 'prompt' + 'completion', "
-            f"found {', '.join(_schema(path).names) or 'no columns'}{mapped}; map yours with --columns, e.g. "
+            f"found {', '.join(sources) or 'no columns'}{mapped}; map yours with --columns, e.g. "
             "--columns prompt=question,completion=answer"
         )
 

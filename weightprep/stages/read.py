@@ -29,7 +29,7 @@ from typing import Any, BinaryIO
 
 from weightprep.batches import Block
 from weightprep.errors import InputError, UsageError, is_compressed
-from weightprep.stages.columnar import COLUMNAR_SUFFIXES, columnar_blocks, dataset_dir_files
+from weightprep.stages.columnar import COLUMNAR_SUFFIXES, check_schema, columnar_blocks, dataset_dir_files
 
 __all__ = ["InputFile", "read_blocks", "check_inputs", "expand_inputs", "SUFFIXES", "HEAD_BYTES"]
 
@@ -171,8 +171,9 @@ def expand_inputs(patterns: list[str] | tuple[str, ...]) -> list[str]:
     return paths
 
 
-def check_inputs(paths: list[str]) -> None:
-    """Fail before any work if an input is missing, not a file, or of an unknown kind."""
+def check_inputs(paths: list[str], columns: dict[str, str] | None = None) -> None:
+    """Fail before any work if an input is missing, not a file, of an unknown kind, or a Parquet/Arrow file whose
+    columns (renamed by ``columns``, source -> target) hold no record or clash (``columnar.check_schema``)."""
     if not paths:
         raise UsageError("no input files given; usage: weightprep build FILE.jsonl [FILE.jsonl.gz ...] or a directory")
     for p in paths:
@@ -186,6 +187,8 @@ def check_inputs(paths: list[str]) -> None:
                 f"{p}: expected a .jsonl, .jsonl.gz or .jsonl.zst file (one JSON object per line), a .parquet file "
                 "or a datasets.save_to_disk directory"
             )
+        if p.endswith(COLUMNAR_SUFFIXES):
+            check_schema(p, columns or {})
 
 
 def _open(record: InputFile, raw: BinaryIO) -> BinaryIO:

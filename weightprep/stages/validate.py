@@ -9,13 +9,13 @@ the standard library, and ``check_line`` names each bad line's field and reason,
 the first as an ``InputError``; given a ``rejects`` list, every bad line is appended to it instead.
 
 The two paths accept exactly the same lines (the fuzz tests check it): a line is a JSON object
-with a non-empty ``pieces`` list of ``{"text": string, "weight": finite number >= 0}``; no
-coercion (``"1.0"`` and ``true`` are not weights); texts must be valid Unicode (invalid UTF-8
-bytes or an unpaired ``\\ud800`` escape are rejected); ``pieces``, ``text`` and ``weight`` may
-not appear twice in their object (pyarrow refuses that; other duplicate keys are metadata nobody
-reads and are let pass, as pyarrow does); other keys and invalid bytes inside them are ignored.
-Nesting deeper than Python's ``json`` recursion limit is judged by pyarrow alone (which has no
-such limit), so both paths agree on it too.
+with a non-empty ``pieces`` list of ``{"text": string, "weight": finite number >= 0}`` (finite as
+float32 too, the shards' type: ``weightprep.weights``); no coercion (``"1.0"`` and ``true`` are not
+weights); texts must be valid Unicode (invalid UTF-8 bytes or an unpaired ``\\ud800`` escape are
+rejected); ``pieces``, ``text`` and ``weight`` may not appear twice in their object (pyarrow refuses
+that; other duplicate keys are metadata nobody reads and are let pass, as pyarrow does); other keys
+and invalid bytes inside them are ignored. Nesting deeper than Python's ``json`` recursion limit is
+judged by pyarrow alone (which has no such limit), so both paths agree on it too.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ import pyarrow.json as pa_json
 
 from weightprep.arrow import to_numpy
 from weightprep.batches import Block, Chat, Records, Reject
+from weightprep.weights import is_valid_weight, valid_weights, weight_overflow_note
 
 __all__ = ["validate_record", "validate_messages", "check_line", "parse_block", "Invalid", "PIECES_SCHEMA", "REASONS"]
 
@@ -116,11 +117,12 @@ def _weight_problem(where: str, w: Any) -> Invalid | None:
     if isinstance(w, bool) or not isinstance(w, (int, float)):
         return Invalid(where, f"expected a finite number >= 0, found {_kind(w)}", "wrong_type")
     try:
-        finite = math.isfinite(float(w))
+        value = float(w)
     except OverflowError:  # an integer too large for a float
-        finite = False
-    if not finite or w < 0:
-        return Invalid(where, f"expected a finite number >= 0, found {_kind(w).removeprefix('number ')}", "bad_weight")
+        value = math.inf
+    if not is_valid_weight(value):
+        found = _kind(w).removeprefix("number ") + weight_overflow_note(value)
+        return Invalid(where, f"expected a finite number >= 0, found {found}", "bad_weight")
     return None
 
 
@@ -428,7 +430,7 @@ def _parse_fast(block: Block) -> Records | None:
     if structs.null_count or text.null_count or weight.null_count:
         return None
     weights = to_numpy(weight.cast(pa.float64()))
-    if not (np.isfinite(weights).all() and (weights >= 0).all()):
+    if not valid_weights(weights).all():
         return None
     try:
         texts = text.to_pylist()  # decodes every text: invalid UTF-8 raises here
@@ -449,7 +451,7 @@ def _fast_other_shapes(path: str, lines: np.ndarray, table: pa.Table) -> Records
     for key, default in (("prompt_weight", 0.0), ("completion_weight", 1.0)):
         null = np.asarray(cols[key].is_null())
         w = np.where(null, default, cols[key].to_numpy(zero_copy_only=False).astype(np.float64))
-        if (pc & ~(np.isfinite(w) & (w >= 0))).any():
+        if (pc & ~valid_weights(w)).any():
             return None
         weights_of[key] = w
     try:
@@ -472,11 +474,11 @@ def _fast_other_shapes(path: str, lines: np.ndarray, table: pa.Table) -> Records
             if not row or any(p is None or p["text"] is None or p["weight"] is None for p in row):
                 return None
             for p in row:
-                if not (math.isfinite(p["weight"]) and p["weight"] >= 0):
-                    return None
                 texts.append(p["text"])
                 weights.append(float(p["weight"]))
         offsets.append(len(texts))
+    if not valid_weights(weights).all():  # the pieces' weights (the others are checked above), all at once
+        return None
     return _records(path, lines.tolist(), texts, weights, offsets)
 
 

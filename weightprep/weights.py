@@ -1,0 +1,40 @@
+"""What a weight may be, checked in one place for every way a weight enters a build.
+
+A weight is a number >= 0 that is finite once stored as float32, the dtype of the shards' ``weights`` column.
+Finite as a JSON number or a float64 is not enough: ``1e39`` becomes ``inf`` in the shards, the manifest's
+total weight is ``inf`` and the loss of every row holding that token is ``inf``. The test is the cast itself
+(round to nearest), so a value a hair above float32's largest, which rounds down to it, is accepted.
+Record weights (pieces, ``prompt_weight``/``completion_weight``, message weights, Parquet columns) are checked
+by ``weightprep.stages.validate``; ``assemble.eos_weight`` and ``chat.role_weights`` by the configuration.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+__all__ = ["WEIGHT_DTYPE", "valid_weights", "is_valid_weight", "weight_overflow_note"]
+
+#: dtype of the shards' weights column (``weightprep.stages.write``) and of the trainer's weights tensor.
+WEIGHT_DTYPE = np.float32
+_LARGEST = str(np.finfo(WEIGHT_DTYPE).max)  # "3.4028235e+38", the shortest text that casts to it
+
+
+def valid_weights(values: Any) -> np.ndarray:
+    """Element-wise: >= 0 and finite as float32 (NaN, inf, negatives and float32 overflows are not)."""
+    w = np.asarray(values, dtype=np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):  # an overflow is the answer here, not a warning
+        return np.isfinite(w.astype(WEIGHT_DTYPE)) & (w >= 0)
+
+
+def is_valid_weight(value: float) -> bool:
+    """``valid_weights`` of one number (a float; an int too large for a float is the caller's OverflowError)."""
+    return bool(valid_weights(value))
+
+
+def weight_overflow_note(value: float) -> str:
+    """`` (...)`` saying why a number that looks finite is refused, or ``""`` for any other value."""
+    if np.isfinite(value) and value >= 0 and not is_valid_weight(value):
+        return f" (beyond float32's largest, {_LARGEST}: the shards store weights as float32)"
+    return ""
