@@ -5,6 +5,7 @@ line in the file; killed workers are retried; --resume reuses what a killed driv
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -374,23 +375,25 @@ class _Killed(BaseException):
     """The driver killed mid-build, as the build sees it: no ``except Exception`` runs, only ``finally``."""
 
 
-class _KilledAfter(SerialExecutor):
-    """Runs the splits in this process and is "killed" (``_Killed``) once ``n`` of them have finished."""
+class _KilledAfter(Delaying):
+    """``inner`` (default: this process), "killed" (``_Killed``) once ``n`` splits of the build have finished."""
 
-    def __init__(self, n: int) -> None:
+    def __init__(self, n: int, inner=None, delays=None, pid_dir=None) -> None:
+        super().__init__(inner or SerialExecutor(), delays or {}, pid_dir)
         self.n = n
 
     def map(self, splits, progress=None, **options):
-        for done, result in enumerate(super().map(splits, progress, **options), 1):
-            yield result
-            if done == self.n and not options.get("first_pass"):
-                raise _Killed
+        with contextlib.closing(super().map(splits, progress, **options)) as results:
+            for done, result in enumerate(results, 1):
+                yield result
+                if done == self.n and not options.get("first_pass"):
+                    raise _Killed
 
 
-def _killed_build(inputs: list[str], out: Path, cfg, finished: int = 2) -> None:
+def _killed_build(inputs: list[str], out: Path, cfg, finished: int = 2, executor=None) -> None:
     """A build killed after ``finished`` splits: its temporary directory left as a dead process leaves it."""
     with pytest.raises(_Killed):
-        build(inputs, out, cfg, executor=_KilledAfter(finished))
+        build(inputs, out, cfg, executor=executor or _KilledAfter(finished))
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
     assert sorted(p.name for p in (tmp / "splits").iterdir()) == [f"{i:05d}" for i in range(finished)]
     tmp.rename(out.parent / f".{out.name}.tmp-999999999")
@@ -403,6 +406,27 @@ def test_without_resume_a_killed_build_is_started_over(tmp_path, reference):
     assert executor.reused == []  # the same build, but no --resume: nothing reused
     assert _digests(tmp_path / "out") == reference
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # and its leftovers are gone
+
+
+def test_an_interrupted_build_kills_its_running_splits_and_resumes(tmp_path, reference):
+    """Interrupted while workers run splits 2 and 3 (long delays): it ends at once, those workers are killed,
+    the finished splits stay for --resume, which writes the bytes of an uninterrupted build."""
+    pid_dir = tmp_path / "pids"
+    pid_dir.mkdir()
+    delay = 120.0
+    executor = _KilledAfter(2, LocalExecutor(2), {2: delay, 3: delay}, str(pid_dir))
+    start = time.monotonic()
+    _killed_build([str(SAMPLE_RAW)], tmp_path / "out", _cfg(), executor=executor)  # no partial split left
+    assert time.monotonic() - start < delay / 3
+    running = [int(p.suffix[1:]) for p in [*pid_dir.glob("2.*"), *pid_dir.glob("3.*")]]
+    assert running  # the premise: a split was running (the second worker may not have taken one yet)
+    for pid in running:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    resumed = Delaying(SerialExecutor(), {})
+    build([str(SAMPLE_RAW)], tmp_path / "out", _cfg(), executor=resumed, resume=True)
+    assert resumed.reused == [0, 1]
+    assert _digests(tmp_path / "out") == reference
 
 
 def test_resume_ignores_a_leftover_of_another_plan(tmp_path, reference):
@@ -497,8 +521,10 @@ def test_resume_after_the_chat_template_changed_starts_over(where, tmp_path):
     }
 
 
-def test_one_pool_serves_both_passes_of_a_build(tmp_path, monkeypatch):
-    """--validation-records reads the splits twice (keys, then the build): the worker processes are started once."""
+@pytest.mark.parametrize("kind", ["local", "ray"])
+def test_one_pool_serves_both_passes_of_a_build(kind, tmp_path, monkeypatch, request):
+    """--validation-records reads the splits twice (keys, then the build): the worker processes (Ray actors) are
+    started once."""
     import concurrent.futures
 
     starts = []
@@ -509,12 +535,14 @@ def test_one_pool_serves_both_passes_of_a_build(tmp_path, monkeypatch):
             super().__init__(*args, **kwargs)
 
     monkeypatch.setattr(concurrent.futures, "ProcessPoolExecutor", CountedPool)
+    if kind == "ray":
+        request.getfixturevalue("ray_session")
     pid_dir = tmp_path / "pids"
     pid_dir.mkdir()
-    executor = Delaying(LocalExecutor(2), {}, str(pid_dir))
+    executor = Delaying(LocalExecutor(2) if kind == "local" else RayExecutor(2), {}, str(pid_dir))
     build([str(SAMPLE_RAW)], tmp_path / "out", _cfg(split={"validation_records": 50}), executor=executor)
     assert len(executor.order) == 12  # both passes ran every split
-    assert starts == [1]
+    assert starts == ([1] if kind == "local" else [])
     assert len({p.suffix for p in pid_dir.iterdir()}) == 2  # by the same two processes
 
 
