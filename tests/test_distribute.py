@@ -280,9 +280,12 @@ def test_skipped_lines_of_several_files_are_numbered_in_their_own_file(tmp_path)
         assert Path(r["source"]).read_text().splitlines()[r["line"] - 1] == r["original"]
 
 
-def test_strict_mode_does_not_wait_for_the_later_splits_that_run(tmp_path):
+@pytest.mark.parametrize("kind", ["local", "ray"])
+def test_strict_mode_does_not_wait_for_the_later_splits_that_run(kind, tmp_path, request):
     """A bad line in split 0 while split 1 runs (a long delay): the build fails at once; split 1's worker is
     killed, not left behind, and nothing is left on disk."""
+    if kind == "ray":
+        request.getfixturevalue("ray_session")
     path, _ = _with_bad_lines(tmp_path)
     lines = path.read_bytes().splitlines(keepends=True)
     lines[9] = b'{"pieces": [{"text": "x", "weight": -1}]}\n'  # line 10, in split 0
@@ -292,14 +295,18 @@ def test_strict_mode_does_not_wait_for_the_later_splits_that_run(tmp_path):
     delay = 120.0
     start = time.monotonic()
     with pytest.raises(InputError) as err:
-        build([str(path)], tmp_path / "out", _cfg(), executor=Delaying(LocalExecutor(2), {1: delay}, str(pid_dir)))
+        inner = LocalExecutor(2) if kind == "local" else RayExecutor(2)
+        build([str(path)], tmp_path / "out", _cfg(), executor=Delaying(inner, {1: delay}, str(pid_dir)))
     assert time.monotonic() - start < delay / 3
     assert str(err.value).startswith(f"{path}:10: pieces[0].weight:")
     running = [int(p.suffix[1:]) for p in pid_dir.glob("1.*")]
     assert running  # the premise: split 1 was running
     for pid in running:
-        with pytest.raises(ProcessLookupError):
-            os.kill(pid, 0)  # gone, and reaped
+        if kind == "local":
+            with pytest.raises(ProcessLookupError):
+                os.kill(pid, 0)  # gone, and reaped
+        else:
+            _assert_gone(pid)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.jsonl", "pids"]
 
 
@@ -408,6 +415,21 @@ def test_without_resume_a_killed_build_is_started_over(tmp_path, reference):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # and its leftovers are gone
 
 
+def _assert_gone(pid: int) -> None:
+    """Ray worker ``pid`` has ended (soon: ``ray.kill`` is asynchronous; Ray reaps it, not us)."""
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            os.kill(pid, 0)
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except (ProcessLookupError, FileNotFoundError):
+            return
+        if stat.rsplit(")", 1)[1].split()[0] == "Z":
+            return
+        assert time.monotonic() < deadline, f"process {pid} still runs"
+        time.sleep(0.05)
+
+
 def test_an_interrupted_build_kills_its_running_splits_and_resumes(tmp_path, reference):
     """Interrupted while workers run splits 2 and 3 (long delays): it ends at once, those workers are killed,
     the finished splits stay for --resume, which writes the bytes of an uninterrupted build."""
@@ -422,7 +444,7 @@ def test_an_interrupted_build_kills_its_running_splits_and_resumes(tmp_path, ref
     assert running  # the premise: a split was running (the second worker may not have taken one yet)
     for pid in running:
         with pytest.raises(ProcessLookupError):
-            os.kill(pid, 0)
+            os.kill(pid, 0)  # gone, and reaped
     resumed = Delaying(SerialExecutor(), {})
     build([str(SAMPLE_RAW)], tmp_path / "out", _cfg(), executor=resumed, resume=True)
     assert resumed.reused == [0, 1]
