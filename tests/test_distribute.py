@@ -1,7 +1,8 @@
 """The build on several workers: the split plan, executors (serial, local processes, Ray actors), the merge.
 
-Every executor and worker count must write the same bytes; bad lines in several splits are reported by their
-line in the file; killed workers are retried; --resume reuses what a killed driver finished."""
+Every executor and worker count must write the same bytes; bad lines in several splits and files are reported by
+their line in their file, the earliest in input order, without waiting for later splits; killed workers are
+retried; --resume reuses what a killed driver finished, and only when nothing that decides the bytes changed."""
 
 from __future__ import annotations
 

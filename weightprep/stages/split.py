@@ -8,9 +8,9 @@ unsigned integer (a conversation: of its canonical JSON). A record goes to ``val
   independently of the others;
 - ``--validation-records N``: the cut is just above the N-th smallest key of the input, found by a first pass
   over the records (read and validated, not tokenized; conversations are not rendered, their key needs none, so
-  one that the chat stage rejects later still holds its key's place). Identical records share a key and so a
-  split; if copies of one record straddle the N-th key they all go to ``validation`` (N is then exceeded by those
-  copies).
+  with ``--skip-invalid`` one that the chat stage then rejects keeps its place among the N smallest keys, and
+  ``validation`` holds one record fewer). Identical records share a key and so a split; if copies of one record straddle the N-th key
+  they all go to ``validation`` (N is then exceeded by those copies).
 
 Nothing about the cut depends on block size, thread count or executor, and identical records (duplicates) are
 never in both splits.
