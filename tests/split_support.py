@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from pathlib import Path
@@ -32,7 +33,8 @@ class DelayedJob:
 
 
 class Delaying(Executor):
-    """``inner`` with every split delayed (``DelayedJob``); ``order`` records the order splits finished in."""
+    """``inner`` with every split delayed (``DelayedJob``); ``order`` records the order splits finished in (every
+    pass), ``reused`` the splits an earlier build had finished."""
 
     def __init__(self, inner: Executor, delays: dict[int, float], pid_dir: str | None = None) -> None:
         self.inner, self.delays, self.pid_dir = inner, delays, pid_dir
@@ -42,9 +44,17 @@ class Delaying(Executor):
     def in_process(self, n_splits: int) -> bool:
         return self.inner.in_process(n_splits)
 
-    def map(self, job: Any, splits: Any, progress: Any = None) -> Any:
-        for result in self.inner.map(DelayedJob(job, self.delays, self.pid_dir), splits, progress):
-            self.order.append(result["index"])
-            if result.get("reused"):
-                self.reused.append(result["index"])
-            yield result
+    def start(self, job: Any, n_splits: int) -> Delaying:
+        self.inner.start(DelayedJob(job, self.delays, self.pid_dir), n_splits)
+        return self
+
+    def map(self, splits: Any, progress: Any = None, **options: Any) -> Any:
+        with contextlib.closing(self.inner.map(splits, progress, **options)) as results:
+            for result in results:
+                self.order.append(result["index"])
+                if result.get("reused"):
+                    self.reused.append(result["index"])
+                yield result
+
+    def close(self) -> None:
+        self.inner.close()

@@ -1,10 +1,12 @@
 """The build on several workers: the split plan, executors (serial, local processes, Ray actors), the merge.
 
-Every executor and worker count must write the same bytes; bad lines in several splits are reported by their
-line in the file; killed workers are retried; --resume reuses what a killed driver finished."""
+Every executor and worker count must write the same bytes; bad lines in several splits and files are reported by
+their line in their file, the earliest in input order, without waiting for later splits; killed workers are
+retried; --resume reuses what a killed driver finished, and only when nothing that decides the bytes changed."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -200,6 +202,115 @@ def test_skipped_lines_of_every_split_are_numbered_in_their_file(kind, tmp_path,
     assert many["counts"]["records"] == one["counts"]["records"]
 
 
+def test_a_later_split_whose_bad_line_is_found_first_does_not_win(tmp_path):
+    """Split 0 holds a bad line but is held back: split 2's bad line is found first; the error is split 0's."""
+    lines = SAMPLE_RAW.read_bytes().splitlines(keepends=True)
+    path = tmp_path / "bad.jsonl"
+    path.write_bytes(b"".join(lines))
+    plan = plan_splits([str(path)], SPLIT)
+    first_lines = _first_lines(path, plan)
+    bad = [first_lines[0] + 3, first_lines[2] + 3]  # in splits 0 and 2
+    for n in bad:
+        lines[n - 1] = _bad_line(len(lines[n - 1]))
+    path.write_bytes(b"".join(lines))
+    assert plan_splits([str(path)], SPLIT) == plan
+    executor = Delaying(LocalExecutor(2), {0: 8.0})
+    with pytest.raises(InputError) as err:
+        build([str(path)], tmp_path / "out", _cfg(), executor=executor)
+    assert 2 in executor.order and executor.order.index(2) < executor.order.index(0)  # split 2 was found first
+    assert str(err.value).startswith(f"{path}:{bad[0]}: pieces[0].weight:")
+
+
+def _bad_line(size: int) -> bytes:
+    """An invalid line (a negative weight) of ``size`` bytes with its newline, so the split cuts stay where they were."""
+    head, tail = b'{"pieces": [{"text": "', b'", "weight": -1}]}\n'
+    return head + b"x" * max(1, size - len(head) - len(tail)) + tail
+
+
+def _first_lines(path: Path, plan) -> list[int]:
+    """The file's line number of each split's first line, counted from the bytes (not by the build)."""
+    data = path.read_bytes()
+    return [data[: s.start].count(b"\n") + 1 for s in plan]
+
+
+def _files_with_bad_lines(tmp_path, bad_at: dict[str, list[tuple[int, int]]]) -> tuple[list[Path], list[tuple[Path, int]]]:
+    """Three inputs of a third of the sample each, every one cut into several splits; line ``k`` of split ``part``
+    of each file named in ``bad_at`` made invalid. The bad lines as (file, line in that file), in input order."""
+    lines = SAMPLE_RAW.read_bytes().splitlines(keepends=True)
+    third = len(lines) // 3
+    paths, bad = [], []
+    for i, name in enumerate(("a", "b", "c")):
+        path = tmp_path / f"{name}.jsonl"
+        path.write_bytes(b"".join(lines[i * third : (i + 1) * third]))
+        plan = plan_splits([str(path)], MULTI_SPLIT)
+        assert len(plan) >= 3
+        own = path.read_bytes().splitlines(keepends=True)
+        for part, k in bad_at.get(name, []):
+            n = _first_lines(path, plan)[part] + k
+            own[n - 1] = _bad_line(len(own[n - 1]))
+            bad.append((path, n))
+        path.write_bytes(b"".join(own))
+        assert plan_splits([str(path)], MULTI_SPLIT) == plan  # the bad lines did not move the cuts
+        paths.append(path)
+    return paths, sorted(bad, key=lambda b: (paths.index(b[0]), b[1]))
+
+
+MULTI_SPLIT = 60_000  # a third of the sample: 4 or 5 splits
+
+
+def test_strict_mode_numbers_a_bad_line_within_its_own_file(tmp_path):
+    """The earliest bad line is in a later split of the second file: its number counts that file's lines only."""
+    paths, bad = _files_with_bad_lines(tmp_path, {"b": [(2, 5), (3, 1)], "c": [(1, 2)]})
+    cfg = _cfg(read={"split_bytes": MULTI_SPLIT, "block_bytes": 32768})
+    with pytest.raises(InputError) as err:
+        build([str(p) for p in paths], tmp_path / "out", cfg, executor=Delaying(LocalExecutor(2), {}))
+    path, line = bad[0]
+    assert (err.value.path, err.value.line, err.value.offset) == (str(path), line, _offset(path, line))
+    assert str(err.value).startswith(f"{path}:{line}: pieces[0].weight:")
+
+
+def test_skipped_lines_of_several_files_are_numbered_in_their_own_file(tmp_path):
+    paths, bad = _files_with_bad_lines(tmp_path, {"a": [(1, 3)], "b": [(0, 4), (2, 5), (3, 1)], "c": [(2, 2)]})
+    cfg = _cfg(read={"split_bytes": MULTI_SPLIT, "block_bytes": 32768}, validate={"on_invalid": "skip"})
+    build([str(p) for p in paths], tmp_path / "out", cfg)
+    rejects = [json.loads(x) for x in (tmp_path / "out" / "rejects.jsonl").read_text().splitlines()]
+    assert [(r["source"], r["line"], r["byte_offset"]) for r in rejects] == [
+        (str(p), n, _offset(p, n)) for p, n in bad
+    ]
+    for r in rejects:  # and that line of that file is the one rejected
+        assert Path(r["source"]).read_text().splitlines()[r["line"] - 1] == r["original"]
+
+
+@pytest.mark.parametrize("kind", ["local", "ray"])
+def test_strict_mode_does_not_wait_for_the_later_splits_that_run(kind, tmp_path, request):
+    """A bad line in split 0 while split 1 runs (a long delay): the build fails at once; split 1's worker is
+    killed, not left behind, and nothing is left on disk."""
+    if kind == "ray":
+        request.getfixturevalue("ray_session")
+    path, _ = _with_bad_lines(tmp_path)
+    lines = path.read_bytes().splitlines(keepends=True)
+    lines[9] = b'{"pieces": [{"text": "x", "weight": -1}]}\n'  # line 10, in split 0
+    path.write_bytes(b"".join(lines))
+    pid_dir = tmp_path / "pids"
+    pid_dir.mkdir()
+    delay = 120.0
+    start = time.monotonic()
+    with pytest.raises(InputError) as err:
+        inner = LocalExecutor(2) if kind == "local" else RayExecutor(2)
+        build([str(path)], tmp_path / "out", _cfg(), executor=Delaying(inner, {1: delay}, str(pid_dir)))
+    assert time.monotonic() - start < delay / 3
+    assert str(err.value).startswith(f"{path}:10: pieces[0].weight:")
+    running = [int(p.suffix[1:]) for p in pid_dir.glob("1.*")]
+    assert running  # the premise: split 1 was running
+    for pid in running:
+        if kind == "local":
+            with pytest.raises(ProcessLookupError):
+                os.kill(pid, 0)  # gone, and reaped
+        else:
+            _assert_gone(pid)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.jsonl", "pids"]
+
+
 # ---- faults -----------------------------------------------------------------------------------------------------
 
 
@@ -268,7 +379,80 @@ def test_resume_after_a_killed_driver_reuses_its_finished_splits(tmp_path, refer
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # the killed build's directory was adopted
 
 
+class _Killed(BaseException):
+    """The driver killed mid-build, as the build sees it: no ``except Exception`` runs, only ``finally``."""
+
+
+class _KilledAfter(Delaying):
+    """``inner`` (default: this process), "killed" (``_Killed``) once ``n`` splits of the build have finished."""
+
+    def __init__(self, n: int, inner=None, delays=None, pid_dir=None) -> None:
+        super().__init__(inner or SerialExecutor(), delays or {}, pid_dir)
+        self.n = n
+
+    def map(self, splits, progress=None, **options):
+        with contextlib.closing(super().map(splits, progress, **options)) as results:
+            for done, result in enumerate(results, 1):
+                yield result
+                if done == self.n and not options.get("first_pass"):
+                    raise _Killed
+
+
+def _killed_build(inputs: list[str], out: Path, cfg, finished: int = 2, executor=None) -> None:
+    """A build killed after ``finished`` splits: its temporary directory left as a dead process leaves it."""
+    with pytest.raises(_Killed):
+        build(inputs, out, cfg, executor=executor or _KilledAfter(finished))
+    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+    assert sorted(p.name for p in (tmp / "splits").iterdir()) == [f"{i:05d}" for i in range(finished)]
+    tmp.rename(out.parent / f".{out.name}.tmp-999999999")
+
+
 def test_without_resume_a_killed_build_is_started_over(tmp_path, reference):
+    _killed_build([str(SAMPLE_RAW)], tmp_path / "out", _cfg())
+    executor = Delaying(SerialExecutor(), {})
+    build([str(SAMPLE_RAW)], tmp_path / "out", _cfg(), executor=executor)
+    assert executor.reused == []  # the same build, but no --resume: nothing reused
+    assert _digests(tmp_path / "out") == reference
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # and its leftovers are gone
+
+
+def _assert_gone(pid: int) -> None:
+    """Ray worker ``pid`` has ended (soon: ``ray.kill`` is asynchronous; Ray reaps it, not us)."""
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            os.kill(pid, 0)
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except (ProcessLookupError, FileNotFoundError):
+            return
+        if stat.rsplit(")", 1)[1].split()[0] == "Z":
+            return
+        assert time.monotonic() < deadline, f"process {pid} still runs"
+        time.sleep(0.05)
+
+
+def test_an_interrupted_build_kills_its_running_splits_and_resumes(tmp_path, reference):
+    """Interrupted while workers run splits 2 and 3 (long delays): it ends at once, those workers are killed,
+    the finished splits stay for --resume, which writes the bytes of an uninterrupted build."""
+    pid_dir = tmp_path / "pids"
+    pid_dir.mkdir()
+    delay = 120.0
+    executor = _KilledAfter(2, LocalExecutor(2), {2: delay, 3: delay}, str(pid_dir))
+    start = time.monotonic()
+    _killed_build([str(SAMPLE_RAW)], tmp_path / "out", _cfg(), executor=executor)  # no partial split left
+    assert time.monotonic() - start < delay / 3
+    running = [int(p.suffix[1:]) for p in [*pid_dir.glob("2.*"), *pid_dir.glob("3.*")]]
+    assert running  # the premise: a split was running (the second worker may not have taken one yet)
+    for pid in running:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)  # gone, and reaped
+    resumed = Delaying(SerialExecutor(), {})
+    build([str(SAMPLE_RAW)], tmp_path / "out", _cfg(), executor=resumed, resume=True)
+    assert resumed.reused == [0, 1]
+    assert _digests(tmp_path / "out") == reference
+
+
+def test_resume_ignores_a_leftover_of_another_plan(tmp_path, reference):
     stale = tmp_path / ".out.tmp-999999999" / "splits" / "00000"
     stale.mkdir(parents=True)
     (stale / "result.json").write_text("{}")
@@ -278,6 +462,111 @@ def test_without_resume_a_killed_build_is_started_over(tmp_path, reference):
     assert executor.reused == []  # another plan: nothing reused
     assert _digests(tmp_path / "out") == reference
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # and its leftovers are gone
+
+
+@pytest.mark.parametrize("change", ["nothing", "config", "input"])
+def test_resume_reuses_splits_only_of_the_same_config_and_input(change, tmp_path):
+    raw = tmp_path / "raw.jsonl"
+    raw.write_bytes(SAMPLE_RAW.read_bytes())
+    out = tmp_path / "out"
+    _killed_build([str(raw)], out, _cfg())
+    cfg = _cfg(assemble={"eos_weight": 0.5}) if change == "config" else _cfg()
+    if change == "input":  # another first record: split 0 is not what the killed build read
+        lines = raw.read_bytes().splitlines(keepends=True)
+        raw.write_bytes(b"".join([lines[1], lines[0], *lines[2:]]))
+    executor = Delaying(SerialExecutor(), {})
+    manifest = build([str(raw)], out, cfg, executor=executor, resume=True)
+    assert executor.reused == ([0, 1] if change == "nothing" else [])
+    build([str(raw)], tmp_path / "fresh", cfg)
+    assert _digests(out) == _digests(tmp_path / "fresh")
+    assert manifest["chat_template"] is None  # no conversation: no template used
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fresh", "out", "raw.jsonl"]
+
+
+def _conversations(tmp_path, n: int) -> tuple[Path, list[dict]]:
+    """A chat tokenizer's directory, and ``n`` conversation records."""
+    from chat_support import chat_tokenizer
+
+    tok_dir = tmp_path / "tok"
+    chat_tokenizer("chatml").save_pretrained(str(tok_dir))
+    records = [
+        {"messages": [{"role": "user", "content": f"question {i}"}, {"role": "assistant", "content": f"answer {i}"}]}
+        for i in range(n)
+    ]
+    return tok_dir, records
+
+
+_TEMPLATE = (
+    "{% for m in messages %}{{ '<|im_start|>' + m['role'] + SEP + m['content'] + '<|im_end|>' + '\\n' }}{% endfor %}"
+)
+
+
+@pytest.mark.parametrize("where", ["nothing", "chat_template_file", "tokenizer_config"])
+def test_resume_after_the_chat_template_changed_starts_over(where, tmp_path):
+    """The template's text decides the rows, wherever it is: in --chat-template's file or in the tokenizer's
+    tokenizer_config.json. A resume after it changed reuses nothing."""
+    tok_dir, records = _conversations(tmp_path, 240)
+    (tok_dir / "chat_template.jinja").unlink()
+    template_file = tmp_path / "chat.jinja"
+
+    def use(template: str) -> None:
+        if where == "tokenizer_config":
+            config = json.loads((tok_dir / "tokenizer_config.json").read_text())
+            (tok_dir / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": template}))
+        else:
+            template_file.write_text(template)
+
+    first, second = _TEMPLATE.replace("SEP", "'\\n'"), _TEMPLATE.replace("SEP", "' says:\\n'")
+    raw = tmp_path / "chats.jsonl"
+    raw.write_text("".join(json.dumps(r) + "\n" for r in records))
+    use(first)
+    cfg = config_from_dict({
+        "tokenizer": {"name": str(tok_dir)}, "pack": {"seq_len": 128}, "read": {"split_bytes": 6000},
+        "chat": {"template": None if where == "tokenizer_config" else str(template_file)},
+    })  # fmt: skip
+    assert len(plan_splits([str(raw)], 6000)) >= 4
+    build([str(raw)], tmp_path / "first", cfg)
+    out = tmp_path / "out"
+    _killed_build([str(raw)], out, cfg)
+    if where != "nothing":
+        use(second)
+    executor = Delaying(SerialExecutor(), {})
+    manifest = build([str(raw)], out, cfg, executor=executor, resume=True)
+    assert executor.reused == ([0, 1] if where == "nothing" else [])
+    build([str(raw)], tmp_path / "fresh", cfg)
+    assert _digests(out) == _digests(tmp_path / "fresh")
+    if where != "nothing":  # the premise: the two templates write other rows
+        shards = [{k: v for k, v in _digests(d).items() if k.endswith(".arrow")} for d in (out, tmp_path / "first")]
+        assert shards[0] != shards[1]
+    used = first if where == "nothing" else second
+    assert manifest["chat_template"] == {
+        "path": cfg.chat.template, "sha256": hashlib.sha256(used.encode()).hexdigest()
+    }
+
+
+@pytest.mark.parametrize("kind", ["local", "ray"])
+def test_one_pool_serves_both_passes_of_a_build(kind, tmp_path, monkeypatch, request):
+    """--validation-records reads the splits twice (keys, then the build): the worker processes (Ray actors) are
+    started once."""
+    import concurrent.futures
+
+    starts = []
+
+    class CountedPool(concurrent.futures.ProcessPoolExecutor):
+        def __init__(self, *args, **kwargs):
+            starts.append(1)
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(concurrent.futures, "ProcessPoolExecutor", CountedPool)
+    if kind == "ray":
+        request.getfixturevalue("ray_session")
+    pid_dir = tmp_path / "pids"
+    pid_dir.mkdir()
+    executor = Delaying(LocalExecutor(2) if kind == "local" else RayExecutor(2), {}, str(pid_dir))
+    build([str(SAMPLE_RAW)], tmp_path / "out", _cfg(split={"validation_records": 50}), executor=executor)
+    assert len(executor.order) == 12  # both passes ran every split
+    assert starts == ([1] if kind == "local" else [])
+    assert len({p.suffix for p in pid_dir.iterdir()}) == 2  # by the same two processes
 
 
 def test_validation_records_cut_is_merged_from_every_split(tmp_path):
@@ -290,6 +579,37 @@ def test_validation_records_cut_is_merged_from_every_split(tmp_path):
     for name in ("train", "validation"):
         assert serial["splits"][name]["counts"]["records"] == one["splits"][name]["counts"]["records"]
     assert one["splits"]["validation"]["counts"]["records"] >= 50
+
+
+def test_the_first_pass_of_validation_records_renders_no_conversation(tmp_path, monkeypatch):
+    import weightprep.pipeline as pipeline
+
+    tok_dir, records = _conversations(tmp_path, 40)
+    raw = tmp_path / "chats.jsonl"
+    raw.write_text("".join(json.dumps(r) + "\n" for r in records))
+    rendered = []
+    real = pipeline.render_chats
+    monkeypatch.setattr(pipeline, "render_chats", lambda r, *a: rendered.append(len(r)) or real(r, *a))
+    cfg = config_from_dict({"tokenizer": {"name": str(tok_dir)}, "pack": {"seq_len": 64}, "split": {"validation_records": 5}})
+    manifest = build([str(raw)], tmp_path / "out", cfg)
+    assert sum(rendered) == 40  # each conversation once: by the build, not by the pass that finds the cut
+    assert manifest["splits"]["validation"]["counts"]["records"] == 5
+
+
+def test_validation_records_reports_a_refused_conversation_before_a_later_bad_line(tmp_path):
+    """The key pass renders nothing, so it meets the bad weight of line 9 first; the conversation the template
+    refuses on line 3 is the earliest bad line, and is the one reported."""
+    tok_dir, records = _conversations(tmp_path, 10)
+    records[2]["messages"][0]["content"] = "<|im_start|>x"  # a control token in content
+    lines = [json.dumps(r) for r in records]
+    lines[8] = '{"pieces": [{"text": "x", "weight": -1}]}'
+    raw = tmp_path / "chats.jsonl"
+    raw.write_text("".join(x + "\n" for x in lines))
+    cfg = config_from_dict({"tokenizer": {"name": str(tok_dir)}, "pack": {"seq_len": 64}, "split": {"validation_records": 2}})
+    with pytest.raises(InputError) as err:
+        build([str(raw)], tmp_path / "out", cfg)
+    assert (err.value.line, err.value.field) == (3, "messages[0].content")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["chats.jsonl", "tok"]
 
 
 @pytest.mark.parametrize("executor", [SerialExecutor(), LocalExecutor(2)], ids=["serial", "local-2"])

@@ -69,6 +69,15 @@ class Chat(NamedTuple):
     raw: bytes
     offset: int = 0
 
+    @property
+    def canonical(self) -> str:
+        """The record as canonical JSON (sorted keys, no spaces): what the validation split hashes, known before the
+        chat stage renders it (so the first pass of ``--validation-records`` renders nothing)."""
+        return json.dumps(
+            {"messages": self.messages, "tools": self.tools, "chat_template_kwargs": self.template_kwargs},
+            sort_keys=True, ensure_ascii=False, separators=(",", ":"),
+        )  # fmt: skip
+
 
 #: A token's turn code packs its message's role (``roles[code >> 16 - 1]``) and index (``code & 0xFFFF - 1``).
 _ROLE_SHIFT = 16
@@ -99,12 +108,8 @@ class ChatTokens(NamedTuple):
 
     @property
     def canonical(self) -> str:
-        """The record as canonical JSON (sorted keys, no spaces): what the validation split hashes."""
-        chat = self.source
-        return json.dumps(
-            {"messages": chat.messages, "tools": chat.tools, "chat_template_kwargs": chat.template_kwargs},
-            sort_keys=True, ensure_ascii=False, separators=(",", ":"),
-        )  # fmt: skip
+        """The canonical JSON of the record it came from (``Chat.canonical``)."""
+        return self.source.canonical
 
 
 @dataclass(frozen=True)

@@ -149,6 +149,13 @@ class _Chats:
         #: the conversations' role names, by turn code (``batches.turn_code``), for the writer's turns file
         self.roles: list[str] = []
 
+    @property
+    def template_sha256(self) -> str | None:
+        """SHA-256 of the template text the conversations were rendered with (None: no conversation yet)."""
+        if self._renderer is None:
+            return None
+        return hashlib.sha256(self._renderer.template.encode("utf-8", "surrogatepass")).hexdigest()
+
     def __call__(self, records: Records, rejects: list[Reject]) -> Records:
         if records.chats is None:
             return records
@@ -165,16 +172,19 @@ class _Chats:
 
 
 def _parsed_blocks(
-    split: InputSplit, record: InputFile, cfg: BuildConfig, chats: _Chats
+    split: InputSplit, record: InputFile, cfg: BuildConfig, chats: _Chats | None
 ) -> Iterator[tuple[Records, list[Reject], int]]:
-    """Validated records (conversations rendered) and, when skipping, rejects of every block of ``split``, with the
-    input bytes consumed so far. In strict mode the first bad line of the block, in input order, is raised."""
+    """Validated records (conversations rendered by ``chats``; None: left as they are) and, when skipping, rejects
+    of every block of ``split``, with the input bytes consumed so far. In strict mode the first bad line of the
+    block, in input order, is raised."""
     skip = cfg.validate.on_invalid == "skip"
     columns = parse_columns(cfg.read.columns)
     window = {} if split.whole else {"start": split.start, "end": split.end}
     for block in read_blocks(record, cfg.read.block_bytes, cfg.read.max_line_bytes, columns, **window):
         rejects: list[Reject] = []
-        records = chats(parse_block(block, rejects), rejects)
+        records = parse_block(block, rejects)
+        if chats is not None:
+            records = chats(records, rejects)
         if rejects:
             rejects.sort(key=lambda r: r.line)
             if not skip:
@@ -213,7 +223,8 @@ class SplitJob:
     tokenizer once, at its first split). ``job(split)`` returns the split's result (``weightprep.distribute.merge``):
     its counts, rejects, shards and input statistics, written under ``work_dir/NNNNN/`` and renamed there whole,
     so a retried or resumed split is either there complete or not at all. With ``first_pass`` it only returns the
-    split's record count and smallest split keys (``--validation-records``).
+    split's record count and smallest split keys (``--validation-records``): the keys need no tokenizer and no
+    conversation rendered, so none is (``render`` renders them anyway, to find a conversation the template refuses).
 
     A bad line in strict mode is returned as the result's ``error`` (lines counted within the split), not raised:
     the driver reports the earliest one in input order."""
@@ -222,10 +233,10 @@ class SplitJob:
 
     def __init__(
         self, cfg: BuildConfig, tokenizer: Any, work_dir: Path, cut: int | None = None, *, first_pass: bool = False,
-        threads: int | None = None,
+        render: bool = False, threads: int | None = None,
     ) -> None:
         self.cfg, self.tokenizer, self.work_dir, self.cut, self.first_pass = cfg, tokenizer, work_dir, cut, first_pass
-        self.threads = threads
+        self.render, self.threads = render, threads
         self.tokenizer_key = uuid.uuid4().hex  # its variants (with_options) share the worker state
         #: the driver's working directory: relative input paths are relative to it on every worker too
         self.cwd = os.getcwd()
@@ -255,7 +266,8 @@ class SplitJob:
         if (final / self.RESULT).is_file():  # finished by an earlier attempt or build (--resume)
             return {**json.loads((final / self.RESULT).read_text()), "reused": True}
         tmp = self.work_dir / f"{split.index:05d}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        tmp.mkdir(parents=True)
+        # not parents=True: a worker still running after its build removed its directory must not create it again
+        tmp.mkdir()
         try:
             result = self._run(split, tmp, progress)
         except BaseException:
@@ -271,11 +283,18 @@ class SplitJob:
             shutil.rmtree(tmp, ignore_errors=True)
         return result
 
+    def discard_unfinished(self) -> None:
+        """Remove what splits that did not finish left in ``work_dir`` (their workers were killed); the finished
+        ones stay, for ``--resume``."""
+        for partial in self.work_dir.glob("*.tmp-*"):
+            shutil.rmtree(partial, ignore_errors=True)
+
     def _keys(self, split: InputSplit) -> dict[str, Any]:
-        state, split_cfg = self.worker(), self.cfg.split
+        split_cfg = self.cfg.split
+        chats = self.worker().chats if self.render else None
         record = InputFile(split.path)
         try:
-            blocks = (records for records, _, _ in _parsed_blocks(split, record, self.cfg, state.chats))
+            blocks = (records for records, _, _ in _parsed_blocks(split, record, self.cfg, chats))
             total, keys = smallest_keys(blocks, split_cfg.validation_records or 0, split_cfg.seed)
         except (InputError, BackendMismatch) as exc:
             return {"index": split.index, "error": _located_error(exc)}
@@ -346,6 +365,7 @@ class SplitJob:
             "input": {"bytes": record.size, "lines": record.lines, "sha256": record.sha256},
             "written": written,
             "backend": state.tokenize.backend,
+            "chat_template": state.chats.template_sha256,
             "notes": list(dict.fromkeys(state.notes)),
         }
 
@@ -400,15 +420,16 @@ def build(
         prefetch = None
     summary = tokenizer_summary(tok)
     specials = special_tokens(tok, add_bos=_ADD_BOS[cfg.tokenizer.add_bos])
-    output = Output(out_path, resume_key(cfg, inputs, summary, __version__), resume=resume)
+    output = Output(out_path, resume_key(cfg, inputs, tok, summary, __version__), resume=resume)
     job = SplitJob(cfg, tokenizer, output.tmp.absolute() / "splits")  # workers load it themselves if None
+    job.work_dir.mkdir(exist_ok=True)  # here, once: a split makes only its own directory in it
     local: _Worker | None = None
     if in_process:  # this process is the worker: it keeps the tokenizer it loaded (and the early fastokens load)
         local = _WORKERS[job.tokenizer_key] = _Worker(tok, cfg, prefetch)
     try:
-        cut = _validation_cut(cfg, splits, job, executor)
-        job = job.with_options(cut=cut)
-        results = run_splits(executor, job, splits, progress)
+        with executor.start(job, len(splits)):  # one pool (or Ray cluster) for both passes
+            cut = _validation_cut(cfg, splits, executor)
+            results = run_splits(executor, splits, progress, cut=cut)
         for note in dict.fromkeys(n for r in results for n in r.get("notes", [])):
             if notify is not None:
                 notify(note)
@@ -427,12 +448,18 @@ def build(
         backends = sorted({r["backend"] for r in results})
         if len(backends) > 1:
             raise UsageError(f"the workers tokenized with different backends ({', '.join(backends)}): pass --tokenizer-backend")
+        templates = sorted({r["chat_template"] for r in results if r.get("chat_template")})
+        if len(templates) > 1:  # the resume key covers the template: only a file changed during the build does this
+            raise UsageError("the chat template changed while the build ran (its splits were rendered with different "
+                             "texts): build again")
         manifest = {
             "format": FORMAT_NAME,
             "format_version": FORMAT_VERSION,
             "weightprep_version": __version__,
             "config": config_to_dict(cfg),
             "tokenizer": {**summary, "bos_added": specials.bos is not None, "pad_used": specials.pad, "backend": backends[0]},
+            # the template conversations were rendered with: chat.template's file (path null: the tokenizer's own)
+            "chat_template": {"path": cfg.chat.template, "sha256": templates[0]} if templates else None,
             "inputs": merged.inputs,
             "columns": list(PACKED_COLUMNS if packed else UNPACKED_COLUMNS),
             "rejects_file": REJECTS_NAME if cfg.validate.on_invalid == "skip" else None,
@@ -445,31 +472,63 @@ def build(
     except Exception:
         output.abort()  # a failed build leaves nothing to resume: the input or the setup must change first
         raise
-    finally:  # an interrupted build (Ctrl-C, a kill) leaves its finished splits for --resume
+    except BaseException:  # interrupted (Ctrl-C): its finished splits stay for --resume, the killed ones' parts not
+        job.discard_unfinished()
+        raise
+    finally:
         if local is not None:
             local.close()
             _WORKERS.pop(job.tokenizer_key, None)
 
 
-def _validation_cut(cfg: BuildConfig, splits: list[InputSplit], job: SplitJob, executor: Executor) -> int | None:
+def _validation_cut(cfg: BuildConfig, splits: list[InputSplit], executor: Executor) -> int | None:
     """The key cut of the configured validation split (a first pass over the records for ``validation_records``)."""
     split = cfg.split
     if split.validation_fraction is not None:
         return fraction_cut(split.validation_fraction)
-    if split.validation_records is not None:
-        results = run_splits(executor, job.with_options(first_pass=True), splits, None)
-        return cut_from_keys(
-            sum(r["records"] for r in results), [k for r in results for k in r["keys"]], split.validation_records
-        )
-    return None
+    if split.validation_records is None:
+        return None
+    try:
+        results = run_splits(executor, splits, None, first_pass=True)
+    except InputError:
+        if cfg.validate.on_invalid == "error":
+            # the first pass renders no conversation: one that the template refuses, on an earlier line, is found by
+            # a pass that renders them (it raises the earliest bad line; splits after it are not run to their end)
+            run_splits(executor, splits, None, first_pass=True, render=True)
+        raise
+    return cut_from_keys(
+        sum(r["records"] for r in results), [k for r in results for k in r["keys"]], split.validation_records
+    )
 
 
-def resume_key(cfg: BuildConfig, inputs: list[str], tokenizer: dict[str, Any], version: str) -> str:
-    """What a resumed build must share with the build it resumes: configuration, tokenizer, weightprep's
-    version, and the inputs unchanged (path, size and modification time)."""
+#: The files of a tokenizer directory that decide its ids or its chat template (``resume_key``).
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
+                    "chat_template.json")
+
+
+def _sha256(path: Path) -> str:
+    with path.open("rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def resume_key(cfg: BuildConfig, inputs: list[str], tok: Any, summary: dict[str, Any], version: str) -> str:
+    """What a resumed build must share with the build it resumes, all that decides the bytes of a split: the
+    configuration, the chat template's text (the ``chat.template`` file's, else the tokenizer's own), the tokenizer
+    (its fingerprint, and the bytes of the files of its directory that decide its ids or its template),
+    weightprep's version, and the inputs unchanged (path, size and modification time: they are not read again)."""
     stats = [[os.path.abspath(p), os.stat(p).st_size, os.stat(p).st_mtime_ns] for p in inputs]
+    directory = Path(str(tok.name_or_path))
+    files = {name: _sha256(directory / name) for name in _TOKENIZER_FILES if (directory / name).is_file()}
+    template = _sha256(Path(cfg.chat.template)) if cfg.chat.template else getattr(tok, "chat_template", None)
     text = json.dumps(
-        {"config": config_to_dict(cfg), "tokenizer": tokenizer.get("fingerprint"), "version": version, "inputs": stats},
+        {
+            "config": config_to_dict(cfg),
+            "chat_template": template,
+            "tokenizer": summary.get("fingerprint"),
+            "tokenizer_files": files,
+            "version": version,
+            "inputs": stats,
+        },
         sort_keys=True,
     )
     return hashlib.sha256(text.encode()).hexdigest()

@@ -10,19 +10,25 @@
   local cluster sized to the workers). Each actor loads the tokenizer once; Ray restarts an actor that dies and
   retries its split, up to ``RETRIES`` times.
 
-Executors yield results as splits finish, in any order; ``run_splits`` orders them, and reports the earliest bad
-line in input order whatever finished first. A split's result is written whole or not at all
-(``SplitJob``), so a retried split ends with the same bytes.
+An executor is started once per build, with the build's job (``with executor.start(job, n_splits):``): its pool,
+or its actors and the Ray cluster it started, serve every pass over the splits (``--validation-records`` makes
+two), and ``map(splits, progress, **options)`` runs ``job.with_options(**options)`` on each split. Executors
+yield results as splits finish, in any order; ``run_splits`` orders them, and reports the earliest bad line in
+input order whatever finished first. A map left before its end (that error is known, Ctrl-C, a failure)
+terminates the splits still running: their processes are killed, and replaced if the build maps again. A split's
+result is written whole or not at all (``SplitJob``), so a retried split ends with the same bytes and a killed
+one leaves no result.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from weightprep.distribute.plan import InputSplit
+from weightprep.distribute.plan import InputSplit, line_bases
 from weightprep.errors import BackendMismatch, InputError, UsageError
 
 __all__ = ["Executor", "SerialExecutor", "LocalExecutor", "RayExecutor", "make_executor", "run_splits", "RETRIES"]
@@ -35,21 +41,40 @@ SplitProgress = Callable[[int, int, int], None]
 
 
 class Executor:
-    """Runs ``job(split)`` for every split; ``map`` yields each result as it is done."""
+    """Runs one build's job on its splits: ``start`` once (a context manager: ``close`` at its end), then ``map``
+    for every pass over the splits."""
+
+    job: Any = None
 
     def in_process(self, n_splits: int) -> bool:
         """Whether ``n_splits`` splits run in this process (then the build hands its own tokenizer to the job)."""
         return False
 
-    def map(self, job: Any, splits: list[InputSplit], progress: SplitProgress | None = None) -> Iterator[dict[str, Any]]:
+    def start(self, job: Any, n_splits: int) -> Executor:
+        """Get ready to run ``job`` on up to ``n_splits`` splits (start the pool, the actors); returns ``self``."""
+        self.job = job
+        return self
+
+    def map(self, splits: list[InputSplit], progress: SplitProgress | None = None, **options: Any) -> Iterator[dict[str, Any]]:
+        """``job.with_options(**options)(split)`` for every split, each result yielded as it is done."""
         raise NotImplementedError
+
+    def close(self) -> None:
+        """Stop what ``start`` started."""
+
+    def __enter__(self) -> Executor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 class SerialExecutor(Executor):
     def in_process(self, n_splits: int) -> bool:
         return True
 
-    def map(self, job: Any, splits: list[InputSplit], progress: SplitProgress | None = None) -> Iterator[dict[str, Any]]:
+    def map(self, splits: list[InputSplit], progress: SplitProgress | None = None, **options: Any) -> Iterator[dict[str, Any]]:
+        job = self.job.with_options(**options) if options else self.job
         for split in splits:
             report = None
             if progress is not None:
@@ -63,10 +88,14 @@ def _cpus() -> int:
 
 
 class LocalExecutor(Executor):
-    """A process pool of ``workers`` processes (default: one per core, at most one per split)."""
+    """A process pool of ``workers`` processes (default: one per core, at most one per split), started at the
+    build's first map and kept for its later ones."""
 
     def __init__(self, workers: int | None = None) -> None:
         self.workers = workers
+        self._serial: SerialExecutor | None = None
+        self._pool: Any = None
+        self._processes = 1
 
     def _size(self, n_splits: int) -> int:
         return max(1, min(self.workers or _cpus(), n_splits))
@@ -74,21 +103,51 @@ class LocalExecutor(Executor):
     def in_process(self, n_splits: int) -> bool:
         return self._size(n_splits) == 1
 
-    def map(self, job: Any, splits: list[InputSplit], progress: SplitProgress | None = None) -> Iterator[dict[str, Any]]:
-        if self.in_process(len(splits)):
-            yield from SerialExecutor().map(job, splits, progress)
+    def start(self, job: Any, n_splits: int) -> LocalExecutor:
+        self.close()
+        if self.in_process(n_splits):
+            self._serial = SerialExecutor().start(job, n_splits)
+            return self
+        self._processes = self._size(n_splits)
+        self.job = job.with_options(threads=max(1, _cpus() // self._processes))
+        return self
+
+    def _running_pool(self) -> Any:
+        """The build's pool, started at its first use (and again after a worker died or a map was left)."""
+        if self._pool is None:
+            import multiprocessing
+            from concurrent.futures import ProcessPoolExecutor
+
+            self._pool = ProcessPoolExecutor(
+                self._processes, mp_context=multiprocessing.get_context("spawn"), initializer=_init_local,
+                initargs=(self.job,),
+            )
+        return self._pool
+
+    def _stop(self, *, terminate: bool = False) -> None:
+        """Shut the pool down; with ``terminate``, kill its processes first instead of waiting for their splits."""
+        pool, self._pool = self._pool, None
+        if pool is None:
             return
-        import multiprocessing
-        from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+        if terminate:
+            if hasattr(pool, "terminate_workers"):  # Python 3.14
+                pool.terminate_workers()
+            else:  # a running call cannot be cancelled: its process is killed (the pool is then broken, and joined)
+                for process in list((getattr(pool, "_processes", None) or {}).values()):
+                    process.terminate()
+        pool.shutdown(wait=True, cancel_futures=True)
+
+    def map(self, splits: list[InputSplit], progress: SplitProgress | None = None, **options: Any) -> Iterator[dict[str, Any]]:
+        if self._serial is not None:
+            yield from self._serial.map(splits, progress, **options)
+            return
+        from concurrent.futures import FIRST_COMPLETED, wait
         from concurrent.futures.process import BrokenProcessPool
 
-        size = self._size(len(splits))
-        job = job.with_options(threads=max(1, _cpus() // size))
         todo = {s.index: s for s in splits}
-        for attempt in range(RETRIES + 1):
-            pool = ProcessPoolExecutor(size, mp_context=multiprocessing.get_context("spawn"), initializer=_init_local, initargs=(job,))
-            try:
-                futures = {pool.submit(_run_local, s): s.index for s in todo.values()}
+        try:
+            for attempt in range(RETRIES + 1):
+                futures = {self._running_pool().submit(_run_local, s, options): s.index for s in todo.values()}
                 while futures:
                     done, _ = wait(futures, return_when=FIRST_COMPLETED)
                     for f in done:
@@ -106,8 +165,14 @@ class LocalExecutor(Executor):
                         yield result
                 if not todo:
                     return
-            finally:
-                pool.shutdown(wait=True, cancel_futures=True)
+                self._stop()  # a worker died and broke the pool: the splits it did not finish run on a new one
+        finally:
+            if todo:  # left before its end: the splits still running are not waited for
+                self._stop(terminate=True)
+
+    def close(self) -> None:
+        self._stop()
+        self._serial = None
 
 
 _LOCAL_JOB: Any = None
@@ -118,8 +183,9 @@ def _init_local(job: Any) -> None:
     _LOCAL_JOB = job
 
 
-def _run_local(split: InputSplit) -> dict[str, Any]:
-    return _LOCAL_JOB(split)  # type: ignore[no-any-return]
+def _run_local(split: InputSplit, options: dict[str, Any]) -> dict[str, Any]:
+    job = _LOCAL_JOB.with_options(**options) if options else _LOCAL_JOB
+    return job(split)  # type: ignore[no-any-return]
 
 
 class _SplitActor:
@@ -130,8 +196,9 @@ class _SplitActor:
         if os.path.isdir(job.cwd):  # the driver's relative paths mean the same here (a shared filesystem)
             os.chdir(job.cwd)
 
-    def run(self, split: InputSplit) -> dict[str, Any]:
-        return self.job(split)  # type: ignore[no-any-return]
+    def run(self, split: InputSplit, options: dict[str, Any]) -> dict[str, Any]:
+        job = self.job.with_options(**options) if options else self.job
+        return job(split)  # type: ignore[no-any-return]
 
     def pid(self) -> int:
         return os.getpid()
@@ -145,57 +212,85 @@ class RayExecutor(Executor):
     it is. Workers read inputs and write the output by path: on a cluster, a filesystem every machine mounts at
     the same path."""
 
+    #: How long a map left before its end waits for the actors it killed to be gone.
+    KILL_WAIT_S = 30.0
+
     def __init__(self, workers: int | None = None, address: str | None = None) -> None:
         self.workers = workers
         self.address = address or os.environ.get("RAY_ADDRESS") or None
-        #: the actors of the running map (tests kill one to check the retry)
+        #: the build's actors (tests kill one to check the retry)
         self.actors: list[Any] = []
+        self._ray: Any = None
+        self._owned = False
+        self._actor_class: Any = None
+        self._size = 1
 
-    def map(self, job: Any, splits: list[InputSplit], progress: SplitProgress | None = None) -> Iterator[dict[str, Any]]:
+    def start(self, job: Any, n_splits: int) -> RayExecutor:
+        self.close()
         try:
             import ray
         except ImportError:
             raise UsageError("--executor ray needs Ray: pip install 'weightprep[ray]'") from None
-        owned = not ray.is_initialized()
-        if owned:
+        self._ray, self._owned = ray, not ray.is_initialized()
+        if self._owned:
             init: dict[str, Any] = {"address": self.address} if self.address else {"num_cpus": self.workers or _cpus()}
             ray.init(**init, include_dashboard=False, log_to_driver=False, configure_logging=False)
         try:
-            yield from self._map(ray, job, splits)
-        finally:
-            for actor in self.actors:
-                ray.kill(actor)
-            self.actors = []
-            if owned:
-                ray.shutdown()
+            total = float(ray.cluster_resources().get("CPU", 1))
+            largest = max((float(n["Resources"].get("CPU", 0)) for n in ray.nodes() if n.get("Alive")), default=total)
+            self._size = max(1, min(self.workers or int(total), n_splits))
+            cpus = min(total / self._size, largest)
+            self._actor_class = ray.remote(num_cpus=cpus, max_restarts=RETRIES, max_task_retries=RETRIES)(_SplitActor)
+            self.job = job.with_options(threads=max(1, int(cpus)))
+        except BaseException:
+            self.close()
+            raise
+        return self
 
-    def _map(self, ray: Any, job: Any, splits: list[InputSplit]) -> Iterator[dict[str, Any]]:
-        total = float(ray.cluster_resources().get("CPU", 1))
-        largest = max((float(n["Resources"].get("CPU", 0)) for n in ray.nodes() if n.get("Alive")), default=total)
-        size = max(1, min(self.workers or int(total), len(splits)))
-        cpus = min(total / size, largest)
-        actor_class = ray.remote(num_cpus=cpus, max_restarts=RETRIES, max_task_retries=RETRIES)(_SplitActor)
-        job = job.with_options(threads=max(1, int(cpus)))
-        self.actors = [actor_class.remote(job) for _ in range(size)]
+    def _kill(self, pending: list[Any] | None = None) -> None:
+        """Kill the actors; wait (a while) for the splits they were running, ``pending``, to end with them, so that
+        none of them still writes once the build has moved on (or removed its directory)."""
+        for actor in self.actors:
+            self._ray.kill(actor)
+        self.actors = []
+        if pending:
+            self._ray.wait(list(pending), num_returns=len(pending), timeout=self.KILL_WAIT_S)
+
+    def map(self, splits: list[InputSplit], progress: SplitProgress | None = None, **options: Any) -> Iterator[dict[str, Any]]:
+        ray = self._ray
+        if not self.actors:  # the build's first map (or the first after one was left)
+            self.actors = [self._actor_class.remote(self.job) for _ in range(self._size)]
         idle = list(self.actors)
         queue = list(reversed(splits))
         pending: dict[Any, Any] = {}
-        while queue or pending:
-            while queue and idle:
-                actor = idle.pop()
-                pending[actor.run.remote(queue.pop())] = actor
-            done, _ = ray.wait(list(pending), num_returns=1)
-            for ref in done:
-                idle.append(pending.pop(ref))
-                try:
-                    yield ray.get(ref)
-                except ray.exceptions.RayTaskError as exc:
-                    cause = exc.cause if isinstance(getattr(exc, "cause", None), BaseException) else None
-                    if cause is not None:
-                        raise cause from None
-                    raise
-                except ray.exceptions.RayActorError as exc:
-                    raise UsageError(f"a Ray worker failed (it is restarted {RETRIES} times at most): {exc}") from None
+        try:
+            while queue or pending:
+                while queue and idle:
+                    actor = idle.pop()
+                    pending[actor.run.remote(queue.pop(), options)] = actor
+                done, _ = ray.wait(list(pending), num_returns=1)
+                for ref in done:
+                    idle.append(pending.pop(ref))
+                    try:
+                        yield ray.get(ref)
+                    except ray.exceptions.RayTaskError as exc:
+                        cause = exc.cause if isinstance(getattr(exc, "cause", None), BaseException) else None
+                        if cause is not None:
+                            raise cause from None
+                        raise
+                    except ray.exceptions.RayActorError as exc:
+                        raise UsageError(f"a Ray worker failed (it is restarted {RETRIES} times at most): {exc}") from None
+        finally:
+            if pending:  # left before its end: the splits still running are not waited for
+                self._kill(list(pending))
+
+    def close(self) -> None:
+        if self._ray is None:
+            return
+        self._kill()
+        if self._owned:
+            self._ray.shutdown()
+        self._ray, self._owned = None, False
 
 
 def make_executor(name: str, workers: int | None = None, ray_address: str | None = None) -> Executor:
@@ -211,13 +306,14 @@ def make_executor(name: str, workers: int | None = None, ray_address: str | None
 
 def run_splits(
     executor: Executor,
-    job: Any,
     splits: list[InputSplit],
     progress: Callable[[int, Counter], None] | None,
+    **options: Any,
 ) -> list[dict[str, Any]]:
-    """Every split's result, in split order. A split that met a bad line (strict mode, or, in either mode, input
-    that cannot be read at all) ends the build with the earliest such line in input order, numbered within its file, once every
-    split before it has finished; splits after it are not waited for."""
+    """Every split's result (``job.with_options(**options)`` on the started ``executor``), in split order. A split
+    that met a bad line (strict mode, or, in either mode, input that cannot be read at all) ends the build with the
+    earliest such line in input order, numbered within its file, once every split before it has finished; splits
+    after it are not waited for (the executor terminates those still running)."""
     results: dict[int, dict[str, Any]] = {}
     first_error: int | None = None
     finished_bytes, finished_records = 0, 0
@@ -228,8 +324,7 @@ def run_splits(
         if progress is not None:
             progress(finished_bytes + consumed, Counter(accepted=finished_records + accepted))
 
-    stream = executor.map(job, splits, report_partial if progress is not None else None)
-    try:
+    with contextlib.closing(executor.map(splits, report_partial if progress is not None else None, **options)) as stream:
         for result in stream:
             index = result["index"]
             results[index] = result
@@ -237,18 +332,16 @@ def run_splits(
             if result.get("error") is not None and (first_error is None or index < first_error):
                 first_error = index
             if first_error is not None and all(i in results for i in range(first_error)):
-                break
+                break  # the earliest error is known: leaving the map stops the later splits
             finished_bytes += splits[index].size
             finished_records += sum(c.get("accepted", 0) for c in result.get("counts", {}).values())
             if progress is not None:
                 progress(finished_bytes, Counter(accepted=finished_records))
-    finally:
-        stream.close()
     if first_error is not None:
         e = results[first_error]["error"]
-        split = splits[first_error]
-        base = sum(results[s.index]["input"]["lines"] for s in splits[:first_error] if s.file == split.file)
+        earlier = [results[s.index]["input"]["lines"] for s in splits[:first_error]]
+        line = e["line"] + line_bases(splits[: first_error + 1], [*earlier, 0])[first_error]
         if e["type"] == "backend_mismatch":
-            raise BackendMismatch(e["path"], e["line"] + base, e["field"], e["problem"])
-        raise InputError(e["path"], e["line"] + base, e["field"], e["problem"], reason=e["reason"], offset=e["offset"])
+            raise BackendMismatch(e["path"], line, e["field"], e["problem"])
+        raise InputError(e["path"], line, e["field"], e["problem"], reason=e["reason"], offset=e["offset"])
     return [results[i] for i in range(len(splits))]

@@ -1,8 +1,9 @@
 """The driver's merge: the splits' results, in split order, made into one build.
 
 - Counts are summed in split order (float sums are the same for every executor and worker count).
-- Line numbers of rejects are made global: the split's own number plus the lines of the earlier splits of its
-  file (byte offsets are the file's already); ``rejects.jsonl`` is the splits' rejects in split order.
+- Line numbers of rejects are made the file's: the split's own number plus its line base (``plan.line_bases``, as
+  for the errors ``run_splits`` raises; byte offsets are the file's already); ``rejects.jsonl`` is the splits'
+  rejects in split order.
 - Shards are taken in (split, part) order, so the published ``data-i-of-n`` follow the input; the row numbers
   of ``chat_turns.jsonl`` are shifted by the rows of the earlier splits.
 - Each input's entry sums its splits' bytes and lines; its ``sha256`` is that of the whole file when it is one
@@ -18,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from weightprep.constants import TURNS_NAME
-from weightprep.distribute.plan import InputSplit
+from weightprep.distribute.plan import InputSplit, line_bases
 from weightprep.stages.rejects import REJECTS_NAME
 
 __all__ = ["Merged", "merge_results"]
@@ -56,12 +57,9 @@ def merge_results(
     sets = list(names) if names else [""]
     merged.shards = {name: [] for name in sets}
     merged.counts = {name: Counter() for name in sets}
-    line_base: dict[int, int] = {}  # lines of the earlier splits of the same file
-    lines_so_far: Counter[int] = Counter()
+    line_base = line_bases(splits, [r["input"]["lines"] for r in results])
     files: dict[int, list[tuple[InputSplit, dict[str, Any]]]] = {}
     for split, result in zip(splits, results, strict=True):
-        line_base[split.index] = lines_so_far[split.file]
-        lines_so_far[split.file] += result["input"]["lines"]
         files.setdefault(split.file, []).append((split, result))
     for split_file in files.values():
         first = split_file[0][0]
@@ -81,12 +79,12 @@ def merge_results(
     turns: dict[str, Any] = {}
     row_base = dict.fromkeys(sets, 0)
     try:
-        for split, result in zip(splits, results, strict=True):
+        for i, (split, result) in enumerate(zip(splits, results, strict=True)):
             directory = work_dir / f"{split.index:05d}"
             merged.rejected.update(result["rejected"])
             if rejects is not None and result["rejects_file"]:
                 with (directory / result["rejects_file"]).open(encoding="utf-8", newline="\n") as f:
-                    rejects.writelines(_shift(f, "line", line_base[split.index]))
+                    rejects.writelines(_shift(f, "line", line_base[i]))
             for name in sets:
                 merged.counts[name].update(result["counts"][name])
                 written = result["written"][name]

@@ -10,11 +10,13 @@ from the cut point to the next newline, nothing else, so planning a terabyte cos
 from __future__ import annotations
 
 import os
+from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from weightprep.errors import is_columnar, is_compressed
 
-__all__ = ["InputSplit", "plan_splits"]
+__all__ = ["InputSplit", "plan_splits", "line_bases"]
 
 _SCAN = 1 << 20
 
@@ -78,3 +80,15 @@ def plan_splits(paths: list[str], split_bytes: int) -> list[InputSplit]:
         for part, (start, end) in enumerate(zip(cuts[:-1], cuts[1:], strict=True)):
             splits.append(InputSplit(len(splits), i, path, start, end, part, whole=len(cuts) == 2))
     return splits
+
+
+def line_bases(splits: Sequence[InputSplit], lines: Sequence[int]) -> list[int]:
+    """Each split's line base: the lines of the earlier splits of its own file (``lines[i]``: the lines of
+    ``splits[i]``, a plan's splits in order). A split numbers its lines from 1; its line ``n`` is line
+    ``base + n`` of the file. The one place a split's line numbers are made the file's (errors and rejects alike);
+    the last split's own count is not used."""
+    bases, seen = [], Counter[int]()
+    for split, n in zip(splits, lines, strict=True):
+        bases.append(seen[split.file])
+        seen[split.file] += n
+    return bases

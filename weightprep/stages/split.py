@@ -7,8 +7,10 @@ unsigned integer (a conversation: of its canonical JSON). A record goes to ``val
 - ``--validation-fraction F``: the cut is ``F * 2**64``, so each record lands there with probability F,
   independently of the others;
 - ``--validation-records N``: the cut is just above the N-th smallest key of the input, found by a first pass
-  over the records (read and validated, not tokenized). Identical records share a key and so a split; if
-  copies of one record straddle the N-th key they all go to ``validation`` (N is then exceeded by those copies).
+  over the records (read and validated, not tokenized; conversations are not rendered, their key needs none, so
+  with ``--skip-invalid`` one that the chat stage then rejects keeps its place among the N smallest keys, and
+  ``validation`` holds one record fewer). Identical records share a key and so a split; if copies of one record straddle the N-th key
+  they all go to ``validation`` (N is then exceeded by those copies).
 
 Nothing about the cut depends on block size, thread count or executor, and identical records (duplicates) are
 never in both splits.
@@ -42,7 +44,7 @@ def record_keys(records: Records, seed: int) -> np.ndarray:
     chats = records.chats
     for r in range(len(records)):
         h = hashlib.blake2b(prefix, digest_size=8)
-        if chats is not None and chats[r] is not None:  # a conversation: its canonical JSON (ChatTokens)
+        if chats is not None and chats[r] is not None:  # a conversation, rendered or not: its canonical JSON
             h.update(b"chat\0" + chats[r].canonical.encode("utf-8", "surrogatepass"))  # type: ignore[union-attr]
         for p in range(offsets[r], offsets[r + 1]):
             data = texts[p].encode("utf-8", "surrogatepass")
