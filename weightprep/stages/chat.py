@@ -22,11 +22,16 @@ fail loudly:
    (``stages/spans.py``), or from tokenizers' offsets where the tokens do not spell the text byte for byte. Each
    token takes the weight of its characters. A token across a weight change is ``token_straddle``; offsets that go
    backwards or leave weighted characters uncovered are ``bad_offsets``; two leading BOS are ``double_bos``.
-6. Content holding a control token of the template (``<|im_end|>`` in a user message) is
-   ``control_token_in_content``; a template that raises is ``template_error``; ``chat_template_kwargs`` that set
-   what the renderer sets itself (``add_generation_prompt``, ``messages``, ``tools``, the tokenizer's special
-   tokens, ...: ``RESERVED_KWARGS``) are ``reserved_template_kwarg``, field ``chat_template_kwargs.KEY``: with
-   ``add_generation_prompt`` a trailing generation prompt would enter the document with the last turn's weight.
+6. Control tokens (transformers' ``_get_control_tokens``) come in two kinds (``ChatRenderer.control_tokens``, read
+   from probe renders of the template): the markers the template writes inside a turn (``<tool_call>``,
+   ``<think>``) are tokens in any content, as ``apply_chat_template`` makes them, with their message's weight; a
+   string of the record holding one that opens or closes a turn (``<|im_end|>`` in a user message, BOS/EOS, a role
+   header) is ``control_token_in_content``, or with ``sanitize_control_tokens`` is encoded as text as
+   ``apply_chat_template(..., sanitize_control_tokens=True)`` encodes it. A template that raises is
+   ``template_error``; ``chat_template_kwargs`` that set what the renderer sets itself (``add_generation_prompt``,
+   ``messages``, ``tools``, the tokenizer's special tokens, ...: ``RESERVED_KWARGS``) are
+   ``reserved_template_kwarg``, field ``chat_template_kwargs.KEY``: with ``add_generation_prompt`` a trailing
+   generation prompt would enter the document with the last turn's weight.
    A template that does not parse is a usage error naming its file and line, raised by ``check`` before any record.
 
 Default weights: ``assistant`` 1, every other role 0 (``--role-weights``); a message's ``weight`` overrides them.
@@ -345,6 +350,7 @@ class ChatRenderer:
         special tokens the template never writes), refused in content or, with ``sanitize_control_tokens``, encoded
         as text. A template that renders no probe shape keeps every control token in ``turn``."""
         if self._control_split is None:
+            self._compiled()  # a template that does not parse fails here, as a usage error naming its line
             control = _control_token_list(self.tok, self.template)
             written = _template_literal_text(self.template)
             fixed = {getattr(self.tok, f"{k}_token", None) for k in ("bos", "eos", "pad", "unk")}
@@ -366,7 +372,9 @@ class ChatRenderer:
         found: set[str] = set()
         rendered_any = False
         for shape in _PROBE_SHAPES:
-            messages = [{"role": r, "content": f"\ue000weightprep-control-probe-{k}\ue000"} for k, r in enumerate(shape)]
+            messages = [
+                {"role": r, "content": f"\ue000weightprep-control-probe-{k}\ue000"} for k, r in enumerate(shape)
+            ]
             prepared = self._compiled().prepare(messages, None, dict(self.tok.special_tokens_map))
             try:
                 text = self.render(prepared, len(messages))[0]
@@ -375,7 +383,9 @@ class ChatRenderer:
                     prefixes.insert(0, self.render(prepared, 0)[0])
                 except ChatError:  # templates that refuse an empty conversation: the preamble is the first turn's
                     prefixes.insert(0, "")
-                prompts = {k: self.render(prepared, k, generation=True)[0] for k, r in enumerate(shape) if r == "assistant"}
+                prompts = {
+                    k: self.render(prepared, k, generation=True)[0] for k, r in enumerate(shape) if r == "assistant"
+                }
             except ChatError:
                 continue
             prefixes.append(text)
@@ -416,7 +426,8 @@ class ChatRenderer:
         if self.sanitize:
             from transformers.utils.chat_template_utils import mark_control_tokens
 
-            messages, tools, kwargs = (mark_control_tokens(v, self._control_tokens()) for v in (messages, tools, kwargs))
+            control = self._control_tokens()
+            messages, tools, kwargs = (mark_control_tokens(v, control) for v in (messages, tools, kwargs))
         return self._compiled().prepare(messages, tools, {**self.tok.special_tokens_map, **kwargs})
 
     def render(self, prepared: _Prepared, k: int, *, generation: bool = False) -> tuple[str, list]:
@@ -598,7 +609,8 @@ class ChatRenderer:
         texts = [rendered[c][0] for c in plain]  # type: ignore[index]
         located = where or (lambda c: ("<conversations>", c + 1))
         spans = self._token_spans(texts, lambda d: (*located(plain[d]), "messages"))
-        tokenized.update((c, (*rendered[c], *found)) for c, found in zip(plain, spans, strict=True))  # type: ignore[misc]
+        for c, found in zip(plain, spans, strict=True):
+            tokenized[c] = (*rendered[c], *found)  # type: ignore[misc]
         out: list[ChatTokens | ChatError] = list(rendered)  # type: ignore[arg-type]
         for c in kept:
             *args, exact = tokenized[c]
@@ -623,7 +635,8 @@ class ChatRenderer:
             ids = np.asarray(ctu.encode_marked_chat(self.tok, text), dtype=np.int32)
         except ValueError as exc:  # a control token that the tokenizer makes from plain text too
             token = re.search(r"Can't sanitize '(.*)'", str(exc))
-            field = next((f for f, v in _record_strings(chat, _template_messages(chat)) if token and token[1] in v), "messages")
+            holders = (f for f, v in _record_strings(chat, _template_messages(chat)) if token and token[1] in v)
+            field = next(holders, "messages")
             raise ChatError(
                 field, f"cannot be encoded as plain text ({exc}); remove the control token", "control_token_in_content"
             ) from None
@@ -669,7 +682,9 @@ class ChatRenderer:
             ends += [at + max(e - shift, 0) for _, e in enc.offsets[drop:]]
             at += len(piece)
         if got != ids.tolist():
-            raise ChatError("messages", "tokenizers' pieces do not give apply_chat_template's ids; cannot align weights", "bad_offsets")
+            raise ChatError(
+                "messages", "tokenizers' pieces do not give apply_chat_template's ids; cannot align weights", "bad_offsets"
+            )
         return np.asarray(starts, dtype=np.int64), np.asarray(ends, dtype=np.int64)
 
     def _token_spans(
