@@ -343,12 +343,12 @@ class ChatRenderer:
         write as turn structure in a probe conversation (``_PROBE_SHAPES``, contents that hold no token): not in the
         preamble, not in a system or user turn, not in an assistant turn's role header (the first control tokens of
         the generation prompt, as many as the user's header has) and not after an assistant's content (its end of
-        turn); and none of the tokenizer's BOS,
-        EOS, pad or unknown tokens. Those are the markers the template writes inside a turn (``<tool_call>``,
-        ``<think>``, gpt-oss' ``<|channel|>``), which a message's content may hold as ``apply_chat_template``
-        tokenizes them. ``turn``: every other control token (the turn openers and closers, role headers, BOS/EOS, and
-        special tokens the template never writes), refused in content or, with ``sanitize_control_tokens``, encoded
-        as text. A template that renders no probe shape keeps every control token in ``turn``."""
+        turn); and none of the tokenizer's BOS, EOS, pad or unknown tokens. Those are the markers the template writes
+        inside a turn (``<tool_call>``, ``<think>``, gpt-oss' ``<|channel|>``), which any message's content may hold
+        as ``apply_chat_template`` tokenizes them. ``turn``: every other control token (the turn openers and closers,
+        role headers, BOS/EOS, and special tokens the template never writes), refused in content or, with
+        ``sanitize_control_tokens``, encoded as text. A template that renders no probe shape (one that wants contents
+        as lists of parts) keeps every control token in ``turn``."""
         if self._control_split is None:
             self._compiled()  # a template that does not parse fails here, as a usage error naming its line
             control = _control_token_list(self.tok, self.template)
