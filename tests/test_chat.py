@@ -395,7 +395,9 @@ def test_cli_chat_template_and_role_weights(tmp_path):
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
     manifest = json.loads((tmp_path / "out" / "weightprep_manifest.json").read_text())
-    assert manifest["config"]["chat"] == {"template": str(template), "role_weights": "assistant=3,user=0.5"}
+    assert manifest["config"]["chat"] == {
+        "template": str(template), "role_weights": "assistant=3,user=0.5", "sanitize_control_tokens": False,
+    }  # fmt: skip
     assert manifest["counts"]["total_weight"] > 0
     bad = CliRunner().invoke(main, [*args[:-2], "--role-weights", "assistant=-1", "--overwrite"])
     assert bad.exit_code == 2 and "chat.role_weights" in bad.output

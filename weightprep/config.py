@@ -10,7 +10,7 @@ A pipeline file mirrors the dataclasses (``pipelines/packed.yaml``)::
     pack:      {enabled: true, seq_len: 2048, window: 20000}
     write:     {max_shard_bytes: 268435456}
     split:     {validation_fraction: null, validation_records: null, seed: 0}
-    chat:      {template: null, role_weights: "assistant=1"}
+    chat:      {template: null, role_weights: "assistant=1", sanitize_control_tokens: false}
 
 Unknown keys and wrong types are errors; every problem is collected and reported together,
 each naming its dotted path (``pack.seq_len: expected int, got str '2k'``). CLI flags are
@@ -130,6 +130,15 @@ class ChatConfig:
     role_weights: str = field(
         default="assistant=1",
         metadata={"help": "Default weight per role of chat messages (ROLE=W,...); roles not named get 0."},
+    )
+    sanitize_control_tokens: bool = field(
+        default=False,
+        metadata={
+            "help": "Encode the control tokens that open or close a turn (<|im_end|>, <|im_start|>, BOS/EOS, ...) "
+            "found in a conversation's strings as plain text, as apply_chat_template(..., "
+            "sanitize_control_tokens=True) does, instead of rejecting it (control_token_in_content). In-turn "
+            "markers (<tool_call>, <think>) are tokens either way."
+        },
     )
 
 

@@ -165,6 +165,7 @@ class _Chats:
             renderer = ChatRenderer(
                 transformers_tokenizer(self.tokenizer), template, parse_role_weights(self.cfg.chat.role_weights),
                 self.roles, self.tokenize, path,
+                sanitize_control_tokens=self.cfg.chat.sanitize_control_tokens,
             )
             renderer.check()
             self._renderer = renderer

@@ -90,6 +90,12 @@ def format_summary(manifest: dict[str, Any], out: str) -> str:
     help="Default weights of chat messages by role, e.g. assistant=1,tool=0.5 (others 0) [chat.role_weights].",
 )
 @click.option(
+    "--sanitize-control-tokens",
+    is_flag=True,
+    help="Encode turn control tokens found in chat contents (<|im_end|>, ...) as plain text, as apply_chat_template("
+    "sanitize_control_tokens=True) does, instead of rejecting the conversation [chat.sanitize_control_tokens].",
+)
+@click.option(
     "--columns",
     help="Rename columns of Parquet/Arrow inputs, TARGET=SOURCE,...: --columns prompt=question,completion=answer.",
 )
@@ -158,6 +164,7 @@ def build(
         "read.split_bytes": flags["split_bytes"],
         "chat.template": flags["chat_template"],
         "chat.role_weights": flags["role_weights"],
+        "chat.sanitize_control_tokens": True if flags["sanitize_control_tokens"] else None,
     }
     cfg = load_config(pipeline_file, overrides)
     paths = expand_inputs(inputs)

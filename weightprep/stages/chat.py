@@ -22,11 +22,16 @@ fail loudly:
    (``stages/spans.py``), or from tokenizers' offsets where the tokens do not spell the text byte for byte. Each
    token takes the weight of its characters. A token across a weight change is ``token_straddle``; offsets that go
    backwards or leave weighted characters uncovered are ``bad_offsets``; two leading BOS are ``double_bos``.
-6. Content holding a control token of the template (``<|im_end|>`` in a user message) is
-   ``control_token_in_content``; a template that raises is ``template_error``; ``chat_template_kwargs`` that set
-   what the renderer sets itself (``add_generation_prompt``, ``messages``, ``tools``, the tokenizer's special
-   tokens, ...: ``RESERVED_KWARGS``) are ``reserved_template_kwarg``, field ``chat_template_kwargs.KEY``: with
-   ``add_generation_prompt`` a trailing generation prompt would enter the document with the last turn's weight.
+6. Control tokens (transformers' ``_get_control_tokens``) come in two kinds (``ChatRenderer.control_tokens``, read
+   from probe renders of the template): the markers the template writes inside a turn (``<tool_call>``,
+   ``<think>``) are tokens in any content, as ``apply_chat_template`` makes them, with their message's weight; a
+   string of the record holding one that opens or closes a turn (``<|im_end|>`` in a user message, BOS/EOS, a role
+   header) is ``control_token_in_content``, or with ``sanitize_control_tokens`` is encoded as text as
+   ``apply_chat_template(..., sanitize_control_tokens=True)`` encodes it. A template that raises is
+   ``template_error``; ``chat_template_kwargs`` that set what the renderer sets itself (``add_generation_prompt``,
+   ``messages``, ``tools``, the tokenizer's special tokens, ...: ``RESERVED_KWARGS``) are
+   ``reserved_template_kwarg``, field ``chat_template_kwargs.KEY``: with ``add_generation_prompt`` a trailing
+   generation prompt would enter the document with the last turn's weight.
    A template that does not parse is a usage error naming its file and line, raised by ``check`` before any record.
 
 Default weights: ``assistant`` 1, every other role 0 (``--role-weights``); a message's ``weight`` overrides them.
@@ -43,7 +48,7 @@ from __future__ import annotations
 import itertools
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -74,8 +79,18 @@ RESERVED_KWARGS = (
     "messages", "tools", "documents", "add_generation_prompt", "conversations", "chat_template",
     "return_assistant_tokens_mask", "continue_final_message",
 )  # fmt: skip
+#: The marks ``apply_chat_template(..., sanitize_control_tokens=True)`` puts around a control token in the inputs
+#: (transformers' ``_CONTROL_TOKEN_START`` / ``_CONTROL_TOKEN_END``), and so does ``prepare`` with ``sanitize``.
+_MARKS = re.compile("[\U000f0000\U000f0001]")
 _GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%\}")
 _PROBES = ("\ue000weightprep-probe-a\ue000", "\ue001weightprep-probe-b\ue001")
+#: The conversations whose rendering tells a template's turn structure from its in-turn markers
+#: (``ChatRenderer.control_tokens``): two turns then one (templates that rewrite an earlier turn, like Qwen3's or
+#: gpt-oss', render one-turn conversations unchanged), with and without a system message (which some refuse).
+_PROBE_SHAPES = (
+    ("system", "user", "assistant", "user", "assistant"), ("user", "assistant", "user", "assistant"),
+    ("system", "user", "assistant"), ("user", "assistant"),
+)  # fmt: skip
 
 
 class ChatError(Exception):
@@ -111,6 +126,53 @@ def _diverge(a: str, b: str) -> int:
 def _template_messages(chat: Chat) -> list[dict[str, Any]]:
     """The messages as apply_chat_template renders them: keys whose value is None dropped, and our ``weight``."""
     return [{k: v for k, v in m.items() if v is not None and k != "weight"} for m in chat.messages]
+
+
+def _control_token_list(tok: Any, template: str) -> tuple[str, ...]:
+    """transformers' control tokens of ``template`` (what ``apply_chat_template(..., sanitize_control_tokens=True)``
+    encodes as text): the special added tokens, and the added tokens the template's literal text holds (whitespace
+    tokens aside). The same rule where the tokenizer lacks ``_get_control_tokens`` (transformers < 5)."""
+    if hasattr(tok, "_get_control_tokens"):
+        return tuple(dict.fromkeys(tok._get_control_tokens(template)))
+    written = _template_literal_text(template)
+    added = getattr(tok, "added_tokens_decoder", {}).values()
+    return tuple(dict.fromkeys(
+        t.content for t in added if t.special or (t.content in written and not t.content.isspace())
+    ))  # fmt: skip
+
+
+def _template_literal_text(template: str) -> str:
+    """The literal strings of ``template`` (transformers' ``_get_template_literal_text``; its source where that is
+    missing): a token found there is one the template writes."""
+    from transformers.utils import chat_template_utils as ctu
+
+    literal = getattr(ctu, "_get_template_literal_text", None)
+    return literal(template) if literal is not None else template  # type: ignore[no-any-return]
+
+
+def _token_pattern(tokens: tuple[str, ...]) -> re.Pattern[str]:
+    """A regex of ``tokens``, longest first (a token before the tokens it contains); never matches if empty."""
+    return re.compile("|".join(map(re.escape, sorted(set(tokens), key=len, reverse=True))) or "(?!)")
+
+
+def _strings(value: Any, field: str) -> Iterator[tuple[str, str]]:
+    """Every string in ``value`` with its field, as ``mark_control_tokens`` visits them (dict keys are not)."""
+    if isinstance(value, str):
+        yield field, value
+    elif isinstance(value, dict):
+        for key, v in value.items():
+            yield from _strings(v, f"{field}.{key}")
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            yield from _strings(v, f"{field}[{i}]")
+
+
+def _record_strings(chat: Chat, messages: list[dict[str, Any]]) -> Iterator[tuple[str, str]]:
+    """The strings of a conversation that reach its template, with their fields (``messages[2].content``)."""
+    for i, m in enumerate(messages):
+        yield from _strings(m, f"messages[{i}]")
+    yield from _strings(chat.tools, "tools")
+    yield from _strings(chat.template_kwargs, "chat_template_kwargs")
 
 
 def _snippet(text: str, at: int) -> str:
@@ -194,7 +256,9 @@ class ChatRenderer:
     """Renders and aligns conversations for one tokenizer and template text (default: the tokenizer's own).
 
     ``tokenize`` is the build's ``PieceTokenizer`` (fastokens where it runs); without one, tokenizers'. ``source``
-    is the file ``template`` was read from, named in errors."""
+    is the file ``template`` was read from, named in errors. ``sanitize_control_tokens``: a turn's control tokens in
+    the inputs are encoded as text, as ``apply_chat_template(..., sanitize_control_tokens=True)`` does, instead of
+    being refused (``control_token_in_content``)."""
 
     def __init__(
         self,
@@ -204,8 +268,11 @@ class ChatRenderer:
         roles: list[str] | None = None,
         tokenize: PieceTokenizer | None = None,
         source: str | None = None,
+        sanitize_control_tokens: bool = False,
     ) -> None:
         self.tok = tokenizer
+        #: encode the control tokens that content may not hold as text (``control_tokens``), instead of refusing
+        self.sanitize = sanitize_control_tokens
         #: the file of ``template`` (for errors); None: the tokenizer's own template
         self.source = source
         #: role names by code - 1, in order of first appearance (shared with the writer, which names turns)
@@ -216,6 +283,7 @@ class ChatRenderer:
         self.role_weights = {"assistant": 1.0} if role_weights is None else role_weights
         self.tagged = bool(self.template and _GENERATION_TAG.search(self.template))
         self._control: re.Pattern[str] | None = None
+        self._control_split: tuple[tuple[str, ...], tuple[str, ...]] | None = None
         self._tokenize = tokenize
         self._spans: TokenSpans | None = None
         self._template: _Template | None = None
@@ -236,6 +304,16 @@ class ChatRenderer:
         version = tuple(int(p) for p in re.findall(r"\d+", tokenizers.__version__)[:3])
         if version < (0, 20, 1):  # earlier offsets are wrong for Llama-3-style ignore_merges tokenizers
             raise UsageError(f"chat records need tokenizers >= 0.20.1 (correct offsets); found {tokenizers.__version__}")
+        from transformers.utils import chat_template_utils as ctu
+
+        if self.sanitize and not all(hasattr(ctu, f) for f in ("mark_control_tokens", "encode_marked_chat")):
+            import transformers
+
+            raise UsageError(
+                "--sanitize-control-tokens encodes control tokens as apply_chat_template(..., "
+                f"sanitize_control_tokens=True) does, which transformers {transformers.__version__} lacks; upgrade "
+                "transformers or drop the flag"
+            )
         self._compiled()
 
     def _compiled(self) -> _Template:
@@ -259,15 +337,81 @@ class ChatRenderer:
                 ) from None
         return self._template
 
+    def control_tokens(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """The template's control tokens split in two: ``(turn, in_turn)``.
+
+        Control tokens are transformers' (``_get_control_tokens``: the special added tokens, and the added tokens
+        the template's literal text holds). ``in_turn``: those the template's literal text holds that it does not
+        write as turn structure in a probe conversation (``_PROBE_SHAPES``, contents that hold no token): not in the
+        preamble, not in a system or user turn, not in an assistant turn's role header (the first control tokens of
+        the generation prompt, as many as the user's header has) and not after an assistant's content (its end of
+        turn); and none of the tokenizer's BOS, EOS, pad or unknown tokens. Those are the markers the template writes
+        inside a turn (``<tool_call>``, ``<think>``, gpt-oss' ``<|channel|>``), which any message's content may hold
+        as ``apply_chat_template`` tokenizes them. ``turn``: every other control token (the turn openers and closers,
+        role headers, BOS/EOS, and special tokens the template never writes), refused in content or, with
+        ``sanitize_control_tokens``, encoded as text. A template that renders no probe shape (one that wants contents
+        as lists of parts) keeps every control token in ``turn``."""
+        if self._control_split is None:
+            self._compiled()  # a template that does not parse fails here, as a usage error naming its line
+            control = _control_token_list(self.tok, self.template)
+            written = _template_literal_text(self.template)
+            fixed = {getattr(self.tok, f"{k}_token", None) for k in ("bos", "eos", "pad", "unk")}
+            structure = self._turn_structure(control)
+            in_turn = tuple(t for t in control if t in written and t not in fixed and t not in structure)
+            self._control_split = (tuple(t for t in control if t not in in_turn), in_turn)
+        return self._control_split
+
     def _control_tokens(self) -> re.Pattern[str]:
+        """The control tokens that content may not hold (``control_tokens()[0]``), longest first."""
         if self._control is None:
-            if hasattr(self.tok, "_get_control_tokens"):  # what apply_chat_template sanitizes (transformers 5)
-                tokens = tuple(self.tok._get_control_tokens(self.template))
-            else:
-                tokens = tuple(t for t in self.tok.all_special_tokens if t)
-            ordered = sorted(set(tokens), key=len, reverse=True)
-            self._control = re.compile("|".join(map(re.escape, ordered)) or "(?!)")
+            self._control = _token_pattern(self.control_tokens()[0])
         return self._control
+
+    def _turn_structure(self, control: tuple[str, ...]) -> set[str]:
+        """The control tokens the template writes as turn structure in the probe conversations it renders (every
+        control token where it renders none): see ``control_tokens``."""
+        pattern = _token_pattern(control)
+        found: set[str] = set()
+        rendered_any = False
+        for shape in _PROBE_SHAPES:
+            messages = [
+                {"role": r, "content": f"\ue000weightprep-control-probe-{k}\ue000"} for k, r in enumerate(shape)
+            ]
+            prepared = self._compiled().prepare(messages, None, dict(self.tok.special_tokens_map))
+            try:
+                text = self.render(prepared, len(messages))[0]
+                prefixes = [self.render(prepared, k)[0] for k in range(1, len(messages))]
+                try:
+                    prefixes.insert(0, self.render(prepared, 0)[0])
+                except ChatError:  # templates that refuse an empty conversation: the preamble is the first turn's
+                    prefixes.insert(0, "")
+                prompts = {
+                    k: self.render(prepared, k, generation=True)[0] for k, r in enumerate(shape) if r == "assistant"
+                }
+            except ChatError:
+                continue
+            prefixes.append(text)
+            turns = [text[len(prefixes[k]) : len(prefixes[k + 1])] for k in range(len(messages))]
+            ats = [turn.find(m["content"]) for turn, m in zip(turns, messages, strict=True)]
+            if not all(text.startswith(p) for p in prefixes) or min(ats) < 0:
+                continue  # a template that rewrites the probe's turns: its structure is not read from this shape
+            # a role header has as many control tokens for every role (Llama-3's two, Cohere's two, ChatML's one):
+            # the user's tells how much of the generation prompt is the assistant's, the rest (DeepSeek-R1's
+            # prefilled <think>) is in the turn
+            user = max(k for k, r in enumerate(shape) if r == "user")
+            header = max(1, len(pattern.findall(turns[user][: ats[user]])))
+            found.update(pattern.findall(text[: len(prefixes[0])]))
+            for k, m in enumerate(messages):
+                turn, at = turns[k], ats[k]
+                if m["role"] != "assistant":
+                    found.update(pattern.findall(turn))
+                    continue
+                start = len(prefixes[k])
+                prompt = prompts[k][start:] if prompts[k].startswith(prefixes[k]) else turn[:at]
+                found.update((pattern.findall(prompt) or pattern.findall(turn[:at]))[:header])
+                found.update(pattern.findall(turn[at + len(m["content"]) :]))
+            rendered_any = True
+        return found if rendered_any else set(control)
 
     @property
     def tokenize(self) -> PieceTokenizer:
@@ -277,8 +421,16 @@ class ChatRenderer:
 
     def prepare(self, chat: Chat, messages: list[dict[str, Any]]) -> _Prepared:
         """The conversation's inputs to the template: messages, tools, and ``apply_chat_template``'s keyword
-        arguments (the special tokens, then the record's ``chat_template_kwargs``)."""
-        return self._compiled().prepare(messages, chat.tools, {**self.tok.special_tokens_map, **(chat.template_kwargs or {})})
+        arguments (the special tokens, then the record's ``chat_template_kwargs``). With ``sanitize``, the control
+        tokens that content may not hold are marked in the record's strings, as ``apply_chat_template(...,
+        sanitize_control_tokens=True)`` marks them (again: marking drops the marks already there)."""
+        tools, kwargs = chat.tools, chat.template_kwargs or {}
+        if self.sanitize:
+            from transformers.utils.chat_template_utils import mark_control_tokens
+
+            control = self._control_tokens()
+            messages, tools, kwargs = (mark_control_tokens(v, control) for v in (messages, tools, kwargs))
+        return self._compiled().prepare(messages, tools, {**self.tok.special_tokens_map, **kwargs})
 
     def render(self, prepared: _Prepared, k: int, *, generation: bool = False) -> tuple[str, list]:
         """The first ``k`` messages of a prepared conversation rendered (``template_error`` if the template fails)."""
@@ -311,15 +463,8 @@ class ChatRenderer:
         character (``turn_code``: the message whose span holds it; 0 for template text outside every message)."""
         self._check_kwargs(chat)
         messages = _template_messages(chat)
-        control = self._control_tokens()
-        for i, m in enumerate(messages):
-            if isinstance(m.get("content"), str) and (hit := control.search(m["content"])):
-                raise ChatError(
-                    f"messages[{i}].content",
-                    f"holds the template's control token {hit.group()!r} at character {hit.start()}; as text it would "
-                    "end or forge a turn. Remove or escape it",
-                    "control_token_in_content",
-                )
+        if not self.sanitize:
+            self._check_control_tokens(chat, messages)
         prepared = self.prepare(chat, messages)
         text, tagged_spans = self.render(prepared, len(messages))
         weights = np.zeros(len(text), dtype=np.float32)
@@ -389,6 +534,22 @@ class ChatRenderer:
                 weights[max(start, _diverge(*probes)) : end] = w
         return text, weights, self._char_turns(messages, text, prefix)
 
+    def _check_control_tokens(self, chat: Chat, messages: list[dict[str, Any]]) -> None:
+        """A string of the record (what ``apply_chat_template(..., sanitize_control_tokens=True)`` would mark: every
+        string of the messages, tools and ``chat_template_kwargs``) that holds a control token that opens or closes a
+        turn is ``control_token_in_content``; in-turn markers (``control_tokens``) are tokens there, as
+        ``apply_chat_template`` makes them."""
+        control = self._control_tokens()
+        for field, value in _record_strings(chat, messages):
+            if hit := control.search(value):
+                raise ChatError(
+                    field,
+                    f"holds the template's control token {hit.group()!r} at character {hit.start()}; it opens or "
+                    "closes a turn, so as a token it would end or forge one. Remove it, or pass "
+                    "--sanitize-control-tokens to encode it as plain text",
+                    "control_token_in_content",
+                )
+
     def _check_kwargs(self, chat: Chat) -> None:
         """``chat_template_kwargs`` come after the renderer's own arguments (``prepare``): one that names an argument
         the renderer sets would override it (``reserved_template_kwarg``)."""
@@ -438,16 +599,95 @@ class ChatRenderer:
             except ChatError as exc:
                 rendered.append(exc)
         kept = [c for c, r in enumerate(rendered) if not isinstance(r, ChatError)]
-        texts = [rendered[c][0] for c in kept]  # type: ignore[index]
+        tokenized: dict[int, tuple] = {}
+        if self.sanitize:  # a text with marked control tokens is tokenized as apply_chat_template's sanitize does
+            for c in [c for c in kept if _MARKS.search(rendered[c][0])]:  # type: ignore[index]
+                try:
+                    tokenized[c] = self._sanitized(chats[c], *rendered[c])  # type: ignore[misc]
+                except ChatError as exc:
+                    rendered[c] = exc
+            kept = [c for c in kept if not isinstance(rendered[c], ChatError)]
+        plain = [c for c in kept if c not in tokenized]
+        texts = [rendered[c][0] for c in plain]  # type: ignore[index]
         located = where or (lambda c: ("<conversations>", c + 1))
-        spans = self._token_spans(texts, lambda d: (*located(kept[d]), "messages"))
+        spans = self._token_spans(texts, lambda d: (*located(plain[d]), "messages"))
+        for c, found in zip(plain, spans, strict=True):
+            tokenized[c] = (*rendered[c], *found)  # type: ignore[misc]
         out: list[ChatTokens | ChatError] = list(rendered)  # type: ignore[arg-type]
-        for c, (ids, starts, ends, exact) in zip(kept, spans, strict=True):
+        for c in kept:
+            *args, exact = tokenized[c]
             try:
-                out[c] = self.align(chats[c], *rendered[c], ids, starts, ends, exact=exact)  # type: ignore[misc]
+                out[c] = self.align(chats[c], *args, exact=exact)
             except ChatError as exc:
                 out[c] = exc
         return out
+
+    def _sanitized(
+        self, chat: Chat, text: str, char_w: np.ndarray, char_turns: np.ndarray
+    ) -> tuple[str, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, bool]:
+        """A conversation rendered from marked inputs (``prepare``), tokenized as ``apply_chat_template(...,
+        sanitize_control_tokens=True)`` tokenizes it (transformers' ``encode_marked_chat``: a marked token as plain
+        text, the text between marks encoded apart): the text without its marks, their characters' weights and
+        turns, the ids, their characters' (start, end) and whether those came from the ids' bytes."""
+        from transformers.utils import chat_template_utils as ctu
+
+        backend = self.tok.backend_tokenizer
+        split = backend.encode_special_tokens  # left set by its last piece: the build's own encodes read it
+        try:
+            ids = np.asarray(ctu.encode_marked_chat(self.tok, text), dtype=np.int32)
+        except ValueError as exc:  # a control token that the tokenizer makes from plain text too
+            token = re.search(r"Can't sanitize '(.*)'", str(exc))
+            holders = (f for f, v in _record_strings(chat, _template_messages(chat)) if token and token[1] in v)
+            field = next(holders, "messages")
+            raise ChatError(
+                field, f"cannot be encoded as plain text ({exc}); remove the control token", "control_token_in_content"
+            ) from None
+        finally:
+            backend.encode_special_tokens = split
+        keep = np.ones(len(text), dtype=bool)
+        keep[[m.start() for m in _MARKS.finditer(text)]] = False
+        clean = _MARKS.sub("", text)
+        if self._spans is None:
+            self._spans = TokenSpans(self.tokenize.backend_tokenizer)
+        found = self._spans.spans([clean], ids, np.array([0, len(ids)])) if self._spans.supported else [None]
+        if found[0] is not None:
+            return clean, char_w[keep], char_turns[keep], ids, *found[0], True
+        return clean, char_w[keep], char_turns[keep], ids, *self._marked_offsets(text, ids), False
+
+    def _marked_offsets(self, text: str, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """tokenizers' offsets of ``encode_marked_chat(text)``'s tokens in ``text`` without its marks, its pieces
+        encoded as it encodes them (``_encode_chat_piece``: after a newline, dropped again); ids that differ from
+        ``ids`` are ``bad_offsets``."""
+        from transformers.utils import chat_template_utils as ctu
+
+        _, marks = ctu._get_control_token_patterns(tuple(self.tok.added_tokens_encoder))
+        backend = self.tok.backend_tokenizer
+        newline = backend.encode("\n", add_special_tokens=False).ids
+        got: list[int] = []
+        starts: list[int] = []
+        ends: list[int] = []
+        at = 0
+        for i, piece in enumerate(marks.split(text)):
+            if not piece:
+                continue
+            split = backend.encode_special_tokens
+            backend.encode_special_tokens = i % 2 == 1  # odd pieces are marked tokens, encoded as text
+            try:
+                enc, shift = (backend.encode("\n" + piece, add_special_tokens=False), 1) if i else (None, 0)
+                if enc is None or enc.ids[: len(newline)] != newline:
+                    enc, shift = backend.encode(piece, add_special_tokens=False), 0
+                drop = len(newline) if shift else 0
+            finally:
+                backend.encode_special_tokens = split
+            got += enc.ids[drop:]
+            starts += [at + max(s - shift, 0) for s, _ in enc.offsets[drop:]]
+            ends += [at + max(e - shift, 0) for _, e in enc.offsets[drop:]]
+            at += len(piece)
+        if got != ids.tolist():
+            raise ChatError(
+                "messages", "tokenizers' pieces do not give apply_chat_template's ids; cannot align weights", "bad_offsets"
+            )
+        return np.asarray(starts, dtype=np.int64), np.asarray(ends, dtype=np.int64)
 
     def _token_spans(
         self, texts: list[str], where: Callable[[int], tuple[str, int, str]]
@@ -522,7 +762,7 @@ class ChatRenderer:
         messages = _template_messages(chat)
         prepared = self.prepare(chat, messages)
         for i in range(len(messages)):
-            if len(self.render(prepared, i + 1)[0]) > char:
+            if len(_MARKS.sub("", self.render(prepared, i + 1)[0])) > char:  # ``char`` is in the text without marks
                 return f"messages[{i}]"
         return "messages"
 

@@ -1,0 +1,382 @@
+"""Control tokens in chat contents: a turn's own markers (``<tool_call>``, ``<think>``) are tokens there, as
+``apply_chat_template`` makes them, and carry their message's weight; the tokens that open or close a turn are
+refused (``control_token_in_content``) or, with ``--sanitize-control-tokens``, encoded as text exactly as
+``apply_chat_template(..., sanitize_control_tokens=True)`` encodes them.
+
+The tokenizers carry each family's real added tokens, special or not as the model's own tokenizer has them. The
+weight references share nothing with ``weightprep.stages.chat``: test_chat's per-character search, or the ids of
+``apply_chat_template`` itself (a turn's tokens lie between its prompt's ids and its end's)."""
+
+from __future__ import annotations
+
+import functools
+import json
+from unittest import mock
+
+import numpy as np
+import pytest
+from chat_support import FAMILIES, MISTRAL_V1, TEMPLATES, reference_char_weights, reference_token_weights
+from click.testing import CliRunner
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from tokenizer_factory import _byte_level_bpe, _sentencepiece
+
+from weightprep.batches import Chat
+from weightprep.config import config_from_dict
+from weightprep.stages.chat import ChatError, ChatRenderer
+
+ROLE_WEIGHTS = {"assistant": 1.0}
+
+QWEN_SPECIALS = (
+    "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>", "<|box_start|>",
+    "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>", "<|vision_end|>", "<|vision_pad|>",
+    "<|image_pad|>", "<|video_pad|>",
+)  # fmt: skip
+QWEN2_5_PLAIN = ("<tool_call>", "</tool_call>", "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>",
+                 "<|repo_name|>", "<|file_sep|>")  # fmt: skip
+QWEN3_PLAIN = (*QWEN2_5_PLAIN, "<tool_response>", "</tool_response>", "<think>", "</think>")
+R1_TOOLS = ("<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>",
+            "<｜tool▁outputs▁begin｜>", "<｜tool▁outputs▁end｜>", "<｜tool▁output▁begin｜>", "<｜tool▁output▁end｜>",
+            "<｜tool▁sep｜>")  # fmt: skip
+LLAMA3 = ("<|begin_of_text|>", "<|end_of_text|>", "<|reserved_special_token_0|>", "<|finetune_right_pad_id|>",
+          "<|start_header_id|>", "<|end_header_id|>", "<|eom_id|>", "<|eot_id|>", "<|python_tag|>")  # fmt: skip
+
+#: A family's tokenizer: its template, special and plain added tokens (as the model's tokenizer marks them), BOS,
+#: EOS, pad, and the in-turn markers the rule must find (every other control token is turn structure).
+FAMILY = {
+    "qwen2_5": ("qwen2_5", QWEN_SPECIALS, QWEN2_5_PLAIN, None, "<|im_end|>", "<|endoftext|>",
+                {"<tool_call>", "</tool_call>"}),
+    "qwen3": ("qwen3", QWEN_SPECIALS, QWEN3_PLAIN, None, "<|im_end|>", "<|endoftext|>",
+              {"<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>"}),
+    # Qwen3's tokens under Qwen2.5's template: <think> is no control token there (the template never writes it)
+    "qwen3_on_qwen2_5": ("qwen2_5", QWEN_SPECIALS, QWEN3_PLAIN, None, "<|im_end|>", "<|endoftext|>",
+                         {"<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"}),
+    "llama3": ("llama3", LLAMA3, (), "<|begin_of_text|>", "<|eot_id|>", None, set()),
+    "llama3_1": ("llama3_1", LLAMA3, (), "<|begin_of_text|>", "<|eot_id|>", None, {"<|eom_id|>", "<|python_tag|>"}),
+    "gemma": ("gemma", ("<pad>", "<eos>", "<bos>", "<unk>", "<mask>", "<start_of_turn>", "<end_of_turn>"), (), "<bos>",
+              "<eos>", "<pad>", set()),
+    # the generation prompt prefills <think>: in the turn, not its header (<｜Assistant｜>, as long as <｜User｜>)
+    "deepseek_r1_distill": ("deepseek_r1_distill", ("<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜▁pad▁｜>"),
+                            ("<｜User｜>", "<｜Assistant｜>", "<think>", "</think>", *R1_TOOLS), "<｜begin▁of▁sentence｜>",
+                            "<｜end▁of▁sentence｜>", "<｜▁pad▁｜>", {"<think>", "</think>", *R1_TOOLS}),
+    "gptoss": ("gptoss", ("<|startoftext|>", "<|endoftext|>", "<|return|>", "<|constrain|>", "<|channel|>", "<|start|>",
+                          "<|end|>", "<|message|>", "<|call|>"), (), "<|startoftext|>", "<|return|>", "<|endoftext|>",
+               {"<|channel|>", "<|call|>"}),  # <|constrain|>: special, and this template never writes it
+    # a role header of two tokens: <|CHATBOT_TOKEN|> is the assistant's header, not a marker in its turn
+    "cohere": ("cohere", ("<BOS_TOKEN>", "<EOS_TOKEN>", "<PAD>", "<|START_OF_TURN_TOKEN|>", "<|END_OF_TURN_TOKEN|>",
+                          "<|USER_TOKEN|>", "<|CHATBOT_TOKEN|>", "<|SYSTEM_TOKEN|>"), (), "<BOS_TOKEN>", "<EOS_TOKEN>",
+               "<PAD>", set()),
+    # <|END_RESPONSE|> is not EOS, and the template writes it after the answer only: turn structure all the same
+    "cohere2": ("cohere2", ("<BOS_TOKEN>", "<EOS_TOKEN>", "<PAD>", "<|START_OF_TURN_TOKEN|>", "<|END_OF_TURN_TOKEN|>",
+                            "<|USER_TOKEN|>", "<|CHATBOT_TOKEN|>", "<|SYSTEM_TOKEN|>", "<|START_RESPONSE|>",
+                            "<|END_RESPONSE|>", "<|START_THINKING|>", "<|END_THINKING|>"), (), "<BOS_TOKEN>",
+                "<|END_OF_TURN_TOKEN|>", "<PAD>", {"<|START_RESPONSE|>"}),
+    # contents must be lists of parts: no probe renders, so every control token stays refused (<image> too)
+    "smolvlm": ("smolvlm", ("<|im_start|>", "<end_of_utterance>", "<|endoftext|>"), ("<image>",), "<|im_start|>",
+                "<end_of_utterance>", "<|endoftext|>", set()),
+    "mistral_v1": (None, ("<s>", "</s>", "<unk>", "[INST]", "[/INST]"), (), "<s>", "</s>", None, set()),
+}  # fmt: skip
+
+
+@functools.lru_cache
+def family_tokenizer(name: str, model: str = "byte_level") -> object:
+    """Family ``name``'s tokenizer (``FAMILY``) on byte-level BPE or the legacy SentencePiece conversion."""
+    from transformers import PreTrainedTokenizerFast
+
+    template, specials, plain, bos, eos, pad, _ = FAMILY[name]
+    if model == "byte_level":
+        backend = _byte_level_bpe(list(specials), 500)
+    else:
+        backend = _sentencepiece(list(specials), 500, "legacy")
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=backend, bos_token=bos, eos_token=eos, pad_token=pad, model_max_length=8192,
+        clean_up_tokenization_spaces=False,
+    )  # fmt: skip
+    tok.add_special_tokens({"additional_special_tokens": [t for t in specials if t not in (bos, eos, pad)]})
+    tok.add_tokens(list(plain))
+    tok.chat_template = MISTRAL_V1 if template is None else (TEMPLATES / f"{template}.jinja").read_text("utf-8")
+    return tok
+
+
+def _chat(messages, tools=None, kwargs=None) -> Chat:
+    return Chat(messages, tools, kwargs, json.dumps({"messages": messages}).encode())
+
+
+def _plain(messages):
+    return [{k: v for k, v in m.items() if k != "weight"} for m in messages]
+
+
+def _ids(tok, messages, **kw) -> list[int]:
+    return tok.apply_chat_template(_plain(messages), tokenize=True, **kw)["input_ids"]
+
+
+def prefix_reference(tok, messages, **kw) -> np.ndarray | None:
+    """Token weights from ``apply_chat_template``'s ids alone: a weighted assistant turn holds the tokens after the
+    ids of the messages before it with the generation prompt, up to the ids of the messages up to it. None where
+    those ids are not prefixes of the whole (a token joins the prompt and the answer)."""
+    full = _ids(tok, messages, **kw)
+    weights = np.zeros(len(full), dtype=np.float32)
+    for i, m in enumerate(messages):
+        w = m.get("weight", ROLE_WEIGHTS.get(m["role"], 0.0))
+        if w:
+            start, end = _ids(tok, messages[:i], add_generation_prompt=True, **kw), _ids(tok, messages[: i + 1], **kw)
+            if full[: len(start)] != start or full[: len(end)] != end:
+                return None
+            weights[len(start) : len(end)] = w
+    return weights
+
+
+@pytest.mark.parametrize("name", list(FAMILY))
+def test_control_tokens_split_into_turn_structure_and_in_turn_markers_from_the_template(name):
+    """The rule on real templates: transformers' control tokens, those the template writes inside a turn allowed."""
+    tok = family_tokenizer(name)
+    turn, in_turn = ChatRenderer(tok).control_tokens()
+    assert set(in_turn) == FAMILY[name][-1]
+    assert set(turn) | set(in_turn) == set(tok._get_control_tokens(tok.chat_template))
+    assert not set(turn) & set(in_turn)
+    assert {tok.bos_token, tok.eos_token, tok.pad_token} - {None} <= set(turn)
+
+
+_WORDS = ["Hello", "world", " spaced ", "\nnew line", "東京は", "😀🚀", "x", "0.5", "the end.", '{"name": "get_weather"}']
+_TOOL_MARKERS = ["<tool_call>", "</tool_call>", "\n<tool_call>\n", "\n</tool_call>"]
+
+
+def _content(markers: list[str]):
+    """Text with ``markers`` at random places (and, now and then, next to each other or at either end)."""
+    return st.lists(st.sampled_from(_WORDS + markers), min_size=0, max_size=7).map("".join)
+
+
+@st.composite
+def hermes_conversations(draw):
+    """Glaive / Hermes-style tool calling for Qwen2.5: tool-call markup in assistant contents, and in the system
+    prompt and user messages (tool results as Hermes data sends them) too."""
+    messages = []
+    if draw(st.booleans()):
+        system = "Call tools within <tool_call></tool_call> tags:" + draw(_content(_TOOL_MARKERS))
+        messages.append({"role": "system", "content": system})
+    for _ in range(draw(st.integers(1, 3))):
+        messages.append({"role": "user", "content": draw(_content(_TOOL_MARKERS))})
+        answer = {"role": "assistant", "content": draw(_content(_TOOL_MARKERS))}
+        if (w := draw(st.one_of(st.none(), st.sampled_from([0.0, 0.5, 2.5])))) is not None:
+            answer["weight"] = w
+        messages.append(answer)
+    return messages
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(messages=hermes_conversations())
+def test_tool_call_markup_in_contents_is_tokenized_as_the_template_does(messages):
+    """Qwen2.5 Hermes-style data builds: ids equal apply_chat_template (<tool_call> as its added token), weights
+    equal test_chat's per-character reference (the markers carry their message's weight)."""
+    tok = family_tokenizer("qwen2_5")
+    text = tok.apply_chat_template(_plain(messages), tokenize=False)
+    enc = tok.backend_tokenizer.encode(text, add_special_tokens=False)
+    char_w = reference_char_weights(FAMILIES["chatml"], text, messages, ROLE_WEIGHTS)
+    ref_w, straddle = reference_token_weights(enc, char_w)
+    renderer = ChatRenderer(tok, role_weights=ROLE_WEIGHTS)
+    if straddle:  # content starting with a newline right after the header's: one BPE token across the change
+        with pytest.raises(ChatError) as err:
+            renderer.tokens(_chat(messages))
+        assert err.value.reason == "token_straddle"
+        return
+    out = renderer.tokens(_chat(messages))
+    assert out.ids.tolist() == _ids(tok, messages)
+    np.testing.assert_array_equal(out.weights, ref_w)
+
+
+def test_a_worked_hermes_tool_call_puts_its_markers_as_tokens_with_the_answer_weight():
+    tok = family_tokenizer("qwen2_5")
+    call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    messages = [{"role": "user", "content": "Weather in Paris?"}, {"role": "assistant", "content": call, "weight": 2.0}]
+    out = ChatRenderer(tok).tokens(_chat(messages))
+    assert out.ids.tolist() == _ids(tok, messages)
+    marker_ids = [tok.convert_tokens_to_ids(t) for t in ("<tool_call>", "</tool_call>")]
+    for marker in marker_ids:
+        assert out.ids.tolist().count(marker) == 1 and out.weights[out.ids.tolist().index(marker)] == 2.0
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    reasoning=_content(["<tool_call>", "</tool_call>"]).filter(lambda s: "</think>" not in s),
+    answer=_content(["<tool_call>", "</tool_call>"]),
+    weight=st.sampled_from([0.5, 1.0, 3.0]),
+)
+def test_think_markers_in_a_qwen3_answer_are_tokens_with_its_weight(reasoning, answer, weight):
+    """One Qwen3 turn whose content holds its reasoning in <think>...</think>: ids equal apply_chat_template (which
+    re-renders the block), the whole turn after the generation prompt weighted (found by string search)."""
+    tok = family_tokenizer("qwen3")
+    content = f"<think>\n{reasoning}\n</think>\n\n{answer}"
+    messages = [{"role": "user", "content": "Why?"}, {"role": "assistant", "content": content, "weight": weight}]
+    text = tok.apply_chat_template(_plain(messages), tokenize=False)
+    char_w = np.zeros(len(text), dtype=np.float32)
+    char_w[text.rindex("<|im_start|>assistant\n") + len("<|im_start|>assistant\n") :] = weight
+    enc = tok.backend_tokenizer.encode(text, add_special_tokens=False)
+    ref_w, straddle = reference_token_weights(enc, char_w)
+    assert not straddle  # <think> is an added token right after the header
+    out = ChatRenderer(tok).tokens(_chat(messages))
+    assert out.ids.tolist() == _ids(tok, messages)
+    np.testing.assert_array_equal(out.weights, ref_w)
+    assert out.weights[out.ids.tolist().index(tok.convert_tokens_to_ids("<think>"))] == weight
+
+
+def test_tool_results_and_r1_reasoning_markers_are_tokens_in_any_message():
+    """Hermes tool results (a tool message or a user message holding <tool_response>) with Qwen3's tokens, and a
+    DeepSeek-R1 answer holding its reasoning under the TRL training template: ids equal apply_chat_template, weights
+    equal the reference from its ids."""
+    tok = family_tokenizer("qwen3_on_qwen2_5")
+    messages = [
+        {"role": "system", "content": "You may call tools. <tools>[]</tools> Answer in <tool_call></tool_call>."},
+        {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "content": '<tool_call>\n{"name": "w", "arguments": {}}\n</tool_call>'},
+        {"role": "tool", "content": '{"temp": 20}'},
+        {"role": "assistant", "content": "20 degrees."},
+        {"role": "user", "content": '<tool_response>\n{"temp": 21}\n</tool_response>'},
+        {"role": "assistant", "content": "Now 21.", "weight": 0.5},
+    ]
+    out = ChatRenderer(tok).tokens(_chat(messages))
+    assert out.ids.tolist() == _ids(tok, messages)
+    np.testing.assert_array_equal(out.weights, prefix_reference(tok, messages))
+    assert tok.convert_tokens_to_ids("<tool_response>") in out.ids.tolist()
+    r1 = family_tokenizer("deepseek_r1_distill")
+    training = (TEMPLATES / "deepseek_r1_distill_training.jinja").read_text(encoding="utf-8")
+    messages = [{"role": "user", "content": "1+1?"}, {"role": "assistant", "content": "<think>\nadd\n</think>\n\n2"}]
+    out = ChatRenderer(r1, training).tokens(_chat(messages))
+    assert out.ids.tolist() == _ids(r1, messages, chat_template=training)
+    assert out.weights[out.ids.tolist().index(r1.convert_tokens_to_ids("</think>"))] == 1.0
+
+
+_STRUCTURE = ["<|im_end|>", "<|im_start|>", "<|im_start|>assistant\n", "<|endoftext|>", "<|vision_pad|>"]
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    messages=hermes_conversations(),
+    data=st.data(),
+    token=st.sampled_from(_STRUCTURE),
+)
+def test_a_turn_token_anywhere_in_any_message_is_refused(messages, data, token):
+    """<|im_end|> / <|im_start|> (and BOS/EOS/pad, special tokens the template never writes) in a user, system or
+    assistant content: control_token_in_content, naming that message."""
+    i = data.draw(st.integers(0, len(messages) - 1))
+    content = messages[i]["content"]
+    at = data.draw(st.integers(0, len(content)))
+    messages[i]["content"] = content[:at] + token + content[at:]
+    with pytest.raises(ChatError) as err:
+        ChatRenderer(family_tokenizer("qwen2_5")).tokens(_chat(messages))
+    assert (err.value.reason, err.value.field) == ("control_token_in_content", f"messages[{i}].content")
+
+
+def test_turn_tokens_are_refused_in_every_string_that_reaches_the_template():
+    tok = family_tokenizer("qwen2_5")
+    base = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo"}]
+    cases = [
+        (base, [{"type": "function", "function": {"name": "f", "description": "a<|im_end|>"}}], None,
+         "tools[0].function.description"),
+        ([base[0], {**base[1], "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": "<|im_start|>"}}]}],
+         None, None, "messages[1].tool_calls[0].function.arguments"),
+        (base, None, {"note": "<|im_end|>"}, "chat_template_kwargs.note"),
+    ]  # fmt: skip
+    for messages, tools, kwargs, field in cases:
+        with pytest.raises(ChatError) as err:
+            ChatRenderer(tok).tokens(_chat(messages, tools, kwargs))
+        assert (err.value.reason, err.value.field) == ("control_token_in_content", field)
+        assert "--sanitize-control-tokens" in err.value.problem
+
+
+def _with_structure(messages, data):
+    """``messages`` with turn tokens put at random places of random contents."""
+    for m in messages:
+        if data.draw(st.booleans()):
+            at = data.draw(st.integers(0, len(m["content"])))
+            m["content"] = m["content"][:at] + data.draw(st.sampled_from(_STRUCTURE)) + m["content"][at:]
+    return messages
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(messages=hermes_conversations(), data=st.data())
+def test_sanitize_encodes_turn_tokens_as_apply_chat_template_does(messages, data):
+    """With sanitize_control_tokens, turn tokens in contents become text: ids equal apply_chat_template(...,
+    sanitize_control_tokens=True) with the control tokens the turn's (in-turn markers stay tokens, where
+    transformers would encode them as text too); weights equal the reference from those ids."""
+    tok = family_tokenizer("qwen2_5")
+    messages = _with_structure(messages, data)
+    renderer = ChatRenderer(tok, role_weights=ROLE_WEIGHTS, sanitize_control_tokens=True)
+    renderer.check()
+    turn = renderer.control_tokens()[0]
+    with mock.patch.object(type(tok), "_get_control_tokens", lambda self, template: turn):
+        ref = prefix_reference(tok, messages, sanitize_control_tokens=True)
+        expected = _ids(tok, messages, sanitize_control_tokens=True)
+    if ref is None:
+        with pytest.raises(ChatError) as err:
+            renderer.tokens(_chat(messages))
+        assert err.value.reason == "token_straddle"
+        return
+    out = renderer.tokens(_chat(messages))
+    assert out.ids.tolist() == expected
+    np.testing.assert_array_equal(out.weights, ref)
+    if not any(t in m["content"] for m in messages for t in _TOOL_MARKERS):  # transformers' own control tokens
+        assert out.ids.tolist() == _ids(tok, messages, sanitize_control_tokens=True)
+
+
+@pytest.mark.parametrize(("name", "model"), [("qwen2_5", "sentencepiece_legacy"), ("llama3_1", "byte_level"),
+                                             ("gemma", "byte_level"), ("mistral_v1", "sentencepiece_legacy")])
+def test_sanitize_equals_apply_chat_template_on_other_families_and_tokenizers(name, model):
+    """Turn tokens as text where the spans come from tokenizers' offsets of the pieces (the legacy SentencePiece
+    conversion), and on Llama-3.1, Gemma and Mistral's own turn tokens."""
+    tok = family_tokenizer(name, model)
+    turn, _ = ChatRenderer(tok).control_tokens()
+    hostile = "".join(turn)
+    messages = [{"role": "user", "content": f"say {hostile} now"},
+                {"role": "assistant", "content": f"I say{hostile}. Done", "weight": 1.5}]  # fmt: skip
+    renderer = ChatRenderer(tok, sanitize_control_tokens=True)
+    with pytest.raises(ChatError):
+        ChatRenderer(tok).tokens(_chat(messages))
+    out = renderer.tokens(_chat(messages))
+    assert out.ids.tolist() == _ids(tok, messages, sanitize_control_tokens=True)
+    ref = prefix_reference(tok, messages, sanitize_control_tokens=True)
+    assert ref is not None
+    np.testing.assert_array_equal(out.weights, ref)
+    assert out.weights.sum() > 0
+
+
+def test_sanitize_names_a_token_the_tokenizer_cannot_encode_as_text(monkeypatch):
+    from transformers.utils import chat_template_utils as ctu
+
+    def refuse(tokenizer, chat):
+        raise ValueError("Can't sanitize '<|im_end|>': the tokenizer produces it from plain text")
+
+    monkeypatch.setattr(ctu, "encode_marked_chat", refuse)
+    messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "a<|im_end|>b"}]
+    with pytest.raises(ChatError) as err:
+        ChatRenderer(family_tokenizer("qwen2_5"), sanitize_control_tokens=True).tokens(_chat(messages))
+    assert (err.value.reason, err.value.field) == ("control_token_in_content", "messages[1].content")
+
+
+def test_sanitize_needs_a_transformers_that_has_it(monkeypatch):
+    from transformers.utils import chat_template_utils as ctu
+
+    from weightprep.errors import UsageError
+
+    monkeypatch.delattr(ctu, "encode_marked_chat")
+    ChatRenderer(family_tokenizer("qwen2_5")).check()
+    with pytest.raises(UsageError, match="--sanitize-control-tokens"):
+        ChatRenderer(family_tokenizer("qwen2_5"), sanitize_control_tokens=True).check()
+
+
+def test_sanitize_from_the_cli_and_the_config(tmp_path):
+    from weightprep.cli import main
+
+    tok_dir = tmp_path / "tok"
+    family_tokenizer("qwen2_5").save_pretrained(str(tok_dir))
+    inp = tmp_path / "raw.jsonl"
+    messages = [{"role": "user", "content": "end<|im_end|>"}, {"role": "assistant", "content": "<tool_call>\n{}\n</tool_call>"}]
+    inp.write_text(json.dumps({"messages": messages}) + "\n")
+    args = ["build", str(inp), "--tokenizer", str(tok_dir), "--seq-len", "256"]
+    refused = CliRunner().invoke(main, [*args, "--out", str(tmp_path / "a")])
+    assert refused.exit_code == 2 and "raw.jsonl:1: messages[0].content: holds" in refused.output
+    built = CliRunner().invoke(main, [*args, "--out", str(tmp_path / "b"), "--sanitize-control-tokens"])
+    assert built.exit_code == 0, built.output
+    manifest = json.loads((tmp_path / "b" / "weightprep_manifest.json").read_text())
+    assert manifest["config"]["chat"]["sanitize_control_tokens"] is True
+    assert manifest["counts"]["documents"] == 1
+    assert config_from_dict({"chat": {"sanitize_control_tokens": True}}).chat.sanitize_control_tokens is True
