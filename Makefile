@@ -21,7 +21,7 @@ demo: setup  ## build the bundled sample data into shards/ and show one row
 	$(BIN)/weightprep inspect shards --max-tokens 60
 
 test: setup  ## the whole offline, CPU-only test suite
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n auto
 
 lint: setup
 	$(BIN)/ruff check weightprep tests benchmarks sample_data
