@@ -394,7 +394,7 @@ class _KilledAfter(Delaying):
         with contextlib.closing(super().map(splits, progress, **options)) as results:
             for done, result in enumerate(results, 1):
                 yield result
-                if done == self.n and not options.get("first_pass"):
+                if done == self.n and options.get("task") is None:
                     raise _Killed
 
 
@@ -582,14 +582,14 @@ def test_validation_records_cut_is_merged_from_every_split(tmp_path):
 
 
 def test_the_first_pass_of_validation_records_renders_no_conversation(tmp_path, monkeypatch):
-    import weightprep.pipeline as pipeline
+    import weightprep.blocks as blocks
 
     tok_dir, records = _conversations(tmp_path, 40)
     raw = tmp_path / "chats.jsonl"
     raw.write_text("".join(json.dumps(r) + "\n" for r in records))
     rendered = []
-    real = pipeline.render_chats
-    monkeypatch.setattr(pipeline, "render_chats", lambda r, *a: rendered.append(len(r)) or real(r, *a))
+    real = blocks.render_chats
+    monkeypatch.setattr(blocks, "render_chats", lambda r, *a: rendered.append(len(r)) or real(r, *a))
     cfg = config_from_dict({"tokenizer": {"name": str(tok_dir)}, "pack": {"seq_len": 64}, "split": {"validation_records": 5}})
     manifest = build([str(raw)], tmp_path / "out", cfg)
     assert sum(rendered) == 40  # each conversation once: by the build, not by the pass that finds the cut

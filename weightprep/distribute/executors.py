@@ -1,4 +1,4 @@
-"""Executors: an ordered map of the per-split work (``weightprep.pipeline.SplitJob``) over the split plan.
+"""Executors: an ordered map of the per-split work (``weightprep.distribute.job.SplitJob``) over the split plan.
 
 - ``SerialExecutor``: every split in this process, one after the other (the tokenizer and fastokens still use
   every core).
@@ -12,7 +12,8 @@
 
 An executor is started once per build, with the build's job (``with executor.start(job, n_splits):``): its pool,
 or its actors and the Ray cluster it started, serve every pass over the splits (``--validation-records`` makes
-two), and ``map(splits, progress, **options)`` runs ``job.with_options(**options)`` on each split. Executors
+two), and ``map(splits, progress, task, **options)`` runs ``job.with_options(**options)`` on each split (or
+``task(job, split)``: another task on the same workers, such as the key pass ``KeyPass``). Executors
 yield results as splits finish, in any order; ``run_splits`` orders them, and reports the earliest bad line in
 input order whatever finished first. A map left before its end (that error is known, Ctrl-C, a failure)
 terminates the splits still running: their processes are killed, and replaced if the build maps again. A split's
@@ -39,6 +40,10 @@ RETRIES = 3
 #: (split index, input bytes of that split read so far, records accepted in it so far); only in-process runs report it.
 SplitProgress = Callable[[int, int, int], None]
 
+#: Another task than the job itself, on the same workers: ``task(job, split)`` returns the split's result
+#: (picklable: it travels to the workers with each split).
+Task = Callable[[Any, InputSplit], dict[str, Any]]
+
 
 class Executor:
     """Runs one build's job on its splits: ``start`` once (a context manager: ``close`` at its end), then ``map``
@@ -55,8 +60,11 @@ class Executor:
         self.job = job
         return self
 
-    def map(self, splits: list[InputSplit], progress: SplitProgress | None = None, **options: Any) -> Iterator[dict[str, Any]]:
-        """``job.with_options(**options)(split)`` for every split, each result yielded as it is done."""
+    def map(
+        self, splits: list[InputSplit], progress: SplitProgress | None = None, task: Task | None = None, **options: Any
+    ) -> Iterator[dict[str, Any]]:
+        """``job.with_options(**options)(split)`` for every split (``task``: ``task(job, split)`` instead, without
+        progress), each result yielded as it is done."""
         raise NotImplementedError
 
     def close(self) -> None:
@@ -73,9 +81,14 @@ class SerialExecutor(Executor):
     def in_process(self, n_splits: int) -> bool:
         return True
 
-    def map(self, splits: list[InputSplit], progress: SplitProgress | None = None, **options: Any) -> Iterator[dict[str, Any]]:
+    def map(
+        self, splits: list[InputSplit], progress: SplitProgress | None = None, task: Task | None = None, **options: Any
+    ) -> Iterator[dict[str, Any]]:
         job = self.job.with_options(**options) if options else self.job
         for split in splits:
+            if task is not None:
+                yield task(job, split)
+                continue
             report = None
             if progress is not None:
                 def report(consumed: int, counts: Counter, index: int = split.index) -> None:
@@ -137,9 +150,11 @@ class LocalExecutor(Executor):
                     process.terminate()
         pool.shutdown(wait=True, cancel_futures=True)
 
-    def map(self, splits: list[InputSplit], progress: SplitProgress | None = None, **options: Any) -> Iterator[dict[str, Any]]:
+    def map(
+        self, splits: list[InputSplit], progress: SplitProgress | None = None, task: Task | None = None, **options: Any
+    ) -> Iterator[dict[str, Any]]:
         if self._serial is not None:
-            yield from self._serial.map(splits, progress, **options)
+            yield from self._serial.map(splits, progress, task, **options)
             return
         from concurrent.futures import FIRST_COMPLETED, wait
         from concurrent.futures.process import BrokenProcessPool
@@ -147,7 +162,7 @@ class LocalExecutor(Executor):
         todo = {s.index: s for s in splits}
         try:
             for attempt in range(RETRIES + 1):
-                futures = {self._running_pool().submit(_run_local, s, options): s.index for s in todo.values()}
+                futures = {self._running_pool().submit(_run_local, s, task, options): s.index for s in todo.values()}
                 while futures:
                     done, _ = wait(futures, return_when=FIRST_COMPLETED)
                     for f in done:
@@ -183,9 +198,9 @@ def _init_local(job: Any) -> None:
     _LOCAL_JOB = job
 
 
-def _run_local(split: InputSplit, options: dict[str, Any]) -> dict[str, Any]:
+def _run_local(split: InputSplit, task: Task | None, options: dict[str, Any]) -> dict[str, Any]:
     job = _LOCAL_JOB.with_options(**options) if options else _LOCAL_JOB
-    return job(split)  # type: ignore[no-any-return]
+    return task(job, split) if task is not None else job(split)  # type: ignore[no-any-return]
 
 
 class _SplitActor:
@@ -196,9 +211,9 @@ class _SplitActor:
         if os.path.isdir(job.cwd):  # the driver's relative paths mean the same here (a shared filesystem)
             os.chdir(job.cwd)
 
-    def run(self, split: InputSplit, options: dict[str, Any]) -> dict[str, Any]:
+    def run(self, split: InputSplit, task: Task | None, options: dict[str, Any]) -> dict[str, Any]:
         job = self.job.with_options(**options) if options else self.job
-        return job(split)  # type: ignore[no-any-return]
+        return task(job, split) if task is not None else job(split)  # type: ignore[no-any-return]
 
     def pid(self) -> int:
         return os.getpid()
@@ -256,7 +271,9 @@ class RayExecutor(Executor):
         if pending:
             self._ray.wait(list(pending), num_returns=len(pending), timeout=self.KILL_WAIT_S)
 
-    def map(self, splits: list[InputSplit], progress: SplitProgress | None = None, **options: Any) -> Iterator[dict[str, Any]]:
+    def map(
+        self, splits: list[InputSplit], progress: SplitProgress | None = None, task: Task | None = None, **options: Any
+    ) -> Iterator[dict[str, Any]]:
         ray = self._ray
         if not self.actors:  # the build's first map (or the first after one was left)
             self.actors = [self._actor_class.remote(self.job) for _ in range(self._size)]
@@ -267,7 +284,7 @@ class RayExecutor(Executor):
             while queue or pending:
                 while queue and idle:
                     actor = idle.pop()
-                    pending[actor.run.remote(queue.pop(), options)] = actor
+                    pending[actor.run.remote(queue.pop(), task, options)] = actor
                 done, _ = ray.wait(list(pending), num_returns=1)
                 for ref in done:
                     idle.append(pending.pop(ref))
@@ -310,8 +327,8 @@ def run_splits(
     progress: Callable[[int, Counter], None] | None,
     **options: Any,
 ) -> list[dict[str, Any]]:
-    """Every split's result (``job.with_options(**options)`` on the started ``executor``), in split order. A split
-    that met a bad line (strict mode, or, in either mode, input that cannot be read at all) ends the build with the
+    """Every split's result (``job.with_options(**options)``, or ``options["task"]``, on the started ``executor``), in
+    split order. A split that met a bad line (strict mode, or, in either mode, input that cannot be read at all) ends the build with the
     earliest such line in input order, numbered within its file, once every split before it has finished; splits
     after it are not waited for (the executor terminates those still running)."""
     results: dict[int, dict[str, Any]] = {}
