@@ -2,11 +2,11 @@
 
     read -> validate -> [chat] -> [split] -> tokenize -> assemble -> mask -> filter
 
-``parsed_blocks`` reads and validates the blocks of one input split (conversations rendered by ``Chats``, the
+``parsed_blocks`` reads and validates the blocks of one input part (conversations rendered by ``Chats``, the
 chat stage); ``document_batch`` makes one block's records documents: a pure function of its inputs, so blocks
 can be processed anywhere (another process, another machine) and the rows come out the same. Each step's counts
 (``count_rows`` for the rows packed from them) feed the accounting identity (``weightprep.accounting``). The job
-of one split (``weightprep.distribute.job``) chains them, packs and writes.
+of one part (``weightprep.distribute.job``) chains them, packs and writes.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import numpy as np
 from weightprep.batches import Documents, Records, Reject, Rows
 from weightprep.config import BuildConfig
 from weightprep.constants import IGNORE_INDEX
-from weightprep.distribute.plan import InputSplit
+from weightprep.distribute.plan import InputPart
 from weightprep.stages.assemble import assemble
 from weightprep.stages.chat import ChatRenderer, parse_role_weights, render_chats
 from weightprep.stages.columnar import parse_columns
@@ -131,14 +131,14 @@ class Chats:
 
 
 def parsed_blocks(
-    split: InputSplit, record: InputFile, cfg: BuildConfig, chats: Chats | None
+    part: InputPart, record: InputFile, cfg: BuildConfig, chats: Chats | None
 ) -> Iterator[tuple[Records, list[Reject], int]]:
     """Validated records (conversations rendered by ``chats``; None: left as they are) and, when skipping, rejects
-    of every block of ``split``, with the input bytes consumed so far. In strict mode the first bad line of the
+    of every block of ``part``, with the input bytes consumed so far. In strict mode the first bad line of the
     block, in input order, is raised."""
     skip = cfg.validate.on_invalid == "skip"
     columns = parse_columns(cfg.read.columns)
-    window = {} if split.whole else {"start": split.start, "end": split.end}
+    window = {} if part.whole else {"start": part.start, "end": part.end}
     for block in read_blocks(record, cfg.read.block_bytes, cfg.read.max_line_bytes, columns, **window):
         rejects: list[Reject] = []
         records = parse_block(block, rejects)

@@ -1,20 +1,20 @@
-"""The build's driver: plans the input splits, runs their jobs on an executor, merges them and publishes.
+"""The build's driver: plans the input parts, runs their jobs on an executor, merges them and publishes.
 
-    plan splits -> per split: read -> validate -> [chat] -> [split] -> tokenize -> assemble -> mask -> filter
+    plan parts -> per part: read -> validate -> [chat] -> [split] -> tokenize -> assemble -> mask -> filter
                    -> pack -> write  ->  merge (driver) -> publish
 
-``build`` cuts the inputs into splits (``weightprep.distribute.plan``); an executor
-(``weightprep.distribute.executors``) runs the job of each split (``weightprep.distribute.job.SplitJob``, which
+``build`` cuts the inputs into parts (``weightprep.distribute.plan``); an executor
+(``weightprep.distribute.executors``) runs the job of each part (``weightprep.distribute.job.PartJob``, which
 chains the per-block work of ``weightprep.blocks``) here, in worker processes or on Ray, and ``build`` merges their
-results in split order (``weightprep.distribute.merge``) and returns the manifest. With ``--validation-records``
-a first pass over the splits finds the validation cut (``_validation_cut``); ``resume_key`` is what a
+results in part order (``weightprep.distribute.merge``) and returns the manifest. With ``--validation-records``
+a first pass over the parts finds the validation cut (``_validation_cut``); ``resume_key`` is what a
 ``--resume``d build must share with the build it resumes.
 Invalid lines stop the build (``validate.on_invalid: error``, the default)
 or go to rejects.jsonl (``skip``). Before publishing, the counts must satisfy the accounting
 identity (``weightprep.accounting``). With a validation split (``weightprep.stages.split``) each split is
 tokenized, packed and written on its own and the identity holds per split and in total. On any error the partial
 output is removed and the error re-raised; the output path is left as it was. An interrupted build (Ctrl-C,
-SIGKILL) leaves its finished splits in its temporary directory for ``--resume``.
+SIGKILL) leaves its finished parts in its temporary directory for ``--resume``.
 """
 
 from __future__ import annotations
@@ -30,10 +30,10 @@ from typing import Any
 from weightprep.accounting import check_accounting, final_counts
 from weightprep.config import BuildConfig, config_to_dict
 from weightprep.constants import FORMAT_NAME, FORMAT_VERSION, PACKED_COLUMNS, UNPACKED_COLUMNS
-from weightprep.distribute.executors import Executor, SerialExecutor, run_splits
-from weightprep.distribute.job import ADD_BOS, KeyPass, ProgressFn, SplitJob
+from weightprep.distribute.executors import Executor, SerialExecutor, run_parts
+from weightprep.distribute.job import ADD_BOS, KeyPass, PartJob, ProgressFn
 from weightprep.distribute.merge import merge_results
-from weightprep.distribute.plan import InputSplit, plan_splits
+from weightprep.distribute.plan import InputPart, plan_parts
 from weightprep.errors import InputError, UsageError, is_columnar
 from weightprep.stages.columnar import parse_columns
 from weightprep.stages.read import check_inputs, expand_inputs
@@ -66,13 +66,13 @@ def build(
 ) -> dict[str, Any]:
     """Run the whole pipeline from JSONL ``inputs`` to shards at ``out``; return the manifest.
 
-    The inputs are cut into splits (``weightprep.distribute.plan``, by ``read.split_bytes``); ``executor``
-    (default: in this process) runs each split through the stages into its own shards, and the driver merges
-    them in split order (``weightprep.distribute.merge``): the output does not depend on the executor or on how
-    many workers it has. ``resume`` reuses the finished splits of a killed earlier build of the same plan.
+    The inputs are cut into parts (``weightprep.distribute.plan``, by ``read.part_bytes``); ``executor``
+    (default: in this process) runs each part through the stages into its own shards, and the driver merges
+    them in part order (``weightprep.distribute.merge``): the output does not depend on the executor or on how
+    many workers it has. ``resume`` reuses the finished parts of a killed earlier build of the same plan.
     ``notify`` receives the notes worth telling the user (e.g. that fastokens could not run this tokenizer).
 
-    Within a split three threads overlap: read+validate (background), tokenize+assemble+mask+filter,
+    Within a part three threads overlap: read+validate (background), tokenize+assemble+mask+filter,
     pack+write (background); see ``weightprep.overlap``. The rows do not depend on their timing.
     """
     from weightprep import __version__
@@ -86,8 +86,8 @@ def build(
         )
     out_path = prepare_output(out, overwrite=overwrite, inputs=inputs, resume=resume)
     executor = executor if executor is not None else SerialExecutor()
-    splits = plan_splits(inputs, cfg.read.split_bytes)
-    in_process = executor.in_process(len(splits))
+    parts = plan_parts(inputs, cfg.read.part_bytes)
+    in_process = executor.in_process(len(parts))
     prefetch = None
     if in_process and tokenizer is None and cfg.tokenizer.backend != "hf" and not cfg.tokenizer.trust_remote_code:
         tok_dir = Path(tokenizer_location(cfg.tokenizer.name))
@@ -103,19 +103,19 @@ def build(
     summary = tokenizer_summary(tok)
     specials = special_tokens(tok, add_bos=ADD_BOS[cfg.tokenizer.add_bos])
     output = Output(out_path, resume_key(cfg, inputs, tok, summary, __version__), resume=resume)
-    job = SplitJob(cfg, tokenizer, output.tmp.absolute() / "splits")  # workers load it themselves if None
-    job.work_dir.mkdir(exist_ok=True)  # here, once: a split makes only its own directory in it
+    job = PartJob(cfg, tokenizer, output.tmp.absolute() / "parts")  # workers load it themselves if None
+    job.work_dir.mkdir(exist_ok=True)  # here, once: a part makes only its own directory in it
     if in_process:  # this process is the worker: it keeps the tokenizer it loaded (and the early fastokens load)
         job.adopt(tok, prefetch)
     try:
-        with executor.start(job, len(splits)):  # one pool (or Ray cluster) for both passes
-            cut = _validation_cut(cfg, splits, executor)
-            results = run_splits(executor, splits, progress, cut=cut)
+        with executor.start(job, len(parts)):  # one pool (or Ray cluster) for both passes
+            cut = _validation_cut(cfg, parts, executor)
+            results = run_parts(executor, parts, progress, cut=cut)
         for note in dict.fromkeys(n for r in results for n in r.get("notes", [])):
             if notify is not None:
                 notify(note)
         merged = merge_results(
-            splits, results, output.tmp, job.work_dir, names=(TRAIN, VALIDATION) if cut is not None else None,
+            parts, results, output.tmp, job.work_dir, names=(TRAIN, VALIDATION) if cut is not None else None,
             skip=cfg.validate.on_invalid == "skip",
         )
         seq_len, packed = cfg.pack.seq_len, cfg.pack.enabled
@@ -131,7 +131,7 @@ def build(
             raise UsageError(f"the workers tokenized with different backends ({', '.join(backends)}): pass --tokenizer-backend")
         templates = sorted({r["chat_template"] for r in results if r.get("chat_template")})
         if len(templates) > 1:  # the resume key covers the template: only a file changed during the build does this
-            raise UsageError("the chat template changed while the build ran (its splits were rendered with different "
+            raise UsageError("the chat template changed while the build ran (its parts were rendered with different "
                              "texts): build again")
         manifest = {
             "format": FORMAT_NAME,
@@ -153,7 +153,7 @@ def build(
     except Exception:
         output.abort()  # a failed build leaves nothing to resume: the input or the setup must change first
         raise
-    except BaseException:  # interrupted (Ctrl-C): its finished splits stay for --resume, the killed ones' parts not
+    except BaseException:  # interrupted (Ctrl-C): its finished parts stay for --resume, the killed ones' partial ones not
         job.discard_unfinished()
         raise
     finally:
@@ -161,7 +161,7 @@ def build(
             job.release()
 
 
-def _validation_cut(cfg: BuildConfig, splits: list[InputSplit], executor: Executor) -> int | None:
+def _validation_cut(cfg: BuildConfig, parts: list[InputPart], executor: Executor) -> int | None:
     """The key cut of the configured validation split (a first pass over the records for ``validation_records``)."""
     split = cfg.split
     if split.validation_fraction is not None:
@@ -169,12 +169,12 @@ def _validation_cut(cfg: BuildConfig, splits: list[InputSplit], executor: Execut
     if split.validation_records is None:
         return None
     try:
-        results = run_splits(executor, splits, None, task=KeyPass())
+        results = run_parts(executor, parts, None, task=KeyPass())
     except InputError:
         if cfg.validate.on_invalid == "error":
             # the first pass renders no conversation: one that the template refuses, on an earlier line, is found by
-            # a pass that renders them (it raises the earliest bad line; splits after it are not run to their end)
-            run_splits(executor, splits, None, task=KeyPass(render=True))
+            # a pass that renders them (it raises the earliest bad line; parts after it are not run to their end)
+            run_parts(executor, parts, None, task=KeyPass(render=True))
         raise
     return cut_from_keys(
         sum(r["records"] for r in results), [k for r in results for k in r["keys"]], split.validation_records
@@ -192,7 +192,7 @@ def _sha256(path: Path) -> str:
 
 
 def resume_key(cfg: BuildConfig, inputs: list[str], tok: Any, summary: dict[str, Any], version: str) -> str:
-    """What a resumed build must share with the build it resumes, all that decides the bytes of a split: the
+    """What a resumed build must share with the build it resumes, all that decides the bytes of a part: the
     configuration, the chat template's text (the ``chat.template`` file's, else the tokenizer's own), the tokenizer
     (its fingerprint, and the bytes of the files of its directory that decide its ids or its template),
     weightprep's version, and the inputs unchanged (path, size and modification time: they are not read again)."""
