@@ -72,9 +72,9 @@ def test_every_line_lands_in_exactly_one_part(tmp_path_factory, lines, final_new
     # reading the parts gives the lines of reading the file whole, numbered within each part
     whole_record = InputFile(str(path))
     whole = b"".join(b.data for b in read_blocks(whole_record, 1024))
-    parts = plan_parts([str(path)], part_bytes)
+    plan = plan_parts([str(path)], part_bytes)
     parts, lines_total = [], 0
-    for s in parts:
+    for s in plan:
         record = InputFile(str(path))
         window = {} if s.whole else {"start": s.start, "end": s.end}
         blocks = list(read_blocks(record, 1024, **window))
