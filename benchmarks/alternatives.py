@@ -7,7 +7,7 @@ subprocesses so each one's wall time and peak RSS are its own):
 - ``weightprep-hf``: weightprep with ``--tokenizer-backend hf`` (tokenizers), for the backends' ratio; its
   shards must be byte-identical to ``weightprep``'s.
 - ``weightprep-ray``: weightprep on Ray actors (``--executor ray``, a local Ray cluster started for the build),
-  against ``weightprep`` on its default local executor; the same split plan, so the same shard bytes.
+  against ``weightprep`` on its default local executor; the same part plan, so the same shard bytes.
 - ``seed``: the recipe weightprep replaces (the write-up the project started from): ``datasets.map``
   tokenizing each piece to build the weights, then the joined text again, padded to max length,
   labels masked by pad id; ``save_to_disk``.
@@ -47,13 +47,13 @@ def _report(start: float, **extra) -> None:
 def weightprep_build(
     path: str, tokenizer: str, out: str, seq_len: int, backend: str = "auto", executor: str = "local"
 ) -> None:
-    """The build as ``weightprep build`` runs it; ``BENCH_SPLIT_BYTES`` sets ``read.split_bytes``."""
+    """The build as ``weightprep build`` runs it; ``BENCH_PART_BYTES`` sets ``read.part_bytes``."""
     from weightprep.config import config_from_dict
     from weightprep.distribute.executors import make_executor
     from weightprep.pipeline import build
 
     start = time.perf_counter()
-    read = {"split_bytes": int(os.environ["BENCH_SPLIT_BYTES"])} if os.environ.get("BENCH_SPLIT_BYTES") else {}
+    read = {"part_bytes": int(os.environ["BENCH_PART_BYTES"])} if os.environ.get("BENCH_PART_BYTES") else {}
     cfg = config_from_dict({"tokenizer": {"name": tokenizer, "backend": backend}, "pack": {"seq_len": seq_len}, "read": read})
     manifest = build([path], out, cfg, overwrite=True, executor=make_executor(executor))
     c = manifest["counts"]

@@ -3,7 +3,7 @@
     python benchmarks/build_bench.py                       # 10k records, 3 rounds, ~7 min on 2 cores
     python benchmarks/build_bench.py --records 100000 --repeat 5
     python benchmarks/build_bench.py --scale 100000,1000000 --tools weightprep   # flat memory, linear time
-    python benchmarks/build_bench.py --executor ray --records 100000 --split-bytes 33554432   # Ray vs local
+    python benchmarks/build_bench.py --executor ray --records 100000 --part-bytes 33554432   # Ray vs local
 
 Every tool runs as its own subprocess on the same generated JSONL with the same GPT-2-size tokenizer
 (``benchmarks/generate.py``), rounds interleaved so machine noise spreads evenly. Reported per tool:
@@ -151,10 +151,10 @@ def main() -> None:
     ap.add_argument("--scale", help="comma-separated record counts: weightprep alone at each size")
     ap.add_argument("--json", type=Path, help="also write the figures here")
     ap.add_argument("--executor", choices=["local", "ray"], help="ray: weightprep on Ray against the local executor")
-    ap.add_argument("--split-bytes", type=int, help="read.split_bytes of the weightprep runs (default: the build's)")
+    ap.add_argument("--part-bytes", type=int, help="read.part_bytes of the weightprep runs (default: the build's)")
     args = ap.parse_args()
-    if args.split_bytes:
-        os.environ["BENCH_SPLIT_BYTES"] = str(args.split_bytes)
+    if args.part_bytes:
+        os.environ["BENCH_PART_BYTES"] = str(args.part_bytes)
     if args.executor == "ray":
         args.tools = ["weightprep", "weightprep-ray"]
     result = scale(args) if args.scale else compare(args)

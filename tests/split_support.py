@@ -12,12 +12,12 @@ from weightprep.distribute.executors import Executor
 
 
 class DelayedJob:
-    """A SplitJob that first sleeps ``delays[index]`` seconds and notes its pid in ``pid_dir`` while it runs."""
+    """A PartJob that first sleeps ``delays[index]`` seconds and notes its pid in ``pid_dir`` while it runs."""
 
     def __init__(self, job: Any, delays: dict[int, float], pid_dir: str | None = None) -> None:
         self.job, self.delays, self.pid_dir = job, delays, pid_dir
 
-    def __getattr__(self, name: str) -> Any:  # the rest of the SplitJob (cwd, ...) as it is
+    def __getattr__(self, name: str) -> Any:  # the rest of the PartJob (cwd, ...) as it is
         if name == "job":
             raise AttributeError(name)
         return getattr(self.job, name)
@@ -25,31 +25,31 @@ class DelayedJob:
     def with_options(self, **changes: Any) -> DelayedJob:
         return DelayedJob(self.job.with_options(**changes), self.delays, self.pid_dir)
 
-    def __call__(self, split: Any, progress: Any = None) -> dict[str, Any]:
+    def __call__(self, part: Any, progress: Any = None) -> dict[str, Any]:
         if self.pid_dir is not None:
-            Path(self.pid_dir, f"{split.index}.{os.getpid()}").touch()
-        time.sleep(self.delays.get(split.index, 0.0))
-        return self.job(split, progress)
+            Path(self.pid_dir, f"{part.index}.{os.getpid()}").touch()
+        time.sleep(self.delays.get(part.index, 0.0))
+        return self.job(part, progress)
 
 
 class Delaying(Executor):
-    """``inner`` with every split delayed (``DelayedJob``); ``order`` records the order splits finished in (every
-    pass), ``reused`` the splits an earlier build had finished."""
+    """``inner`` with every part delayed (``DelayedJob``); ``order`` records the order parts finished in (every
+    pass), ``reused`` the parts an earlier build had finished."""
 
     def __init__(self, inner: Executor, delays: dict[int, float], pid_dir: str | None = None) -> None:
         self.inner, self.delays, self.pid_dir = inner, delays, pid_dir
         self.order: list[int] = []
         self.reused: list[int] = []
 
-    def in_process(self, n_splits: int) -> bool:
-        return self.inner.in_process(n_splits)
+    def in_process(self, n_parts: int) -> bool:
+        return self.inner.in_process(n_parts)
 
-    def start(self, job: Any, n_splits: int) -> Delaying:
-        self.inner.start(DelayedJob(job, self.delays, self.pid_dir), n_splits)
+    def start(self, job: Any, n_parts: int) -> Delaying:
+        self.inner.start(DelayedJob(job, self.delays, self.pid_dir), n_parts)
         return self
 
-    def map(self, splits: Any, progress: Any = None, **options: Any) -> Any:
-        with contextlib.closing(self.inner.map(splits, progress, **options)) as results:
+    def map(self, parts: Any, progress: Any = None, **options: Any) -> Any:
+        with contextlib.closing(self.inner.map(parts, progress, **options)) as results:
             for result in results:
                 self.order.append(result["index"])
                 if result.get("reused"):

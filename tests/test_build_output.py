@@ -181,7 +181,7 @@ def test_shards_are_size_capped_and_gzip_input_is_read(sample_tok, tmp_path):
     assert manifest["counts"]["records"] == len(load_records(SAMPLE_RAW))
 
 
-@pytest.mark.parametrize("policy", ["truncate", "split"])
+@pytest.mark.parametrize("policy", ["truncate", "chunk"])
 def test_overlong_policies_match_reference(policy, sample_tok, tmp_path):
     import datasets
 
@@ -200,8 +200,8 @@ def test_overlong_policies_match_reference(policy, sample_tok, tmp_path):
     if policy == "truncate":
         assert c["truncated"] == n_long
     else:
-        assert c["split"] == n_long
-        assert c["split_parts"] == sum(-(-len(d[0]) // 1024) for d in full if len(d[0]) > 1024)
+        assert c["chunked"] == n_long
+        assert c["chunks"] == sum(-(-len(d[0]) // 1024) for d in full if len(d[0]) > 1024)
 
 
 def test_failed_build_leaves_nothing(sample_tok, tmp_path, write_jsonl):

@@ -1,5 +1,5 @@
 """Chat documents by turn: the build's turns file places every message of every conversation in the rows, through
-packing and splitting, and `weightprep inspect` shows a conversation turn by turn with role and weight."""
+packing and chunking, and `weightprep inspect` shows a conversation turn by turn with role and weight."""
 
 from __future__ import annotations
 
@@ -50,14 +50,14 @@ def _turn_lines(path):
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-@pytest.mark.parametrize("split_bytes", [None, 3000], ids=["one-split", "input-splits"])
-def test_every_turn_of_every_conversation_is_where_the_turns_file_says(tmp_path, split_bytes):
-    """With input splits the turns files of the splits are merged: their row numbers must be shifted."""
+@pytest.mark.parametrize("part_bytes", [None, 3000], ids=["one-part", "input-parts"])
+def test_every_turn_of_every_conversation_is_where_the_turns_file_says(tmp_path, part_bytes):
+    """With input parts the turns files of the parts are merged: their row numbers must be shifted."""
     convos = [_conversation(i) for i in range(40)]
     records = [r for i, c in enumerate(convos) for r in ({"messages": c}, {"pieces": [{"text": f"plain {i}", "weight": 1}]})]
-    tok, manifest = _build(tmp_path, records, **({"read": {"split_bytes": split_bytes}} if split_bytes else {}))
-    if split_bytes:
-        assert len(manifest["inputs"][0]["splits"]) > 3
+    tok, manifest = _build(tmp_path, records, **({"read": {"part_bytes": part_bytes}} if part_bytes else {}))
+    if part_bytes:
+        assert len(manifest["inputs"][0]["parts"]) > 3
     assert manifest["turns_file"] == TURNS_NAME
     rows = datasets.load_from_disk(str(tmp_path / "out"))
     entries = _turn_lines(tmp_path / "out" / TURNS_NAME)
@@ -80,11 +80,11 @@ def test_every_turn_of_every_conversation_is_where_the_turns_file_says(tmp_path,
     assert seen == len(convos)
 
 
-def test_a_conversation_split_by_the_overlong_policy_keeps_its_turns(tmp_path):
+def test_a_conversation_chunked_by_the_overlong_policy_keeps_its_turns(tmp_path):
     """Chunks of 16 tokens: each surviving chunk's turns name the messages its tokens came from."""
     convo = _conversation(2)  # 3 exchanges
-    tok, manifest = _build(tmp_path, [{"messages": convo}], filter={"overlong": "split", "max_length": 16}, pack={"seq_len": 16})
-    assert manifest["counts"]["split"] == 1
+    tok, manifest = _build(tmp_path, [{"messages": convo}], filter={"overlong": "chunk", "max_length": 16}, pack={"seq_len": 16})
+    assert manifest["counts"]["chunked"] == 1
     full = tok.apply_chat_template(convo, tokenize=True)["input_ids"]
     # message k's tokens are full[bounds[k]:bounds[k + 1]] (chatml turns end on special tokens: aligned)
     bounds = [len(tok.apply_chat_template(convo[:k], tokenize=True)["input_ids"]) if k else 0 for k in range(len(convo) + 1)]

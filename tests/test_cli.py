@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 
+import pytest
 from click.testing import CliRunner
 from conftest import REPO, SAMPLE_RAW
 
@@ -98,3 +99,39 @@ def test_console_script_subprocess(tmp_path):
     assert proc.returncode == 2
     assert f"{bad}:1: pieces[0].weight:" in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "b").exists()
+
+
+def test_old_names_of_renamed_keys_and_values_still_work_with_a_note(tmp_path):
+    """"split" is train/validation only: read.split_bytes is read.part_bytes and filter.overlong split is chunk.
+    The old spellings build the same, in a pipeline file and as flags, with a deprecation note each."""
+    from weightprep.config import ConfigError, config_from_dict
+
+    with pytest.warns(FutureWarning) as notes:
+        cfg = config_from_dict({"read": {"split_bytes": 4096}, "filter": {"overlong": "split"}})
+    assert (cfg.read.part_bytes, cfg.filter.overlong) == (4096, "chunk")
+    assert sorted(str(n.message) for n in notes) == [
+        "filter.overlong: split is deprecated: use chunk", "read.split_bytes is deprecated: use read.part_bytes",
+    ]
+    with pytest.raises(ConfigError, match="read.split_bytes: renamed read.part_bytes, which is also given"), pytest.warns(FutureWarning):
+        config_from_dict({"read": {"split_bytes": 4096, "part_bytes": 4096}})
+    pipeline = tmp_path / "old.yaml"
+    pipeline.write_text("read: {split_bytes: 150000}\n")
+    old = CliRunner().invoke(main, [
+        "build", str(SAMPLE_RAW), "--pipeline", str(pipeline), "--overlong", "split", "--seq-len", "512",
+        "--out", str(tmp_path / "old"),
+    ])
+    assert old.exit_code == 0, old.output
+    assert "note: read.split_bytes is deprecated: use read.part_bytes" in old.output
+    assert "note: filter.overlong: split is deprecated: use chunk" in old.output
+    flag = CliRunner().invoke(main, [
+        "build", str(SAMPLE_RAW), "--split-bytes", "150000", "--overlong", "chunk", "--seq-len", "512",
+        "--out", str(tmp_path / "flag"),
+    ])
+    assert flag.exit_code == 0, flag.output
+    assert "note: --split-bytes is deprecated: use --part-bytes" in flag.output
+    assert "--split-bytes" not in CliRunner().invoke(main, ["build", "--help"]).output  # a hidden alias
+    old_manifest, flag_manifest = (json.loads((tmp_path / d / MANIFEST_NAME).read_text()) for d in ("old", "flag"))
+    assert old_manifest["config"]["read"]["part_bytes"] == 150_000 and old_manifest["config"]["filter"]["overlong"] == "chunk"
+    assert len(old_manifest["inputs"][0]["parts"]) == 6
+    assert old_manifest["counts"] == flag_manifest["counts"] and old_manifest["counts"]["chunked"] > 0
+    assert f"chunked {old_manifest['counts']['chunked']:,} into {old_manifest['counts']['chunks']:,} chunks" in old.output

@@ -1,7 +1,7 @@
-"""The build on several workers: the split plan, executors (serial, local processes, Ray actors), the merge.
+"""The build on several workers: the part plan, executors (serial, local processes, Ray actors), the merge.
 
-Every executor and worker count must write the same bytes; bad lines in several splits and files are reported by
-their line in their file, the earliest in input order, without waiting for later splits; killed workers are
+Every executor and worker count must write the same bytes; bad lines in several parts and files are reported by
+their line in their file, the earliest in input order, without waiting for later parts; killed workers are
 retried; --resume reuses what a killed driver finished, and only when nothing that decides the bytes changed."""
 
 from __future__ import annotations
@@ -26,12 +26,12 @@ from split_support import Delaying
 
 from weightprep.config import config_from_dict
 from weightprep.distribute.executors import LocalExecutor, RayExecutor, SerialExecutor
-from weightprep.distribute.plan import file_cuts, plan_splits
+from weightprep.distribute.plan import file_cuts, plan_parts
 from weightprep.errors import InputError
 from weightprep.pipeline import build
 from weightprep.stages.read import InputFile, read_blocks
 
-SPLIT = 150_000  # the 763 kB sample: 6 splits
+PART = 150_000  # the 763 kB sample: 6 parts
 
 
 def _digests(out: Path) -> dict[str, str]:
@@ -39,14 +39,14 @@ def _digests(out: Path) -> dict[str, str]:
 
 
 def _cfg(**over):
-    return config_from_dict({"pack": {"seq_len": 512}, "read": {"split_bytes": SPLIT, "block_bytes": 32768}, **over})
+    return config_from_dict({"pack": {"seq_len": 512}, "read": {"part_bytes": PART, "block_bytes": 32768}, **over})
 
 
-# ---- the split plan ---------------------------------------------------------------------------------------------
+# ---- the part plan ---------------------------------------------------------------------------------------------
 
 _line = st.one_of(
     st.text(alphabet="ab{}\"\r é", max_size=40),  # CR and CRLF inside and at the end of lines
-    st.text(alphabet="x", min_size=200, max_size=600),  # lines longer than a split
+    st.text(alphabet="x", min_size=200, max_size=600),  # lines longer than a part
 )
 
 
@@ -55,26 +55,26 @@ _line = st.one_of(
     lines=st.lists(_line, max_size=30),
     final_newline=st.booleans(),
     bom=st.booleans(),
-    split_bytes=st.integers(1, 300),
+    part_bytes=st.integers(1, 300),
 )
-def test_every_line_lands_in_exactly_one_split(tmp_path_factory, lines, final_newline, bom, split_bytes):
+def test_every_line_lands_in_exactly_one_part(tmp_path_factory, lines, final_newline, bom, part_bytes):
     data = (b"\xef\xbb\xbf" if bom else b"") + "\n".join(lines).encode() + (b"\n" if final_newline and lines else b"")
     path = tmp_path_factory.mktemp("plan") / "raw.jsonl"
     path.write_bytes(data)
-    cuts = file_cuts(str(path), split_bytes)
+    cuts = file_cuts(str(path), part_bytes)
     assert cuts[0] == 0 and cuts[-1] == len(data)
     assert all(a < b for a, b in zip(cuts, cuts[1:], strict=False)) or cuts == [0, 0]
     assert all(data[c - 1 : c] == b"\n" for c in cuts[1:-1])  # every inner cut just after a newline
-    # lines start at 0 and after each newline: each start lies in exactly one split
+    # lines start at 0 and after each newline: each start lies in exactly one part
     starts = [0, *(i + 1 for i, b in enumerate(data) if b == 10 and i + 1 < len(data))] if data else []
     for s in starts:
         assert sum(a <= s < b for a, b in zip(cuts, cuts[1:], strict=False)) == 1
-    # reading the splits gives the lines of reading the file whole, numbered within each split
+    # reading the parts gives the lines of reading the file whole, numbered within each part
     whole_record = InputFile(str(path))
     whole = b"".join(b.data for b in read_blocks(whole_record, 1024))
-    splits = plan_splits([str(path)], split_bytes)
+    plan = plan_parts([str(path)], part_bytes)
     parts, lines_total = [], 0
-    for s in splits:
+    for s in plan:
         record = InputFile(str(path))
         window = {} if s.whole else {"start": s.start, "end": s.end}
         blocks = list(read_blocks(record, 1024, **window))
@@ -87,14 +87,14 @@ def test_every_line_lands_in_exactly_one_split(tmp_path_factory, lines, final_ne
     assert lines_total == whole_record.lines
 
 
-def test_plan_depends_on_the_input_and_split_bytes_only(tmp_path):
+def test_plan_depends_on_the_input_and_part_bytes_only(tmp_path):
     gz = tmp_path / "a.jsonl.gz"
     gz.write_bytes(b"\x1f\x8b" + b"0" * 5000)
-    plan = plan_splits([str(SAMPLE_RAW), str(gz)], SPLIT)
-    assert [s.file for s in plan] == [0] * 6 + [1]  # a compressed file is one split
+    plan = plan_parts([str(SAMPLE_RAW), str(gz)], PART)
+    assert [s.file for s in plan] == [0] * 6 + [1]  # a compressed file is one part
     assert plan[-1].whole and (plan[-1].start, plan[-1].end) == (0, 5002)
     assert [s.index for s in plan] == list(range(7))
-    assert plan == plan_splits([str(SAMPLE_RAW), str(gz)], SPLIT)
+    assert plan == plan_parts([str(SAMPLE_RAW), str(gz)], PART)
 
 
 # ---- same bytes everywhere --------------------------------------------------------------------------------------
@@ -118,10 +118,10 @@ def ray_session():
     ray.shutdown()
 
 
-def test_a_file_in_one_split_has_its_whole_hash(tmp_path):
-    manifest = build([str(SAMPLE_RAW)], tmp_path / "one", _cfg(read={"split_bytes": 1 << 30}))
+def test_a_file_in_one_part_has_its_whole_hash(tmp_path):
+    manifest = build([str(SAMPLE_RAW)], tmp_path / "one", _cfg(read={"part_bytes": 1 << 30}))
     assert manifest["inputs"][0]["sha256"] == hashlib.sha256(SAMPLE_RAW.read_bytes()).hexdigest()
-    assert "splits" not in manifest["inputs"][0]
+    assert "parts" not in manifest["inputs"][0]
 
 
 @pytest.mark.parametrize(
@@ -133,7 +133,7 @@ def test_every_executor_writes_the_same_bytes(make, tmp_path, reference, request
     if kind == "ray":
         request.getfixturevalue("ray_session")
     inner = {"serial": SerialExecutor(), "local": LocalExecutor(workers), "ray": RayExecutor(workers)}[kind]
-    delays = {i: 0.4 * (6 - i) for i in range(6)} if "delayed" in make else {}  # later splits finish first
+    delays = {i: 0.4 * (6 - i) for i in range(6)} if "delayed" in make else {}  # later parts finish first
     if "random" in make:
         rng = random.Random(int(os.environ.get("WEIGHTPREP_DELAY_SEED", "3")))
         delays = {i: rng.uniform(0.0, 1.0) for i in range(6)}
@@ -145,20 +145,20 @@ def test_every_executor_writes_the_same_bytes(make, tmp_path, reference, request
     if "delayed" in make:
         assert executor.order != sorted(executor.order)  # they did finish out of order
     entry = manifest["inputs"][0]
-    assert entry["sha256"] is None and len(entry["splits"]) == 6
+    assert entry["sha256"] is None and len(entry["parts"]) == 6
     data = SAMPLE_RAW.read_bytes()
-    assert [s["sha256"] for s in entry["splits"]] == [
-        hashlib.sha256(data[s["start"] : s["start"] + s["bytes"]]).hexdigest() for s in entry["splits"]
+    assert [s["sha256"] for s in entry["parts"]] == [
+        hashlib.sha256(data[s["start"] : s["start"] + s["bytes"]]).hexdigest() for s in entry["parts"]
     ]
     assert entry["lines"] == data.count(b"\n") and entry["bytes"] == len(data)
 
 
-# ---- bad lines in several splits --------------------------------------------------------------------------------
+# ---- bad lines in several parts --------------------------------------------------------------------------------
 
 
 def _with_bad_lines(tmp_path) -> tuple[Path, list[int]]:
     lines = SAMPLE_RAW.read_bytes().splitlines(keepends=True)
-    bad = [len(lines) // 5, len(lines) // 2, len(lines) - 3]  # in splits 1, 3 and 5
+    bad = [len(lines) // 5, len(lines) // 2, len(lines) - 3]  # in parts 1, 3 and 5
     for n in bad:
         lines[n - 1] = b'{"pieces": [{"text": "x", "weight": -1}]}\n'
     path = tmp_path / "bad.jsonl"
@@ -172,9 +172,9 @@ def test_strict_mode_reports_the_earliest_bad_line_in_input_order(kind, tmp_path
         request.getfixturevalue("ray_session")
     path, bad = _with_bad_lines(tmp_path)
     inner = {"serial": SerialExecutor(), "local": LocalExecutor(2), "ray": RayExecutor(2)}[kind]
-    plan = plan_splits([str(path)], SPLIT)
-    first_split = next(s.index for s in plan if s.start <= _offset(path, bad[0]) < s.end)
-    delays = {i: (0.0 if i > first_split else 1.0) for i in range(len(plan))}  # later bad splits finish first
+    plan = plan_parts([str(path)], PART)
+    first_part = next(s.index for s in plan if s.start <= _offset(path, bad[0]) < s.end)
+    delays = {i: (0.0 if i > first_part else 1.0) for i in range(len(plan))}  # later bad parts finish first
     with pytest.raises(InputError) as err:
         build([str(path)], tmp_path / "out", _cfg(), executor=Delaying(inner, delays))
     assert (err.value.line, err.value.field, err.value.offset) == (bad[0], "pieces[0].weight", _offset(path, bad[0]))
@@ -187,11 +187,11 @@ def _offset(path: Path, line: int) -> int:
 
 
 @pytest.mark.parametrize("kind", ["local", "ray"])
-def test_skipped_lines_of_every_split_are_numbered_in_their_file(kind, tmp_path, request):
+def test_skipped_lines_of_every_part_are_numbered_in_their_file(kind, tmp_path, request):
     if kind == "ray":
         request.getfixturevalue("ray_session")
     path, bad = _with_bad_lines(tmp_path)
-    one = build([str(path)], tmp_path / "one", _cfg(validate={"on_invalid": "skip"}, read={"split_bytes": 1 << 30}))
+    one = build([str(path)], tmp_path / "one", _cfg(validate={"on_invalid": "skip"}, read={"part_bytes": 1 << 30}))
     executor = LocalExecutor(2) if kind == "local" else RayExecutor(2)
     many = build([str(path)], tmp_path / "many", _cfg(validate={"on_invalid": "skip"}), executor=executor)
     rejects = [json.loads(x) for x in (tmp_path / "many" / "rejects.jsonl").read_text().splitlines()]
@@ -202,39 +202,39 @@ def test_skipped_lines_of_every_split_are_numbered_in_their_file(kind, tmp_path,
     assert many["counts"]["records"] == one["counts"]["records"]
 
 
-def test_a_later_split_whose_bad_line_is_found_first_does_not_win(tmp_path):
-    """Split 0 holds a bad line but is held back: split 2's bad line is found first; the error is split 0's."""
+def test_a_later_part_whose_bad_line_is_found_first_does_not_win(tmp_path):
+    """Part 0 holds a bad line but is held back: part 2's bad line is found first; the error is part 0's."""
     lines = SAMPLE_RAW.read_bytes().splitlines(keepends=True)
     path = tmp_path / "bad.jsonl"
     path.write_bytes(b"".join(lines))
-    plan = plan_splits([str(path)], SPLIT)
+    plan = plan_parts([str(path)], PART)
     first_lines = _first_lines(path, plan)
-    bad = [first_lines[0] + 3, first_lines[2] + 3]  # in splits 0 and 2
+    bad = [first_lines[0] + 3, first_lines[2] + 3]  # in parts 0 and 2
     for n in bad:
         lines[n - 1] = _bad_line(len(lines[n - 1]))
     path.write_bytes(b"".join(lines))
-    assert plan_splits([str(path)], SPLIT) == plan
+    assert plan_parts([str(path)], PART) == plan
     executor = Delaying(LocalExecutor(2), {0: 8.0})
     with pytest.raises(InputError) as err:
         build([str(path)], tmp_path / "out", _cfg(), executor=executor)
-    assert 2 in executor.order and executor.order.index(2) < executor.order.index(0)  # split 2 was found first
+    assert 2 in executor.order and executor.order.index(2) < executor.order.index(0)  # part 2 was found first
     assert str(err.value).startswith(f"{path}:{bad[0]}: pieces[0].weight:")
 
 
 def _bad_line(size: int) -> bytes:
-    """An invalid line (a negative weight) of ``size`` bytes with its newline, so the split cuts stay where they were."""
+    """An invalid line (a negative weight) of ``size`` bytes with its newline, so the part cuts stay where they were."""
     head, tail = b'{"pieces": [{"text": "', b'", "weight": -1}]}\n'
     return head + b"x" * max(1, size - len(head) - len(tail)) + tail
 
 
 def _first_lines(path: Path, plan) -> list[int]:
-    """The file's line number of each split's first line, counted from the bytes (not by the build)."""
+    """The file's line number of each part's first line, counted from the bytes (not by the build)."""
     data = path.read_bytes()
     return [data[: s.start].count(b"\n") + 1 for s in plan]
 
 
 def _files_with_bad_lines(tmp_path, bad_at: dict[str, list[tuple[int, int]]]) -> tuple[list[Path], list[tuple[Path, int]]]:
-    """Three inputs of a third of the sample each, every one cut into several splits; line ``k`` of split ``part``
+    """Three inputs of a third of the sample each, every one cut into several parts; line ``k`` of part ``part``
     of each file named in ``bad_at`` made invalid. The bad lines as (file, line in that file), in input order."""
     lines = SAMPLE_RAW.read_bytes().splitlines(keepends=True)
     third = len(lines) // 3
@@ -242,7 +242,7 @@ def _files_with_bad_lines(tmp_path, bad_at: dict[str, list[tuple[int, int]]]) ->
     for i, name in enumerate(("a", "b", "c")):
         path = tmp_path / f"{name}.jsonl"
         path.write_bytes(b"".join(lines[i * third : (i + 1) * third]))
-        plan = plan_splits([str(path)], MULTI_SPLIT)
+        plan = plan_parts([str(path)], MULTI_PART)
         assert len(plan) >= 3
         own = path.read_bytes().splitlines(keepends=True)
         for part, k in bad_at.get(name, []):
@@ -250,18 +250,18 @@ def _files_with_bad_lines(tmp_path, bad_at: dict[str, list[tuple[int, int]]]) ->
             own[n - 1] = _bad_line(len(own[n - 1]))
             bad.append((path, n))
         path.write_bytes(b"".join(own))
-        assert plan_splits([str(path)], MULTI_SPLIT) == plan  # the bad lines did not move the cuts
+        assert plan_parts([str(path)], MULTI_PART) == plan  # the bad lines did not move the cuts
         paths.append(path)
     return paths, sorted(bad, key=lambda b: (paths.index(b[0]), b[1]))
 
 
-MULTI_SPLIT = 60_000  # a third of the sample: 4 or 5 splits
+MULTI_PART = 60_000  # a third of the sample: 4 or 5 parts
 
 
 def test_strict_mode_numbers_a_bad_line_within_its_own_file(tmp_path):
-    """The earliest bad line is in a later split of the second file: its number counts that file's lines only."""
+    """The earliest bad line is in a later part of the second file: its number counts that file's lines only."""
     paths, bad = _files_with_bad_lines(tmp_path, {"b": [(2, 5), (3, 1)], "c": [(1, 2)]})
-    cfg = _cfg(read={"split_bytes": MULTI_SPLIT, "block_bytes": 32768})
+    cfg = _cfg(read={"part_bytes": MULTI_PART, "block_bytes": 32768})
     with pytest.raises(InputError) as err:
         build([str(p) for p in paths], tmp_path / "out", cfg, executor=Delaying(LocalExecutor(2), {}))
     path, line = bad[0]
@@ -271,7 +271,7 @@ def test_strict_mode_numbers_a_bad_line_within_its_own_file(tmp_path):
 
 def test_skipped_lines_of_several_files_are_numbered_in_their_own_file(tmp_path):
     paths, bad = _files_with_bad_lines(tmp_path, {"a": [(1, 3)], "b": [(0, 4), (2, 5), (3, 1)], "c": [(2, 2)]})
-    cfg = _cfg(read={"split_bytes": MULTI_SPLIT, "block_bytes": 32768}, validate={"on_invalid": "skip"})
+    cfg = _cfg(read={"part_bytes": MULTI_PART, "block_bytes": 32768}, validate={"on_invalid": "skip"})
     build([str(p) for p in paths], tmp_path / "out", cfg)
     rejects = [json.loads(x) for x in (tmp_path / "out" / "rejects.jsonl").read_text().splitlines()]
     assert [(r["source"], r["line"], r["byte_offset"]) for r in rejects] == [
@@ -282,14 +282,14 @@ def test_skipped_lines_of_several_files_are_numbered_in_their_own_file(tmp_path)
 
 
 @pytest.mark.parametrize("kind", ["local", "ray"])
-def test_strict_mode_does_not_wait_for_the_later_splits_that_run(kind, tmp_path, request):
-    """A bad line in split 0 while split 1 runs (a long delay): the build fails at once; split 1's worker is
+def test_strict_mode_does_not_wait_for_the_later_parts_that_run(kind, tmp_path, request):
+    """A bad line in part 0 while part 1 runs (a long delay): the build fails at once; part 1's worker is
     killed, not left behind, and nothing is left on disk."""
     if kind == "ray":
         request.getfixturevalue("ray_session")
     path, _ = _with_bad_lines(tmp_path)
     lines = path.read_bytes().splitlines(keepends=True)
-    lines[9] = b'{"pieces": [{"text": "x", "weight": -1}]}\n'  # line 10, in split 0
+    lines[9] = b'{"pieces": [{"text": "x", "weight": -1}]}\n'  # line 10, in part 0
     path.write_bytes(b"".join(lines))
     pid_dir = tmp_path / "pids"
     pid_dir.mkdir()
@@ -301,7 +301,7 @@ def test_strict_mode_does_not_wait_for_the_later_splits_that_run(kind, tmp_path,
     assert time.monotonic() - start < delay / 3
     assert str(err.value).startswith(f"{path}:10: pieces[0].weight:")
     running = [int(p.suffix[1:]) for p in pid_dir.glob("1.*")]
-    assert running  # the premise: split 1 was running
+    assert running  # the premise: part 1 was running
     for pid in running:
         if kind == "local":
             with pytest.raises(ProcessLookupError):
@@ -315,7 +315,7 @@ def test_strict_mode_does_not_wait_for_the_later_splits_that_run(kind, tmp_path,
 
 
 def _kill_first_worker(pid_dir: Path, index: int) -> threading.Thread:
-    """SIGKILL the process that starts split ``index`` (once) while it sleeps in its delay."""
+    """SIGKILL the process that starts part ``index`` (once) while it sleeps in its delay."""
 
     def kill() -> None:
         deadline = time.monotonic() + 60
@@ -342,7 +342,7 @@ def test_a_killed_worker_is_retried_and_the_bytes_are_the_same(kind, tmp_path, r
     killer = _kill_first_worker(pid_dir, 2)
     build([str(SAMPLE_RAW)], tmp_path / "out", _cfg(), executor=executor)
     killer.join()
-    assert len(list(pid_dir.glob("2.*"))) >= 2  # split 2 ran again, in another process
+    assert len(list(pid_dir.glob("2.*"))) >= 2  # part 2 ran again, in another process
     assert _digests(tmp_path / "out") == reference
 
 
@@ -358,14 +358,14 @@ build([{raw!r}], {out!r}, cfg, executor=Delaying(SerialExecutor(), {{i: 0.5 for 
 """
 
 
-def test_resume_after_a_killed_driver_reuses_its_finished_splits(tmp_path, reference):
+def test_resume_after_a_killed_driver_reuses_its_finished_parts(tmp_path, reference):
     out = tmp_path / "out"
-    cfg = {"pack": {"seq_len": 512}, "read": {"split_bytes": SPLIT, "block_bytes": 32768}}
+    cfg = {"pack": {"seq_len": 512}, "read": {"part_bytes": PART, "block_bytes": 32768}}
     script = _DRIVER.format(tests=str(REPO / "tests"), cfg=cfg, raw=str(SAMPLE_RAW), out=str(out))
     proc = subprocess.Popen([sys.executable, "-c", script])
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and proc.poll() is None:
-        done = [p for p in tmp_path.glob(".out.tmp-*/splits/0000?") if (p / "result.json").is_file()]
+        done = [p for p in tmp_path.glob(".out.tmp-*/parts/0000?") if (p / "result.json").is_file()]
         if len(done) >= 3:
             break
         time.sleep(0.02)
@@ -384,26 +384,26 @@ class _Killed(BaseException):
 
 
 class _KilledAfter(Delaying):
-    """``inner`` (default: this process), "killed" (``_Killed``) once ``n`` splits of the build have finished."""
+    """``inner`` (default: this process), "killed" (``_Killed``) once ``n`` parts of the build have finished."""
 
     def __init__(self, n: int, inner=None, delays=None, pid_dir=None) -> None:
         super().__init__(inner or SerialExecutor(), delays or {}, pid_dir)
         self.n = n
 
-    def map(self, splits, progress=None, **options):
-        with contextlib.closing(super().map(splits, progress, **options)) as results:
+    def map(self, parts, progress=None, **options):
+        with contextlib.closing(super().map(parts, progress, **options)) as results:
             for done, result in enumerate(results, 1):
                 yield result
-                if done == self.n and not options.get("first_pass"):
+                if done == self.n and options.get("task") is None:
                     raise _Killed
 
 
 def _killed_build(inputs: list[str], out: Path, cfg, finished: int = 2, executor=None) -> None:
-    """A build killed after ``finished`` splits: its temporary directory left as a dead process leaves it."""
+    """A build killed after ``finished`` parts: its temporary directory left as a dead process leaves it."""
     with pytest.raises(_Killed):
         build(inputs, out, cfg, executor=executor or _KilledAfter(finished))
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
-    assert sorted(p.name for p in (tmp / "splits").iterdir()) == [f"{i:05d}" for i in range(finished)]
+    assert sorted(p.name for p in (tmp / "parts").iterdir()) == [f"{i:05d}" for i in range(finished)]
     tmp.rename(out.parent / f".{out.name}.tmp-999999999")
 
 
@@ -431,18 +431,18 @@ def _assert_gone(pid: int) -> None:
         time.sleep(0.05)
 
 
-def test_an_interrupted_build_kills_its_running_splits_and_resumes(tmp_path, reference):
-    """Interrupted while workers run splits 2 and 3 (long delays): it ends at once, those workers are killed,
-    the finished splits stay for --resume, which writes the bytes of an uninterrupted build."""
+def test_an_interrupted_build_kills_its_running_parts_and_resumes(tmp_path, reference):
+    """Interrupted while workers run parts 2 and 3 (long delays): it ends at once, those workers are killed,
+    the finished parts stay for --resume, which writes the bytes of an uninterrupted build."""
     pid_dir = tmp_path / "pids"
     pid_dir.mkdir()
     delay = 120.0
     executor = _KilledAfter(2, LocalExecutor(2), {2: delay, 3: delay}, str(pid_dir))
     start = time.monotonic()
-    _killed_build([str(SAMPLE_RAW)], tmp_path / "out", _cfg(), executor=executor)  # no partial split left
+    _killed_build([str(SAMPLE_RAW)], tmp_path / "out", _cfg(), executor=executor)  # no partial part left
     assert time.monotonic() - start < delay / 3
     running = [int(p.suffix[1:]) for p in [*pid_dir.glob("2.*"), *pid_dir.glob("3.*")]]
-    assert running  # the premise: a split was running (the second worker may not have taken one yet)
+    assert running  # the premise: a part was running (the second worker may not have taken one yet)
     for pid in running:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)  # gone, and reaped
@@ -453,7 +453,7 @@ def test_an_interrupted_build_kills_its_running_splits_and_resumes(tmp_path, ref
 
 
 def test_resume_ignores_a_leftover_of_another_plan(tmp_path, reference):
-    stale = tmp_path / ".out.tmp-999999999" / "splits" / "00000"
+    stale = tmp_path / ".out.tmp-999999999" / "parts" / "00000"
     stale.mkdir(parents=True)
     (stale / "result.json").write_text("{}")
     (tmp_path / ".out.tmp-999999999" / "plan.json").write_text("not this build")
@@ -465,13 +465,13 @@ def test_resume_ignores_a_leftover_of_another_plan(tmp_path, reference):
 
 
 @pytest.mark.parametrize("change", ["nothing", "config", "input"])
-def test_resume_reuses_splits_only_of_the_same_config_and_input(change, tmp_path):
+def test_resume_reuses_parts_only_of_the_same_config_and_input(change, tmp_path):
     raw = tmp_path / "raw.jsonl"
     raw.write_bytes(SAMPLE_RAW.read_bytes())
     out = tmp_path / "out"
     _killed_build([str(raw)], out, _cfg())
     cfg = _cfg(assemble={"eos_weight": 0.5}) if change == "config" else _cfg()
-    if change == "input":  # another first record: split 0 is not what the killed build read
+    if change == "input":  # another first record: part 0 is not what the killed build read
         lines = raw.read_bytes().splitlines(keepends=True)
         raw.write_bytes(b"".join([lines[1], lines[0], *lines[2:]]))
     executor = Delaying(SerialExecutor(), {})
@@ -521,10 +521,10 @@ def test_resume_after_the_chat_template_changed_starts_over(where, tmp_path):
     raw.write_text("".join(json.dumps(r) + "\n" for r in records))
     use(first)
     cfg = config_from_dict({
-        "tokenizer": {"name": str(tok_dir)}, "pack": {"seq_len": 128}, "read": {"split_bytes": 6000},
+        "tokenizer": {"name": str(tok_dir)}, "pack": {"seq_len": 128}, "read": {"part_bytes": 6000},
         "chat": {"template": None if where == "tokenizer_config" else str(template_file)},
     })  # fmt: skip
-    assert len(plan_splits([str(raw)], 6000)) >= 4
+    assert len(plan_parts([str(raw)], 6000)) >= 4
     build([str(raw)], tmp_path / "first", cfg)
     out = tmp_path / "out"
     _killed_build([str(raw)], out, cfg)
@@ -546,7 +546,7 @@ def test_resume_after_the_chat_template_changed_starts_over(where, tmp_path):
 
 @pytest.mark.parametrize("kind", ["local", "ray"])
 def test_one_pool_serves_both_passes_of_a_build(kind, tmp_path, monkeypatch, request):
-    """--validation-records reads the splits twice (keys, then the build): the worker processes (Ray actors) are
+    """--validation-records reads the parts twice (keys, then the build): the worker processes (Ray actors) are
     started once."""
     import concurrent.futures
 
@@ -564,15 +564,15 @@ def test_one_pool_serves_both_passes_of_a_build(kind, tmp_path, monkeypatch, req
     pid_dir.mkdir()
     executor = Delaying(LocalExecutor(2) if kind == "local" else RayExecutor(2), {}, str(pid_dir))
     build([str(SAMPLE_RAW)], tmp_path / "out", _cfg(split={"validation_records": 50}), executor=executor)
-    assert len(executor.order) == 12  # both passes ran every split
+    assert len(executor.order) == 12  # both passes ran every part
     assert starts == ([1] if kind == "local" else [])
     assert len({p.suffix for p in pid_dir.iterdir()}) == 2  # by the same two processes
 
 
-def test_validation_records_cut_is_merged_from_every_split(tmp_path):
-    """--validation-records: the N smallest keys of every split merge into the cut of the whole input."""
+def test_validation_records_cut_is_merged_from_every_part(tmp_path):
+    """--validation-records: the N smallest keys of every part merge into the cut of the whole input."""
     split = {"validation_records": 50}
-    one = build([str(SAMPLE_RAW)], tmp_path / "one", _cfg(split=split, read={"split_bytes": 1 << 30}))
+    one = build([str(SAMPLE_RAW)], tmp_path / "one", _cfg(split=split, read={"part_bytes": 1 << 30}))
     serial = build([str(SAMPLE_RAW)], tmp_path / "serial", _cfg(split=split), executor=SerialExecutor())
     build([str(SAMPLE_RAW)], tmp_path / "local", _cfg(split=split), executor=LocalExecutor(2))
     assert _digests(tmp_path / "serial") == _digests(tmp_path / "local")
@@ -582,14 +582,14 @@ def test_validation_records_cut_is_merged_from_every_split(tmp_path):
 
 
 def test_the_first_pass_of_validation_records_renders_no_conversation(tmp_path, monkeypatch):
-    import weightprep.pipeline as pipeline
+    import weightprep.blocks as blocks
 
     tok_dir, records = _conversations(tmp_path, 40)
     raw = tmp_path / "chats.jsonl"
     raw.write_text("".join(json.dumps(r) + "\n" for r in records))
     rendered = []
-    real = pipeline.render_chats
-    monkeypatch.setattr(pipeline, "render_chats", lambda r, *a: rendered.append(len(r)) or real(r, *a))
+    real = blocks.render_chats
+    monkeypatch.setattr(blocks, "render_chats", lambda r, *a: rendered.append(len(r)) or real(r, *a))
     cfg = config_from_dict({"tokenizer": {"name": str(tok_dir)}, "pack": {"seq_len": 64}, "split": {"validation_records": 5}})
     manifest = build([str(raw)], tmp_path / "out", cfg)
     assert sum(rendered) == 40  # each conversation once: by the build, not by the pass that finds the cut
@@ -623,17 +623,17 @@ def test_progress_counts_input_bytes_up_to_the_whole_input(tmp_path, executor):
     assert done == sorted(done) and done[-1] == SAMPLE_RAW.stat().st_size
     assert seen[-1][1] == manifest["counts"]["accepted"]
     if isinstance(executor, SerialExecutor):
-        assert len(seen) > 6  # within splits too, block by block
+        assert len(seen) > 6  # within parts too, block by block
 
 
-def test_the_cli_runs_the_splits_on_worker_processes(tmp_path):
-    """What users type: --split-bytes, --executor local --workers 2; the summary and the same bytes."""
+def test_the_cli_runs_the_parts_on_worker_processes(tmp_path):
+    """What users type: --part-bytes, --executor local --workers 2; the summary and the same bytes."""
     from click.testing import CliRunner
 
     from weightprep.cli import main
 
     out = tmp_path / "out"
-    args = ["build", str(SAMPLE_RAW), "--out", str(out), "--seq-len", "512", "--split-bytes", str(SPLIT)]
+    args = ["build", str(SAMPLE_RAW), "--out", str(out), "--seq-len", "512", "--part-bytes", str(PART)]
     result = CliRunner().invoke(main, [*args, "--executor", "local", "--workers", "2"])
     assert result.exit_code == 0, result.output
     assert "wrote" in result.output

@@ -13,8 +13,8 @@ from reference import check_rows, reference_document, same_documents, supervised
 from tokenizer_factory import FAMILIES, ROUND_TRIP_FAMILIES
 
 from weightprep.batches import Block, Documents
+from weightprep.blocks import document_batch
 from weightprep.config import config_from_dict
-from weightprep.pipeline import document_batch
 from weightprep.stages.pack import Packer, best_fit_decreasing
 from weightprep.stages.tokenize import PieceTokenizer
 from weightprep.stages.validate import parse_block

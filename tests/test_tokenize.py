@@ -153,11 +153,11 @@ FASTOKENS_LOADS = {"bos_eos_distinct", "no_bos_pad_is_eos", "bos_eos_pad_same", 
                    "sentencepiece_legacy", "byte_level_prefix_space"}  # fastokens 0.3.5 lacks Metaspace, Whitespace
 
 
-def _backend_build(tok, raw, out, backend, notes=None, split_bytes=1 << 28):
+def _backend_build(tok, raw, out, backend, notes=None, part_bytes=1 << 28):
     from weightprep.config import config_from_dict
     from weightprep.pipeline import build
 
-    read = {"block_bytes": 1 << 14, "split_bytes": split_bytes}
+    read = {"block_bytes": 1 << 14, "part_bytes": part_bytes}
     cfg = config_from_dict({"pack": {"seq_len": 128}, "tokenizer": {"backend": backend}, "read": read})
     return build([str(raw)], out, cfg, tokenizer=tok, notify=None if notes is None else notes.append)
 
@@ -201,10 +201,10 @@ def test_without_fastokens_auto_falls_back_and_says_so(tmp_path, write_jsonl, mo
         _backend_build(bos_eos_distinct(), write_jsonl([{"pieces": PIECES}]), tmp_path / "o2", "fastokens")
 
 
-@pytest.mark.parametrize("split_bytes", [1 << 28, 100], ids=["one-split", "input-splits"])
-def test_the_guard_stops_the_build_at_a_piece_fastokens_gets_wrong(tmp_path, write_jsonl, monkeypatch, split_bytes):
+@pytest.mark.parametrize("part_bytes", [1 << 28, 100], ids=["one-part", "input-parts"])
+def test_the_guard_stops_the_build_at_a_piece_fastokens_gets_wrong(tmp_path, write_jsonl, monkeypatch, part_bytes):
     """A fastokens bug on one text: the sampled re-encode catches it, names file:line and both ids, writes nothing.
-    With input splits the line is still the line in the file."""
+    With input parts the line is still the line in the file."""
     from weightprep.stages import tokenize as stage
 
     real = stage._FastokensEncoder.__call__
@@ -222,7 +222,7 @@ def test_the_guard_stops_the_build_at_a_piece_fastokens_gets_wrong(tmp_path, wri
     raw = write_jsonl(lines)
     monkeypatch.setattr(stage, "GUARD_PIECES", 10)  # every piece of this small block is sampled
     with pytest.raises(UsageError) as err:
-        _backend_build(bos_eos_distinct(), raw, tmp_path / "out", "auto", split_bytes=split_bytes)
+        _backend_build(bos_eos_distinct(), raw, tmp_path / "out", "auto", part_bytes=part_bytes)
     want = bos_eos_distinct()("weird", add_special_tokens=False)["input_ids"]
     assert f"{raw}:5: pieces[1].text" in str(err.value) and f"tokenizers {want}" in str(err.value)
     assert "--tokenizer-backend hf" in str(err.value) and not (tmp_path / "out").exists()

@@ -1,14 +1,14 @@
 """The build's counts, and the identity they must satisfy before anything is published.
 
 Every record read is accepted or rejected (by reason); every accepted record becomes one
-document; every document is written, dropped (by reason) or split into parts; and the tokens
+document; every document is written, dropped (by reason) or cut into chunks; and the tokens
 and weight written are what was accepted minus what each step removed::
 
     records             = accepted + sum(rejected)
     documents           = accepted
-    documents_written   = documents - sum(dropped) - split + split_parts
+    documents_written   = documents - sum(dropped) - chunked + chunks
     tokens written      = tokens accepted - tokens dropped (by reason) - tokens cut by truncation
-    weight written      = weight accepted - weight unlabeled (first tokens, split chunks)
+    weight written      = weight accepted - weight unlabeled (first tokens, chunks' first tokens)
                           - weight dropped (by reason) - weight cut by truncation
 
 "Accepted" tokens and weight are computed from the tokenizer's output and the pieces' weights,
@@ -50,8 +50,8 @@ def final_counts(counts: Counter[str], rejected: Counter[str], seq_len: int) -> 
         "documents_written": counts["documents_written"],
         "dropped": {r: counts[f"dropped_{r}"] for r in DROP_REASONS},
         "truncated": counts["truncated"],
-        "split": counts["split"],
-        "split_parts": counts["split_parts"],
+        "chunked": counts["chunked"],
+        "chunks": counts["chunks"],
         "rows": rows,
         "tokens": counts["tokens"],
         "pad_tokens": rows * seq_len - counts["tokens"],
@@ -68,7 +68,7 @@ def final_counts(counts: Counter[str], rejected: Counter[str], seq_len: int) -> 
             "weight": {
                 "accepted": counts["weight_accepted"],
                 "unlabeled_first": counts["weight_unlabeled_first"],
-                "unlabeled_split": counts["weight_split"],
+                "unlabeled_chunks": counts["weight_chunked"],
                 **weight_removed,
                 "cut_truncated": counts["weight_truncated"],
                 "written": counts["total_weight"],
@@ -86,11 +86,11 @@ def check_accounting(counts: dict[str, Any]) -> None:
         problems.append(f"records read {c['records']} != accepted {c['accepted']} + rejected {rejected}")
     if c["documents"] != c["accepted"]:
         problems.append(f"documents {c['documents']} != accepted records {c['accepted']}")
-    expected_docs = c["documents"] - sum(c["dropped"].values()) - c["split"] + c["split_parts"]
+    expected_docs = c["documents"] - sum(c["dropped"].values()) - c["chunked"] + c["chunks"]
     if c["documents_written"] != expected_docs:
         problems.append(
             f"documents written {c['documents_written']} != documents {c['documents']} - dropped "
-            f"{sum(c['dropped'].values())} - split {c['split']} + parts {c['split_parts']} = {expected_docs}"
+            f"{sum(c['dropped'].values())} - chunked {c['chunked']} + chunks {c['chunks']} = {expected_docs}"
         )
     t = c["accounting"]["tokens"]
     expected_tokens = t["accepted"] - sum(v for k, v in t.items() if k not in ("accepted", "written"))

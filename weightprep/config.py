@@ -3,7 +3,7 @@
 A pipeline file mirrors the dataclasses (``pipelines/packed.yaml``)::
 
     tokenizer: {name: null, add_bos: auto}
-    read:      {block_bytes: 8388608, max_line_bytes: 67108864, split_bytes: 268435456}
+    read:      {block_bytes: 8388608, max_line_bytes: 67108864, part_bytes: 268435456}
     validate:  {on_invalid: error}
     assemble:  {eos_weight: 1.0}
     filter:    {overlong: drop, max_length: null}
@@ -15,12 +15,16 @@ A pipeline file mirrors the dataclasses (``pipelines/packed.yaml``)::
 Unknown keys and wrong types are errors; every problem is collected and reported together,
 each naming its dotted path (``pack.seq_len: expected int, got str '2k'``). CLI flags are
 applied on top as dotted overrides (``{"pack.seq_len": 4096}``) and validated the same way.
+
+Renamed keys and values (``RENAMED_KEYS``, ``RENAMED_VALUES``) are still accepted under their old spelling, in
+files and overrides alike, with a deprecation note (a ``FutureWarning``, shown once per key or value).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import types
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
@@ -70,9 +74,9 @@ class ReadConfig:
         default=None,
         metadata={"help": "Rename input columns of Parquet/Arrow inputs: TARGET=SOURCE,... (prompt=question,...)."},
     )
-    split_bytes: int = field(
+    part_bytes: int = field(
         default=256 << 20,
-        metadata={"help": "Plain JSONL files are cut into splits of about this many bytes, the unit of parallel work."},
+        metadata={"help": "Plain JSONL files are cut into parts of about this many bytes, the unit of parallel work."},
     )
 
 
@@ -91,7 +95,7 @@ class AssembleConfig:
 
 @dataclass(frozen=True)
 class FilterConfig:
-    overlong: Literal["drop", "truncate", "split"] = field(
+    overlong: Literal["drop", "truncate", "chunk"] = field(
         default="drop", metadata={"help": "What to do with documents longer than max_length."}
     )
     max_length: int | None = field(default=None, metadata={"help": "Longest document kept; null: pack.seq_len."})
@@ -252,12 +256,55 @@ def _semantic_checks(cfg: BuildConfig, problems: list[str]) -> None:
         ("pack.window", cfg.pack.window, 1),
         ("read.block_bytes", cfg.read.block_bytes, 1024),
         ("read.max_line_bytes", cfg.read.max_line_bytes, 1024),
-        ("read.split_bytes", cfg.read.split_bytes, 1),
+        ("read.part_bytes", cfg.read.part_bytes, 1),
         ("write.max_shard_bytes", cfg.write.max_shard_bytes, 1024),
         ("tokenizer.batch_size", cfg.tokenizer.batch_size, 1),
     ):
         if isinstance(value, int) and value < low:
             problems.append(f"{path}: must be at least {low}, got {value}")
+
+
+#: Keys renamed since they were released (old dotted path -> new): "split" is train/validation only.
+RENAMED_KEYS = {"read.split_bytes": "read.part_bytes"}
+#: Values renamed since they were released ((dotted path, old value) -> new value).
+RENAMED_VALUES = {("filter.overlong", "split"): "chunk"}
+
+
+def _deprecated(note: str) -> None:
+    # FutureWarning: shown to users by default, once per note (the default filter); the CLI prints it as a note
+    warnings.warn(note, FutureWarning, stacklevel=4)
+
+
+def _renamed(merged: dict[str, Any], overrides: dict[str, Any], problems: list[str]) -> dict[str, Any]:
+    """``merged`` (a pipeline file's sections) and ``overrides`` (dotted) with old keys moved to their new names;
+    returns the overrides so renamed. A key given under both names is a problem."""
+    renamed = dict(overrides)
+    for old, new in RENAMED_KEYS.items():
+        section, _, key = old.partition(".")
+        new_section, _, new_key = new.partition(".")
+        node = merged.get(section)
+        if isinstance(node, dict) and key in node:
+            _deprecated(f"{old} is deprecated: use {new}")
+            if isinstance(merged.get(new_section), dict) and new_key in merged[new_section]:
+                problems.append(f"{old}: renamed {new}, which is also given; keep only {new}")
+            else:
+                merged.setdefault(new_section, {})[new_key] = node.pop(key)
+        value = renamed.pop(old, None)
+        if value is not None:
+            _deprecated(f"{old} is deprecated: use {new}")
+            if renamed.get(new) is None:
+                renamed[new] = value
+    return renamed
+
+
+def _renamed_values(merged: dict[str, Any]) -> None:
+    """Old values in ``merged`` replaced by their new names."""
+    for (dotted, old), new in RENAMED_VALUES.items():
+        section, _, key = dotted.partition(".")
+        node = merged.get(section)
+        if isinstance(node, dict) and node.get(key) == old:
+            _deprecated(f"{dotted}: {old} is deprecated: use {new}")
+            node[key] = new
 
 
 def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
@@ -277,9 +324,10 @@ def config_from_dict(
     if not isinstance(data, dict):
         raise ConfigError([f"<top level>: expected a mapping of sections, got {_describe(data)}"], source)
     merged = {k: dict(v) if isinstance(v, dict) else v for k, v in data.items()}
-    for dotted, value in (overrides or {}).items():
+    for dotted, value in _renamed(merged, overrides or {}, problems).items():
         if value is not None:
             _set_dotted(merged, dotted, value)
+    _renamed_values(merged)
     cfg = _build(BuildConfig, merged, problems)
     if not problems:
         _semantic_checks(cfg, problems)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,8 @@ def format_summary(manifest: dict[str, Any], out: str) -> str:
     size = sum(s["bytes"] for s in shards)
     mode = "packed" if cfg["pack"]["enabled"] else "unpacked"
     dropped = ", ".join(f"{k} {v:,}" for k, v in c["dropped"].items() if v) or "none"
+    # manifests before the overlong policy "split" was renamed "chunk" count split / split_parts
+    chunked, chunks = c.get("chunked", c.get("split", 0)), c.get("chunks", c.get("split_parts", 0))
     lines = [
         f"wrote {out}/: {len(shards)} shard(s), {c['rows']:,} {mode} rows of {cfg['pack']['seq_len']} tokens, {size / 1e6:.1f} MB",
         f"  records {c['records']:,} -> documents {c['documents']:,} -> written {c['documents_written']:,}",
@@ -33,7 +36,7 @@ def format_summary(manifest: dict[str, Any], out: str) -> str:
         ),
         f"  tokens {c['tokens']:,} (supervised {c['supervised_tokens']:,}, total weight {c['total_weight']:,.1f}), "
         f"pad {c['pad_tokens']:,}, fill {100 * c['fill_ratio']:.2f}%",
-        f"  dropped: {dropped}; truncated {c['truncated']:,}; split {c['split']:,} into {c['split_parts']:,} parts",
+        f"  dropped: {dropped}; truncated {c['truncated']:,}; chunked {chunked:,} into {chunks:,} chunks",
         *(
             f"  {name}: {sc['records']:,} records, {sc['documents_written']:,} documents, {sc['rows']:,} rows, "
             f"{sc['tokens']:,} tokens (supervised {sc['supervised_tokens']:,}), fill {100 * sc['fill_ratio']:.2f}%"
@@ -53,7 +56,13 @@ def format_summary(manifest: dict[str, Any], out: str) -> str:
 @click.option("--tokenizer", help="Tokenizer directory or hub id (default: the bundled sample tokenizer).")
 @click.option("--seq-len", type=int, help="Row length in tokens [pack.seq_len, default 2048].")
 @click.option("--packed/--unpacked", default=None, help="Pack documents into rows, or one padded document per row.")
-@click.option("--overlong", type=click.Choice(["drop", "truncate", "split"]), help="Policy for documents over max length.")
+@click.option(
+    "--overlong",
+    # "split" is the old name of "chunk", accepted with a deprecation note (config.RENAMED_VALUES)
+    type=click.Choice(["drop", "truncate", "chunk", "split"]),
+    metavar="[drop|truncate|chunk]",
+    help="Policy for documents over max length.",
+)
 @click.option("--max-length", type=int, help="Longest document kept whole [filter.max_length, default seq-len].")
 @click.option("--eos-weight", type=float, help="Weight of each document's EOS token [default 1.0].")
 @click.option("--add-bos", type=click.Choice(["auto", "always", "never"]), help="Prepend BOS [default auto].")
@@ -105,14 +114,15 @@ def format_summary(manifest: dict[str, Any], out: str) -> str:
     type=click.Choice(["local", "ray", "serial"]),
     default="local",
     show_default=True,
-    help="Who runs the input splits: local worker processes, Ray actors (pip install 'weightprep[ray]'), or this "
+    help="Who runs the input parts: local worker processes, Ray actors (pip install 'weightprep[ray]'), or this "
     "process alone. The output does not depend on it.",
 )
 @click.option("--workers", type=click.IntRange(min=1), help="Worker processes / Ray actors (default: one per core).")
 @click.option("--ray-address", help="Ray cluster to run on (default: RAY_ADDRESS; none: a local Ray cluster).")
-@click.option("--split-bytes", type=click.IntRange(min=1), help="Cut plain JSONL files into splits of about this size [read.split_bytes, 256 MiB].")
+@click.option("--part-bytes", type=click.IntRange(min=1), help="Cut plain JSONL files into parts of about this size [read.part_bytes, 256 MiB].")
+@click.option("--split-bytes", type=click.IntRange(min=1), hidden=True, help="Deprecated: --part-bytes.")
 @click.option(
-    "--resume", is_flag=True, help="Reuse the finished splits of an interrupted build of the same inputs and configuration."
+    "--resume", is_flag=True, help="Reuse the finished parts of an interrupted build of the same inputs and configuration."
 )
 @click.option(
     "--num-proc",
@@ -161,12 +171,18 @@ def build(
         "split.validation_records": flags["validation_records"],
         "split.seed": flags["split_seed"],
         "read.columns": flags["columns"],
-        "read.split_bytes": flags["split_bytes"],
+        "read.part_bytes": flags["part_bytes"] if flags["part_bytes"] is not None else flags["split_bytes"],
         "chat.template": flags["chat_template"],
         "chat.role_weights": flags["role_weights"],
         "chat.sanitize_control_tokens": True if flags["sanitize_control_tokens"] else None,
     }
-    cfg = load_config(pipeline_file, overrides)
+    if flags["split_bytes"] is not None:
+        click.echo("note: --split-bytes is deprecated: use --part-bytes", err=True)
+    with warnings.catch_warnings(record=True) as deprecated:
+        warnings.simplefilter("always", FutureWarning)
+        cfg = load_config(pipeline_file, overrides)
+    for note in dict.fromkeys(str(w.message) for w in deprecated if issubclass(w.category, FutureWarning)):
+        click.echo(f"note: {note}", err=True)
     paths = expand_inputs(inputs)
     err = Console(stderr=True)
     if cfg.tokenizer.name is None:

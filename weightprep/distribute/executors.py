@@ -1,22 +1,23 @@
-"""Executors: an ordered map of the per-split work (``weightprep.pipeline.SplitJob``) over the split plan.
+"""Executors: an ordered map of the per-part work (``weightprep.distribute.job.PartJob``) over the part plan.
 
-- ``SerialExecutor``: every split in this process, one after the other (the tokenizer and fastokens still use
+- ``SerialExecutor``: every part in this process, one after the other (the tokenizer and fastokens still use
   every core).
-- ``LocalExecutor`` (the default): a pool of worker processes on this machine, one split at a time each; a
-  single split, or ``--workers 1``, runs in this process like ``SerialExecutor``. A worker that dies (killed,
-  out of memory) breaks the pool: it is started again and the unfinished splits are run again, up to
+- ``LocalExecutor`` (the default): a pool of worker processes on this machine, one part at a time each; a
+  single part, or ``--workers 1``, runs in this process like ``SerialExecutor``. A worker that dies (killed,
+  out of memory) breaks the pool: it is started again and the unfinished parts are run again, up to
   ``RETRIES`` times.
 - ``RayExecutor``: one Ray actor per worker on a Ray cluster (``--ray-address`` / ``RAY_ADDRESS``; without one, a
   local cluster sized to the workers). Each actor loads the tokenizer once; Ray restarts an actor that dies and
-  retries its split, up to ``RETRIES`` times.
+  retries its part, up to ``RETRIES`` times.
 
-An executor is started once per build, with the build's job (``with executor.start(job, n_splits):``): its pool,
-or its actors and the Ray cluster it started, serve every pass over the splits (``--validation-records`` makes
-two), and ``map(splits, progress, **options)`` runs ``job.with_options(**options)`` on each split. Executors
-yield results as splits finish, in any order; ``run_splits`` orders them, and reports the earliest bad line in
+An executor is started once per build, with the build's job (``with executor.start(job, n_parts):``): its pool,
+or its actors and the Ray cluster it started, serve every pass over the parts (``--validation-records`` makes
+two), and ``map(parts, progress, task, **options)`` runs ``job.with_options(**options)`` on each part (or
+``task(job, part)``: another task on the same workers, such as the key pass ``KeyPass``). Executors
+yield results as parts finish, in any order; ``run_parts`` orders them, and reports the earliest bad line in
 input order whatever finished first. A map left before its end (that error is known, Ctrl-C, a failure)
-terminates the splits still running: their processes are killed, and replaced if the build maps again. A split's
-result is written whole or not at all (``SplitJob``), so a retried split ends with the same bytes and a killed
+terminates the parts still running: their processes are killed, and replaced if the build maps again. A part's
+result is written whole or not at all (``PartJob``), so a retried part ends with the same bytes and a killed
 one leaves no result.
 """
 
@@ -28,35 +29,42 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from weightprep.distribute.plan import InputSplit, line_bases
+from weightprep.distribute.plan import InputPart, line_bases
 from weightprep.errors import BackendMismatch, InputError, UsageError
 
-__all__ = ["Executor", "SerialExecutor", "LocalExecutor", "RayExecutor", "make_executor", "run_splits", "RETRIES"]
+__all__ = ["Executor", "SerialExecutor", "LocalExecutor", "RayExecutor", "make_executor", "run_parts", "RETRIES"]
 
-#: How often a split whose worker died is run again.
+#: How often a part whose worker died is run again.
 RETRIES = 3
 
-#: (split index, input bytes of that split read so far, records accepted in it so far); only in-process runs report it.
-SplitProgress = Callable[[int, int, int], None]
+#: (part index, input bytes of that part read so far, records accepted in it so far); only in-process runs report it.
+PartProgress = Callable[[int, int, int], None]
+
+#: Another task than the job itself, on the same workers: ``task(job, part)`` returns the part's result
+#: (picklable: it travels to the workers with each part).
+Task = Callable[[Any, InputPart], dict[str, Any]]
 
 
 class Executor:
-    """Runs one build's job on its splits: ``start`` once (a context manager: ``close`` at its end), then ``map``
-    for every pass over the splits."""
+    """Runs one build's job on its parts: ``start`` once (a context manager: ``close`` at its end), then ``map``
+    for every pass over the parts."""
 
     job: Any = None
 
-    def in_process(self, n_splits: int) -> bool:
-        """Whether ``n_splits`` splits run in this process (then the build hands its own tokenizer to the job)."""
+    def in_process(self, n_parts: int) -> bool:
+        """Whether ``n_parts`` parts run in this process (then the build hands its own tokenizer to the job)."""
         return False
 
-    def start(self, job: Any, n_splits: int) -> Executor:
-        """Get ready to run ``job`` on up to ``n_splits`` splits (start the pool, the actors); returns ``self``."""
+    def start(self, job: Any, n_parts: int) -> Executor:
+        """Get ready to run ``job`` on up to ``n_parts`` parts (start the pool, the actors); returns ``self``."""
         self.job = job
         return self
 
-    def map(self, splits: list[InputSplit], progress: SplitProgress | None = None, **options: Any) -> Iterator[dict[str, Any]]:
-        """``job.with_options(**options)(split)`` for every split, each result yielded as it is done."""
+    def map(
+        self, parts: list[InputPart], progress: PartProgress | None = None, task: Task | None = None, **options: Any
+    ) -> Iterator[dict[str, Any]]:
+        """``job.with_options(**options)(part)`` for every part (``task``: ``task(job, part)`` instead, without
+        progress), each result yielded as it is done."""
         raise NotImplementedError
 
     def close(self) -> None:
@@ -70,17 +78,22 @@ class Executor:
 
 
 class SerialExecutor(Executor):
-    def in_process(self, n_splits: int) -> bool:
+    def in_process(self, n_parts: int) -> bool:
         return True
 
-    def map(self, splits: list[InputSplit], progress: SplitProgress | None = None, **options: Any) -> Iterator[dict[str, Any]]:
+    def map(
+        self, parts: list[InputPart], progress: PartProgress | None = None, task: Task | None = None, **options: Any
+    ) -> Iterator[dict[str, Any]]:
         job = self.job.with_options(**options) if options else self.job
-        for split in splits:
+        for part in parts:
+            if task is not None:
+                yield task(job, part)
+                continue
             report = None
             if progress is not None:
-                def report(consumed: int, counts: Counter, index: int = split.index) -> None:
+                def report(consumed: int, counts: Counter, index: int = part.index) -> None:
                     progress(index, consumed, counts["accepted"])
-            yield job(split, report)
+            yield job(part, report)
 
 
 def _cpus() -> int:
@@ -88,7 +101,7 @@ def _cpus() -> int:
 
 
 class LocalExecutor(Executor):
-    """A process pool of ``workers`` processes (default: one per core, at most one per split), started at the
+    """A process pool of ``workers`` processes (default: one per core, at most one per part), started at the
     build's first map and kept for its later ones."""
 
     def __init__(self, workers: int | None = None) -> None:
@@ -97,18 +110,18 @@ class LocalExecutor(Executor):
         self._pool: Any = None
         self._processes = 1
 
-    def _size(self, n_splits: int) -> int:
-        return max(1, min(self.workers or _cpus(), n_splits))
+    def _size(self, n_parts: int) -> int:
+        return max(1, min(self.workers or _cpus(), n_parts))
 
-    def in_process(self, n_splits: int) -> bool:
-        return self._size(n_splits) == 1
+    def in_process(self, n_parts: int) -> bool:
+        return self._size(n_parts) == 1
 
-    def start(self, job: Any, n_splits: int) -> LocalExecutor:
+    def start(self, job: Any, n_parts: int) -> LocalExecutor:
         self.close()
-        if self.in_process(n_splits):
-            self._serial = SerialExecutor().start(job, n_splits)
+        if self.in_process(n_parts):
+            self._serial = SerialExecutor().start(job, n_parts)
             return self
-        self._processes = self._size(n_splits)
+        self._processes = self._size(n_parts)
         self.job = job.with_options(threads=max(1, _cpus() // self._processes))
         return self
 
@@ -125,7 +138,7 @@ class LocalExecutor(Executor):
         return self._pool
 
     def _stop(self, *, terminate: bool = False) -> None:
-        """Shut the pool down; with ``terminate``, kill its processes first instead of waiting for their splits."""
+        """Shut the pool down; with ``terminate``, kill its processes first instead of waiting for their parts."""
         pool, self._pool = self._pool, None
         if pool is None:
             return
@@ -137,17 +150,19 @@ class LocalExecutor(Executor):
                     process.terminate()
         pool.shutdown(wait=True, cancel_futures=True)
 
-    def map(self, splits: list[InputSplit], progress: SplitProgress | None = None, **options: Any) -> Iterator[dict[str, Any]]:
+    def map(
+        self, parts: list[InputPart], progress: PartProgress | None = None, task: Task | None = None, **options: Any
+    ) -> Iterator[dict[str, Any]]:
         if self._serial is not None:
-            yield from self._serial.map(splits, progress, **options)
+            yield from self._serial.map(parts, progress, task, **options)
             return
         from concurrent.futures import FIRST_COMPLETED, wait
         from concurrent.futures.process import BrokenProcessPool
 
-        todo = {s.index: s for s in splits}
+        todo = {s.index: s for s in parts}
         try:
             for attempt in range(RETRIES + 1):
-                futures = {self._running_pool().submit(_run_local, s, options): s.index for s in todo.values()}
+                futures = {self._running_pool().submit(_run_local, s, task, options): s.index for s in todo.values()}
                 while futures:
                     done, _ = wait(futures, return_when=FIRST_COMPLETED)
                     for f in done:
@@ -157,7 +172,7 @@ class LocalExecutor(Executor):
                         except BrokenProcessPool:
                             if attempt == RETRIES:
                                 raise UsageError(
-                                    f"a worker process died {RETRIES + 1} times running the splits; see its error above, "
+                                    f"a worker process died {RETRIES + 1} times running the parts; see its error above, "
                                     "or lower --workers if it ran out of memory"
                                 ) from None
                             continue
@@ -165,9 +180,9 @@ class LocalExecutor(Executor):
                         yield result
                 if not todo:
                     return
-                self._stop()  # a worker died and broke the pool: the splits it did not finish run on a new one
+                self._stop()  # a worker died and broke the pool: the parts it did not finish run on a new one
         finally:
-            if todo:  # left before its end: the splits still running are not waited for
+            if todo:  # left before its end: the parts still running are not waited for
                 self._stop(terminate=True)
 
     def close(self) -> None:
@@ -183,29 +198,29 @@ def _init_local(job: Any) -> None:
     _LOCAL_JOB = job
 
 
-def _run_local(split: InputSplit, options: dict[str, Any]) -> dict[str, Any]:
+def _run_local(part: InputPart, task: Task | None, options: dict[str, Any]) -> dict[str, Any]:
     job = _LOCAL_JOB.with_options(**options) if options else _LOCAL_JOB
-    return job(split)  # type: ignore[no-any-return]
+    return task(job, part) if task is not None else job(part)  # type: ignore[no-any-return]
 
 
-class _SplitActor:
-    """A Ray actor: the job of the build, and this process's tokenizer once its first split loaded it."""
+class _PartActor:
+    """A Ray actor: the job of the build, and this process's tokenizer once its first part loaded it."""
 
     def __init__(self, job: Any) -> None:
         self.job = job
         if os.path.isdir(job.cwd):  # the driver's relative paths mean the same here (a shared filesystem)
             os.chdir(job.cwd)
 
-    def run(self, split: InputSplit, options: dict[str, Any]) -> dict[str, Any]:
+    def run(self, part: InputPart, task: Task | None, options: dict[str, Any]) -> dict[str, Any]:
         job = self.job.with_options(**options) if options else self.job
-        return job(split)  # type: ignore[no-any-return]
+        return task(job, part) if task is not None else job(part)  # type: ignore[no-any-return]
 
     def pid(self) -> int:
         return os.getpid()
 
 
 class RayExecutor(Executor):
-    """Ray actors, ``workers`` of them (default: one per CPU of the cluster, at most one per split).
+    """Ray actors, ``workers`` of them (default: one per CPU of the cluster, at most one per part).
 
     ``address``: the cluster to join (default ``RAY_ADDRESS``; without either, a local cluster of ``workers``
     CPUs is started for this build and stopped after it). A Ray already initialized in this process is used as
@@ -225,7 +240,7 @@ class RayExecutor(Executor):
         self._actor_class: Any = None
         self._size = 1
 
-    def start(self, job: Any, n_splits: int) -> RayExecutor:
+    def start(self, job: Any, n_parts: int) -> RayExecutor:
         self.close()
         try:
             import ray
@@ -238,9 +253,9 @@ class RayExecutor(Executor):
         try:
             total = float(ray.cluster_resources().get("CPU", 1))
             largest = max((float(n["Resources"].get("CPU", 0)) for n in ray.nodes() if n.get("Alive")), default=total)
-            self._size = max(1, min(self.workers or int(total), n_splits))
+            self._size = max(1, min(self.workers or int(total), n_parts))
             cpus = min(total / self._size, largest)
-            self._actor_class = ray.remote(num_cpus=cpus, max_restarts=RETRIES, max_task_retries=RETRIES)(_SplitActor)
+            self._actor_class = ray.remote(num_cpus=cpus, max_restarts=RETRIES, max_task_retries=RETRIES)(_PartActor)
             self.job = job.with_options(threads=max(1, int(cpus)))
         except BaseException:
             self.close()
@@ -248,7 +263,7 @@ class RayExecutor(Executor):
         return self
 
     def _kill(self, pending: list[Any] | None = None) -> None:
-        """Kill the actors; wait (a while) for the splits they were running, ``pending``, to end with them, so that
+        """Kill the actors; wait (a while) for the parts they were running, ``pending``, to end with them, so that
         none of them still writes once the build has moved on (or removed its directory)."""
         for actor in self.actors:
             self._ray.kill(actor)
@@ -256,18 +271,20 @@ class RayExecutor(Executor):
         if pending:
             self._ray.wait(list(pending), num_returns=len(pending), timeout=self.KILL_WAIT_S)
 
-    def map(self, splits: list[InputSplit], progress: SplitProgress | None = None, **options: Any) -> Iterator[dict[str, Any]]:
+    def map(
+        self, parts: list[InputPart], progress: PartProgress | None = None, task: Task | None = None, **options: Any
+    ) -> Iterator[dict[str, Any]]:
         ray = self._ray
         if not self.actors:  # the build's first map (or the first after one was left)
             self.actors = [self._actor_class.remote(self.job) for _ in range(self._size)]
         idle = list(self.actors)
-        queue = list(reversed(splits))
+        queue = list(reversed(parts))
         pending: dict[Any, Any] = {}
         try:
             while queue or pending:
                 while queue and idle:
                     actor = idle.pop()
-                    pending[actor.run.remote(queue.pop(), options)] = actor
+                    pending[actor.run.remote(queue.pop(), task, options)] = actor
                 done, _ = ray.wait(list(pending), num_returns=1)
                 for ref in done:
                     idle.append(pending.pop(ref))
@@ -281,7 +298,7 @@ class RayExecutor(Executor):
                     except ray.exceptions.RayActorError as exc:
                         raise UsageError(f"a Ray worker failed (it is restarted {RETRIES} times at most): {exc}") from None
         finally:
-            if pending:  # left before its end: the splits still running are not waited for
+            if pending:  # left before its end: the parts still running are not waited for
                 self._kill(list(pending))
 
     def close(self) -> None:
@@ -304,15 +321,15 @@ def make_executor(name: str, workers: int | None = None, ray_address: str | None
     raise UsageError(f"unknown executor {name!r}: expected local, ray or serial")
 
 
-def run_splits(
+def run_parts(
     executor: Executor,
-    splits: list[InputSplit],
+    parts: list[InputPart],
     progress: Callable[[int, Counter], None] | None,
     **options: Any,
 ) -> list[dict[str, Any]]:
-    """Every split's result (``job.with_options(**options)`` on the started ``executor``), in split order. A split
-    that met a bad line (strict mode, or, in either mode, input that cannot be read at all) ends the build with the
-    earliest such line in input order, numbered within its file, once every split before it has finished; splits
+    """Every part's result (``job.with_options(**options)``, or ``options["task"]``, on the started ``executor``), in
+    part order. A part that met a bad line (strict mode, or, in either mode, input that cannot be read at all) ends
+    the build with the earliest such line in input order, numbered within its file, once every part before it has finished; parts
     after it are not waited for (the executor terminates those still running)."""
     results: dict[int, dict[str, Any]] = {}
     first_error: int | None = None
@@ -324,7 +341,7 @@ def run_splits(
         if progress is not None:
             progress(finished_bytes + consumed, Counter(accepted=finished_records + accepted))
 
-    with contextlib.closing(executor.map(splits, report_partial if progress is not None else None, **options)) as stream:
+    with contextlib.closing(executor.map(parts, report_partial if progress is not None else None, **options)) as stream:
         for result in stream:
             index = result["index"]
             results[index] = result
@@ -332,16 +349,16 @@ def run_splits(
             if result.get("error") is not None and (first_error is None or index < first_error):
                 first_error = index
             if first_error is not None and all(i in results for i in range(first_error)):
-                break  # the earliest error is known: leaving the map stops the later splits
-            finished_bytes += splits[index].size
+                break  # the earliest error is known: leaving the map stops the later parts
+            finished_bytes += parts[index].size
             finished_records += sum(c.get("accepted", 0) for c in result.get("counts", {}).values())
             if progress is not None:
                 progress(finished_bytes, Counter(accepted=finished_records))
     if first_error is not None:
         e = results[first_error]["error"]
-        earlier = [results[s.index]["input"]["lines"] for s in splits[:first_error]]
-        line = e["line"] + line_bases(splits[: first_error + 1], [*earlier, 0])[first_error]
+        earlier = [results[s.index]["input"]["lines"] for s in parts[:first_error]]
+        line = e["line"] + line_bases(parts[: first_error + 1], [*earlier, 0])[first_error]
         if e["type"] == "backend_mismatch":
             raise BackendMismatch(e["path"], line, e["field"], e["problem"])
         raise InputError(e["path"], line, e["field"], e["problem"], reason=e["reason"], offset=e["offset"])
-    return [results[i] for i in range(len(splits))]
+    return [results[i] for i in range(len(parts))]

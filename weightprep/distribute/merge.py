@@ -1,13 +1,13 @@
-"""The driver's merge: the splits' results, in split order, made into one build.
+"""The driver's merge: the parts' results, in part order, made into one build.
 
-- Counts are summed in split order (float sums are the same for every executor and worker count).
-- Line numbers of rejects are made the file's: the split's own number plus its line base (``plan.line_bases``, as
-  for the errors ``run_splits`` raises; byte offsets are the file's already); ``rejects.jsonl`` is the splits'
-  rejects in split order.
-- Shards are taken in (split, part) order, so the published ``data-i-of-n`` follow the input; the row numbers
-  of ``chat_turns.jsonl`` are shifted by the rows of the earlier splits.
-- Each input's entry sums its splits' bytes and lines; its ``sha256`` is that of the whole file when it is one
-  split, else each split's range is listed with its own ``sha256`` (a file is never read twice).
+- Counts are summed in part order (float sums are the same for every executor and worker count).
+- Line numbers of rejects are made the file's: the part's own number plus its line base (``plan.line_bases``, as
+  for the errors ``run_parts`` raises; byte offsets are the file's already); ``rejects.jsonl`` is the parts'
+  rejects in part order.
+- Shards are taken in (part, shard) order, so the published ``data-i-of-n`` follow the input; the row numbers
+  of ``chat_turns.jsonl`` are shifted by the rows of the earlier parts.
+- Each input's entry sums its parts' bytes and lines; its ``sha256`` is that of the whole file when it is one
+  part, else each part's range is listed with its own ``sha256`` (a file is never read twice).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from weightprep.constants import TURNS_NAME
-from weightprep.distribute.plan import InputSplit, line_bases
+from weightprep.distribute.plan import InputPart, line_bases
 from weightprep.stages.rejects import REJECTS_NAME
 
 __all__ = ["Merged", "merge_results"]
@@ -27,7 +27,7 @@ __all__ = ["Merged", "merge_results"]
 
 @dataclass
 class Merged:
-    #: raw counters per validation split (``""`` without one), summed over the input splits
+    #: raw counters per validation split (``""`` without one), summed over the input parts
     counts: dict[str, Counter] = field(default_factory=dict)
     total: Counter = field(default_factory=Counter)
     rejected: Counter = field(default_factory=Counter)
@@ -48,39 +48,39 @@ def _shift(lines: Any, key: str, base: int) -> Any:
 
 
 def merge_results(
-    splits: list[InputSplit], results: list[dict[str, Any]], out_dir: Path, work_dir: Path, *, names: tuple[str, ...] | None,
+    parts: list[InputPart], results: list[dict[str, Any]], out_dir: Path, work_dir: Path, *, names: tuple[str, ...] | None,
     skip: bool,
 ) -> Merged:
-    """Merge ``results`` (one per split, in split order) into ``out_dir``: rejects and turns files written there,
+    """Merge ``results`` (one per part, in part order) into ``out_dir``: rejects and turns files written there,
     shards listed for ``Output.publish``."""
     merged = Merged()
     sets = list(names) if names else [""]
     merged.shards = {name: [] for name in sets}
     merged.counts = {name: Counter() for name in sets}
-    line_base = line_bases(splits, [r["input"]["lines"] for r in results])
-    files: dict[int, list[tuple[InputSplit, dict[str, Any]]]] = {}
-    for split, result in zip(splits, results, strict=True):
-        files.setdefault(split.file, []).append((split, result))
-    for split_file in files.values():
-        first = split_file[0][0]
+    line_base = line_bases(parts, [r["input"]["lines"] for r in results])
+    files: dict[int, list[tuple[InputPart, dict[str, Any]]]] = {}
+    for part, result in zip(parts, results, strict=True):
+        files.setdefault(part.file, []).append((part, result))
+    for file_parts in files.values():
+        first = file_parts[0][0]
         entry: dict[str, Any] = {
             "path": first.path,
-            "bytes": sum(r["input"]["bytes"] for _, r in split_file),
-            "sha256": split_file[0][1]["input"]["sha256"] if first.whole else None,
-            "lines": sum(r["input"]["lines"] for _, r in split_file),
+            "bytes": sum(r["input"]["bytes"] for _, r in file_parts),
+            "sha256": file_parts[0][1]["input"]["sha256"] if first.whole else None,
+            "lines": sum(r["input"]["lines"] for _, r in file_parts),
         }
         if not first.whole:
-            entry["splits"] = [
+            entry["parts"] = [
                 {"start": s.start, "bytes": r["input"]["bytes"], "lines": r["input"]["lines"], "sha256": r["input"]["sha256"]}
-                for s, r in split_file
+                for s, r in file_parts
             ]
         merged.inputs.append(entry)
     rejects = (out_dir / REJECTS_NAME).open("w", encoding="utf-8", newline="\n") if skip else None
     turns: dict[str, Any] = {}
     row_base = dict.fromkeys(sets, 0)
     try:
-        for i, (split, result) in enumerate(zip(splits, results, strict=True)):
-            directory = work_dir / f"{split.index:05d}"
+        for i, (part, result) in enumerate(zip(parts, results, strict=True)):
+            directory = work_dir / f"{part.index:05d}"
             merged.rejected.update(result["rejected"])
             if rejects is not None and result["rejects_file"]:
                 with (directory / result["rejects_file"]).open(encoding="utf-8", newline="\n") as f:

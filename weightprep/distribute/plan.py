@@ -1,9 +1,9 @@
-"""The split plan: the inputs cut into byte ranges of whole lines, independently of how many workers run them.
+"""The plan of input parts: the inputs cut into byte ranges of whole lines, independently of how many workers run them.
 
-A plain JSONL file larger than ``read.split_bytes`` is cut near every multiple ``k * split_bytes`` of that size,
-just after the first newline at or past byte ``k * split_bytes - 1``; a split owns the lines that start inside it.
-A line longer than a split makes the next cut fall after it (no split is empty unless its file is). A compressed
-file, a Parquet or Arrow file, and a file no larger than ``split_bytes`` are one split each. Finding a cut reads
+A plain JSONL file larger than ``read.part_bytes`` is cut near every multiple ``k * part_bytes`` of that size,
+just after the first newline at or past byte ``k * part_bytes - 1``; a part owns the lines that start inside it.
+A line longer than a part makes the next cut fall after it (no part is empty unless its file is). A compressed
+file, a Parquet or Arrow file, and a file no larger than ``part_bytes`` are one part each. Finding a cut reads
 from the cut point to the next newline, nothing else, so planning a terabyte costs a few thousand short reads.
 """
 
@@ -16,22 +16,22 @@ from dataclasses import dataclass
 
 from weightprep.errors import is_columnar, is_compressed
 
-__all__ = ["InputSplit", "plan_splits", "line_bases"]
+__all__ = ["InputPart", "plan_parts", "line_bases"]
 
 _SCAN = 1 << 20
 
 
 @dataclass(frozen=True)
-class InputSplit:
-    """Split ``index`` of the plan: bytes ``start .. end`` of input ``file`` (``whole``: the file as it is,
-    compressed and columnar files included; ``part``: its number among its file's splits)."""
+class InputPart:
+    """Part ``index`` of the plan: bytes ``start .. end`` of input ``file`` (``whole``: the file as it is,
+    compressed and columnar files included; ``number``: its number among its file's parts)."""
 
     index: int
     file: int
     path: str
     start: int
     end: int
-    part: int
+    number: int
     whole: bool
 
     @property
@@ -53,42 +53,42 @@ def _next_line_start(f, pos: int, size: int) -> int:  # type: ignore[no-untyped-
     return size
 
 
-def file_cuts(path: str, split_bytes: int) -> list[int]:
-    """The split boundaries of one plain file: ``[0, c1, ..., size]``."""
+def file_cuts(path: str, part_bytes: int) -> list[int]:
+    """The part boundaries of one plain file: ``[0, c1, ..., size]``."""
     size = os.path.getsize(path)
-    if is_compressed(path) or is_columnar(path) or size <= split_bytes:
+    if is_compressed(path) or is_columnar(path) or size <= part_bytes:
         return [0, size]
     cuts = [0]
     with open(path, "rb") as f:
-        target = split_bytes
+        target = part_bytes
         while target < size:
             cut = _next_line_start(f, target - 1, size)
             if cut >= size:
                 break
             if cut > cuts[-1]:
                 cuts.append(cut)
-            target = (cut // split_bytes + 1) * split_bytes  # the next multiple past this cut
+            target = (cut // part_bytes + 1) * part_bytes  # the next multiple past this cut
     cuts.append(size)
     return cuts
 
 
-def plan_splits(paths: list[str], split_bytes: int) -> list[InputSplit]:
-    """Every input's splits, in input order (file, then offset)."""
-    splits: list[InputSplit] = []
+def plan_parts(paths: list[str], part_bytes: int) -> list[InputPart]:
+    """Every input's parts, in input order (file, then offset)."""
+    parts: list[InputPart] = []
     for i, path in enumerate(paths):
-        cuts = file_cuts(path, split_bytes)
-        for part, (start, end) in enumerate(zip(cuts[:-1], cuts[1:], strict=True)):
-            splits.append(InputSplit(len(splits), i, path, start, end, part, whole=len(cuts) == 2))
-    return splits
+        cuts = file_cuts(path, part_bytes)
+        for number, (start, end) in enumerate(zip(cuts[:-1], cuts[1:], strict=True)):
+            parts.append(InputPart(len(parts), i, path, start, end, number, whole=len(cuts) == 2))
+    return parts
 
 
-def line_bases(splits: Sequence[InputSplit], lines: Sequence[int]) -> list[int]:
-    """Each split's line base: the lines of the earlier splits of its own file (``lines[i]``: the lines of
-    ``splits[i]``, a plan's splits in order). A split numbers its lines from 1; its line ``n`` is line
-    ``base + n`` of the file. The one place a split's line numbers are made the file's (errors and rejects alike);
-    the last split's own count is not used."""
+def line_bases(parts: Sequence[InputPart], lines: Sequence[int]) -> list[int]:
+    """Each part's line base: the lines of the earlier parts of its own file (``lines[i]``: the lines of
+    ``parts[i]``, a plan's parts in order). A part numbers its lines from 1; its line ``n`` is line
+    ``base + n`` of the file. The one place a part's line numbers are made the file's (errors and rejects alike);
+    the last part's own count is not used."""
     bases, seen = [], Counter[int]()
-    for split, n in zip(splits, lines, strict=True):
-        bases.append(seen[split.file])
-        seen[split.file] += n
+    for part, n in zip(parts, lines, strict=True):
+        bases.append(seen[part.file])
+        seen[part.file] += n
     return bases

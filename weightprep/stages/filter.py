@@ -1,17 +1,17 @@
-"""Stage 6 — filter: overlong documents (drop, truncate or split) and documents that teach nothing.
+"""Stage 6 — filter: overlong documents (drop, truncate or chunk) and documents that teach nothing.
 
 A document longer than ``max_length`` tokens is, by ``overlong``:
 
 - ``drop`` (default): removed, counted as ``dropped_overlong``;
 - ``truncate``: cut to its first ``max_length`` tokens (its EOS is lost), counted as ``truncated``;
-- ``split``: cut into consecutive chunks of ``max_length`` tokens, each a document of its own whose
-  first token is unlabeled (nothing in the chunk predicts it), counted as ``split`` / ``split_parts``.
+- ``chunk``: cut into consecutive chunks of ``max_length`` tokens, each a document of its own whose
+  first token is unlabeled (nothing in the chunk predicts it), counted as ``chunked`` / ``chunks``.
 
 Then any document with no positive weight left (a prompt-only record, or a chunk that held only
 prompt) is removed and counted as ``dropped_unsupervised``. Vectorized over the batch.
 
 Besides documents, every step counts the tokens and weight it removes (``tokens_<reason>``,
-``weight_<reason>``; a split removes weight only, by unlabeling each chunk's first token), so the
+``weight_<reason>``; chunking removes weight only, by unlabeling each chunk's first token), so the
 build can check that what it writes is exactly what it accepted minus what was dropped or cut.
 """
 
@@ -29,7 +29,7 @@ __all__ = ["filter_documents"]
 
 
 def filter_documents(
-    docs: Documents, max_length: int, overlong: Literal["drop", "truncate", "split"]
+    docs: Documents, max_length: int, overlong: Literal["drop", "truncate", "chunk"]
 ) -> tuple[Documents, Counter[str]]:
     """Apply the overlong policy, then drop unsupervised documents; return the batch and the counts."""
     counts: Counter[str] = Counter()
@@ -53,18 +53,18 @@ def filter_documents(
             kept = docs.segments(starts, np.minimum(lengths, max_length), docs.lines)
             removed("truncated", docs, kept)
             docs = kept
-        else:  # split
+        else:  # chunk
             parts = np.where(long, -(-lengths // max_length), 1)
             doc_of_part = np.repeat(np.arange(len(docs)), parts)
             first_part = np.cumsum(parts) - parts
             k = np.arange(len(doc_of_part)) - first_part[doc_of_part]  # chunk number within its document
             part_starts = starts[doc_of_part] + k * max_length
             part_lengths = np.minimum(max_length, lengths[doc_of_part] - k * max_length)
-            counts["split"] += n_long
-            counts["split_parts"] += int(parts[long].sum())
+            counts["chunked"] += n_long
+            counts["chunks"] += int(parts[long].sum())
             kept = docs.segments(part_starts, part_lengths, docs.lines[doc_of_part])
             unlabel_first_tokens(kept)
-            removed("split", docs, kept)
+            removed("chunked", docs, kept)
             docs = kept
     supervised = np.add.reduceat(docs.weights > 0, docs.offsets[:-1]) if len(docs) else np.zeros(0, bool)
     # reduceat on an empty document would read its neighbour; documents always hold EOS, so none is empty

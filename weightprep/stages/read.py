@@ -213,7 +213,7 @@ def read_blocks(
     Arrow files give a block per batch of rows (``weightprep.stages.columnar``), their columns renamed by
     ``columns`` (source -> target).
 
-    ``start``/``end`` read only that byte range of a plain JSONL file (an input split, ``weightprep.distribute.plan``:
+    ``start``/``end`` read only that byte range of a plain JSONL file (an input part, ``weightprep.distribute.plan``:
     it starts just after a newline). Lines are then numbered from 1 within the range, byte offsets stay those of the
     file, and size, hash and line count are the range's."""
     if record.path.endswith(COLUMNAR_SUFFIXES):

@@ -12,9 +12,9 @@ With a validation split (``--validation-fraction``/``--validation-records``) it 
 split a directory as above without the manifest, which stays at ``out/`` and lists every shard with its split.
 
 Everything is written into a hidden temporary directory beside ``out`` (``.NAME.tmp-PID``) and
-moved into place by a rename only when the whole build has succeeded. Each input split writes its
-``part-i.arrow`` shards under ``.NAME.tmp-PID/splits/NNNNN/`` (``ShardWriter``); the driver moves them, in
-split order, to their final ``data-i-of-n`` names (``Output.publish``). The directory's ``plan.json`` names the
+moved into place by a rename only when the whole build has succeeded. Each input part writes its
+``shard-i.arrow`` shards under ``.NAME.tmp-PID/parts/NNNNN/`` (``ShardWriter``); the driver moves them, in
+part order, to their final ``data-i-of-n`` names (``Output.publish``). The directory's ``plan.json`` names the
 build it belongs to, so ``--resume`` can adopt the directory of a killed build of the same plan. Publication is atomic, so a failed, interrupted or
 SIGKILLed build leaves nothing at ``out``, or the previous complete dataset. Replacing an existing
 ``out`` is two renames (``out`` -> ``.NAME.old-PID``, temporary -> ``out``); a kill between them
@@ -114,7 +114,7 @@ def recover_stale(out: Path, *, keep_resumable: bool = False) -> None:
     A ``.NAME.old-PID`` of a dead process is the previous dataset, caught between the two renames of
     a replace: if ``out`` is missing it is put back, else removed. A ``.NAME.tmp-PID`` of a dead
     process is an unfinished build: removed, unless ``keep_resumable`` and it holds the ``plan.json`` of a
-    build whose finished splits ``--resume`` can reuse. Directories of live processes are left alone.
+    build whose finished parts ``--resume`` can reuse. Directories of live processes are left alone.
     """
     parent = out.parent
     if not parent.is_dir():
@@ -159,7 +159,7 @@ def prepare_output(out: str | Path, *, overwrite: bool, inputs: Sequence[str] = 
 
 class _ShardSet:
     """The size-capped shards of one ``datasets`` directory (the whole output, or one split of it) as a split writes
-    them: ``part-i.arrow`` files, named ``data-i-of-n`` only when the whole build is published."""
+    them: ``shard-i.arrow`` files, named ``data-i-of-n`` only when the whole build is published."""
 
     def __init__(self, directory: Path, schema: pa.Schema, rows_per_shard: int) -> None:
         self.directory = directory
@@ -173,7 +173,7 @@ class _ShardSet:
 
     def _open_next(self) -> None:
         self.close()
-        path = self.directory / f"part-{len(self._shards):05d}.arrow"
+        path = self.directory / f"shard-{len(self._shards):05d}.arrow"
         self._sink = pa.OSFile(str(path), "wb")
         self._writer = pa.ipc.new_stream(self._sink, self.schema)
         self._shards.append((path, 0))
@@ -216,7 +216,7 @@ class _ShardSet:
 
 
 class ShardWriter:
-    """Writes one input split's ``Rows`` into size-capped Arrow shards (``part-i.arrow``) under ``directory``.
+    """Writes one input part's ``Rows`` into size-capped Arrow shards (``shard-i.arrow``) under ``directory``.
 
     With ``splits`` (``("train", "validation")``) each ``write`` names its split and each split's shards go to
     ``directory/SPLIT/``. Conversations' turns go to ``chat_turns.jsonl`` beside the shards, rows numbered from
@@ -312,7 +312,7 @@ class Output:
 
     ``plan_key`` (what a resumed build must share with the one it resumes) is kept in its ``plan.json``; with
     ``resume`` it adopts the temporary directory of a dead earlier build of the same key instead of starting
-    empty, so the splits that build finished are not done again (``--resume``)."""
+    empty, so the parts that build finished are not done again (``--resume``)."""
 
     PLAN = "plan.json"
 
@@ -347,7 +347,7 @@ class Output:
     ) -> dict[str, Any]:
         """Move each split's shards (``sets``: ``""`` or ``train``/``validation`` -> shard files with their rows, in
         order) to ``data-i-of-n``, write the metadata files and the manifest, remove ``discard`` (what is left of
-        the splits' work) and move the directory to ``out``."""
+        the parts' work) and move the directory to ``out``."""
         shards: list[dict[str, Any]] = []
         per_set = {}
         for name, parts in sets.items():

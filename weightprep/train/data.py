@@ -27,7 +27,7 @@ from weightprep.manifest import REBUILD, build_setting, read_manifest
 
 __all__ = ["Shards", "check_model_compatibility", "load_shards", "read_manifest"]
 
-#: The held-out split of a build with a validation part (``load_from_disk`` gives a DatasetDict).
+#: The held-out split of a build with a validation split (``load_from_disk`` gives a DatasetDict).
 VALIDATION = "validation"
 
 

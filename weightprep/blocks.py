@@ -1,0 +1,152 @@
+"""The per-block work of a build: one block of input lines to filtered documents, and the counts of each step.
+
+    read -> validate -> [chat] -> [split] -> tokenize -> assemble -> mask -> filter
+
+``parsed_blocks`` reads and validates the blocks of one input part (conversations rendered by ``Chats``, the
+chat stage); ``document_batch`` makes one block's records documents: a pure function of its inputs, so blocks
+can be processed anywhere (another process, another machine) and the rows come out the same. Each step's counts
+(``count_rows`` for the rows packed from them) feed the accounting identity (``weightprep.accounting``). The job
+of one part (``weightprep.distribute.job``) chains them, packs and writes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from weightprep.batches import Documents, Records, Reject, Rows
+from weightprep.config import BuildConfig
+from weightprep.constants import IGNORE_INDEX
+from weightprep.distribute.plan import InputPart
+from weightprep.stages.assemble import assemble
+from weightprep.stages.chat import ChatRenderer, parse_role_weights, render_chats
+from weightprep.stages.columnar import parse_columns
+from weightprep.stages.filter import filter_documents
+from weightprep.stages.mask import mask
+from weightprep.stages.read import InputFile, read_blocks
+from weightprep.stages.tokenize import PieceTokenizer
+from weightprep.stages.validate import parse_block
+from weightprep.tokenizer import SpecialTokens, transformers_tokenizer
+
+__all__ = ["document_batch", "count_rows", "Chats", "parsed_blocks"]
+
+
+def document_batch(
+    records: Records, tokenize: PieceTokenizer, specials: SpecialTokens, cfg: BuildConfig
+) -> tuple[Documents, Counter[str]]:
+    """Tokenize, assemble, mask and filter one batch of records; count what each step keeps and removes.
+
+    Conversations arrive already tokenized by the chat stage (``ChatTokens``): their ids and weights are the
+    document as they are (the template owns BOS/EOS); they join the pieces' documents in input order."""
+    counts: Counter[str] = Counter(accepted=len(records))
+    chat_docs = None
+    if records.chats is not None:
+        is_chat = np.fromiter((c is not None for c in records.chats), dtype=bool, count=len(records))
+        chat_docs = _chat_documents(records.where(is_chat), counts)
+        records = records.where(~is_chat)
+    piece_ids, piece_offsets = tokenize(records)
+    docs = assemble(records, piece_ids, piece_offsets, specials, cfg.assemble.eos_weight)
+    counts.update(pieces=len(records.texts), piece_tokens=len(piece_ids), documents=len(docs))
+    # accepted tokens and weight from the tokenizer's output, independently of assemble
+    piece_lengths = np.diff(piece_offsets)
+    content = np.add.reduceat(piece_lengths, records.piece_offsets[:-1]) if len(records) else piece_lengths[:0]
+    counts["empty_documents"] += int((content == 0).sum())
+    n_special = 1 + (specials.bos is not None)
+    counts["tokens_accepted"] += len(piece_ids) + n_special * len(records)
+    counts["weight_accepted"] += float(
+        (records.piece_weights.astype(np.float32).astype(np.float64) * piece_lengths).sum()
+        + float(np.float32(cfg.assemble.eos_weight)) * len(records)
+    )
+    if chat_docs is not None:
+        merged = Documents.concat([docs, chat_docs])
+        docs = merged.take(np.argsort(merged.lines, kind="stable"))
+    counts["weight_unlabeled_first"] += float(docs.weights[docs.offsets[:-1]].sum(dtype=np.float64))
+    docs, dropped = filter_documents(mask(docs), cfg.max_length, cfg.filter.overlong)
+    counts.update(dropped)
+    return docs, counts
+
+
+def _chat_documents(chats: Records, counts: Counter[str]) -> Documents:
+    """The documents of rendered conversations, counted as accepted tokens and weight."""
+    rendered = chats.chats or []
+    lengths = np.fromiter((len(c.ids) for c in rendered), dtype=np.int64, count=len(rendered))  # type: ignore[union-attr]
+    offsets = np.zeros(len(rendered) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    ids = np.concatenate([c.ids for c in rendered]) if rendered else np.zeros(0, np.int32)  # type: ignore[union-attr]
+    weights = np.concatenate([c.weights for c in rendered]) if rendered else np.zeros(0, np.float32)  # type: ignore[union-attr]
+    turns = np.concatenate([c.turns for c in rendered]) if rendered else np.zeros(0, np.int32)  # type: ignore[union-attr]
+    counts.update(documents=len(rendered), chat_documents=len(rendered), tokens_accepted=len(ids))
+    counts["empty_documents"] += int((lengths == 0).sum())
+    counts["weight_accepted"] += float(weights.astype(np.float64).sum())
+    return Documents(
+        input_ids=ids.astype(np.int32), weights=weights.astype(np.float32), offsets=offsets, lines=chats.lines,
+        turns=turns.astype(np.int32),
+    )
+
+
+def count_rows(rows: Rows, counts: Counter[str]) -> None:
+    """Count packed rows: rows, documents, real and supervised tokens, weight (the written side of the identity)."""
+    counts["rows"] += len(rows)
+    counts["documents_written"] += int(rows.documents.sum())
+    counts["tokens"] += int(rows.real_tokens.sum())
+    counts["supervised_tokens"] += int((rows.labels != IGNORE_INDEX).sum())
+    counts["total_weight"] += float(rows.weights.sum(dtype=np.float64))
+
+
+class Chats:
+    """The chat stage of a build: a renderer made at the first conversation (a pieces-only build needs no template)."""
+
+    def __init__(self, tokenizer: Any, cfg: BuildConfig, tokenize: PieceTokenizer) -> None:
+        self.tokenizer, self.cfg, self.tokenize = tokenizer, cfg, tokenize
+        self._renderer: ChatRenderer | None = None
+        #: the conversations' role names, by turn code (``batches.turn_code``), for the writer's turns file
+        self.roles: list[str] = []
+
+    @property
+    def template_sha256(self) -> str | None:
+        """SHA-256 of the template text the conversations were rendered with (None: no conversation yet)."""
+        if self._renderer is None:
+            return None
+        return hashlib.sha256(self._renderer.template.encode("utf-8", "surrogatepass")).hexdigest()
+
+    def __call__(self, records: Records, rejects: list[Reject]) -> Records:
+        if records.chats is None:
+            return records
+        if self._renderer is None:
+            path = self.cfg.chat.template
+            template = Path(path).read_text(encoding="utf-8") if path else None
+            renderer = ChatRenderer(
+                transformers_tokenizer(self.tokenizer), template, parse_role_weights(self.cfg.chat.role_weights),
+                self.roles, self.tokenize, path,
+                sanitize_control_tokens=self.cfg.chat.sanitize_control_tokens,
+            )
+            renderer.check()
+            self._renderer = renderer
+        return render_chats(records, self._renderer, rejects)
+
+
+def parsed_blocks(
+    part: InputPart, record: InputFile, cfg: BuildConfig, chats: Chats | None
+) -> Iterator[tuple[Records, list[Reject], int]]:
+    """Validated records (conversations rendered by ``chats``; None: left as they are) and, when skipping, rejects
+    of every block of ``part``, with the input bytes consumed so far. In strict mode the first bad line of the
+    block, in input order, is raised."""
+    skip = cfg.validate.on_invalid == "skip"
+    columns = parse_columns(cfg.read.columns)
+    window = {} if part.whole else {"start": part.start, "end": part.end}
+    for block in read_blocks(record, cfg.read.block_bytes, cfg.read.max_line_bytes, columns, **window):
+        rejects: list[Reject] = []
+        records = parse_block(block, rejects)
+        if chats is not None:
+            records = chats(records, rejects)
+        if rejects:
+            rejects.sort(key=lambda r: r.line)
+            if not skip:
+                raise rejects[0].error()
+        yield records, rejects, record.size
+

@@ -1,0 +1,240 @@
+"""The job of one input part: read, validate, [chat], [split], tokenize, ..., pack and write it, in a worker.
+
+``PartJob`` is what executors (``weightprep.distribute.executors``) ship to their workers, once per build: it
+streams the blocks of one part (``weightprep.distribute.plan``) through the per-block work
+(``weightprep.blocks``), packs and writes that part's shards under the build's work directory, and returns its
+counts for the driver's merge (``weightprep.distribute.merge``). Each worker process keeps its state (the
+tokenizer, loaded once, and the chat stage) in a registry keyed by the job's ``worker_key``, shared by the job's
+variants (``with_options``) and by ``KeyPass``, the key-only first pass of ``--validation-records``.
+
+Within a part three threads overlap: read+validate (background), tokenize+assemble+mask+filter,
+pack+write (background); see ``weightprep.overlap``. The rows do not depend on their timing.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import shutil
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from weightprep.batches import Documents
+from weightprep.blocks import Chats, count_rows, document_batch, parsed_blocks
+from weightprep.config import BuildConfig
+from weightprep.distribute.plan import InputPart
+from weightprep.errors import BackendMismatch, InputError
+from weightprep.overlap import BackgroundSink, background
+from weightprep.stages.pack import Packer
+from weightprep.stages.read import InputFile
+from weightprep.stages.rejects import REJECTS_NAME, RejectsWriter
+from weightprep.stages.split import TRAIN, VALIDATION, smallest_keys, split_records
+from weightprep.stages.tokenize import FastokensPrefetch, PieceTokenizer
+from weightprep.stages.write import ShardWriter
+from weightprep.tokenizer import load_tokenizer, set_tokenizer_threads, special_tokens
+
+__all__ = ["PartJob", "KeyPass", "Worker", "ProgressFn", "ADD_BOS"]
+
+#: Called after each block with (bytes of input consumed so far, counts so far).
+ProgressFn = Callable[[int, Counter], None]
+
+#: ``tokenizer.add_bos`` as ``special_tokens`` takes it.
+ADD_BOS = {"auto": None, "always": True, "never": False}
+
+
+class Worker:
+    """What one process keeps between the parts it runs: the tokenizer (loaded once), its special tokens,
+    the piece tokenizer and the chat stage."""
+
+    def __init__(self, tok: Any, cfg: BuildConfig, prefetch: FastokensPrefetch | None = None) -> None:
+        self.tok = tok
+        self.specials = special_tokens(tok, add_bos=ADD_BOS[cfg.tokenizer.add_bos])
+        self.notes: list[str] = []
+        self.tokenize = PieceTokenizer(tok, cfg.tokenizer.batch_size, cfg.tokenizer.backend, self.notes.append, prefetched=prefetch)
+        self.chats = Chats(tok, cfg, self.tokenize)
+
+    def close(self) -> None:
+        self.tokenize.close()
+
+
+_WORKERS: dict[str, Worker] = {}  # per process, by PartJob.worker_key
+
+
+def _located_error(exc: InputError | BackendMismatch) -> dict[str, Any]:
+    """An error at a line of the part, as its result carries it (``run_parts`` raises it, renumbered)."""
+    where = {"path": exc.path, "line": exc.line, "field": exc.field, "problem": exc.problem}
+    if isinstance(exc, BackendMismatch):
+        return {**where, "type": "backend_mismatch"}
+    return {**where, "type": "input", "reason": exc.reason, "offset": exc.offset}
+
+
+class PartJob:
+    """The per-part work of one build, as executors ship it to worker processes (picklable; a worker loads the
+    tokenizer once, at its first part). ``job(part)`` returns the part's result (``weightprep.distribute.merge``):
+    its counts, rejects, shards and input statistics, written under ``work_dir/NNNNN/`` and renamed there whole,
+    so a retried or resumed part is either there complete or not at all. The first pass of ``--validation-records``
+    is another task on the same workers (``KeyPass``).
+
+    A bad line in strict mode is returned as the result's ``error`` (lines counted within the part), not raised:
+    the driver reports the earliest one in input order."""
+
+    RESULT = "result.json"
+
+    def __init__(
+        self, cfg: BuildConfig, tokenizer: Any, work_dir: Path, cut: int | None = None, *, threads: int | None = None,
+    ) -> None:
+        self.cfg, self.tokenizer, self.work_dir, self.cut, self.threads = cfg, tokenizer, work_dir, cut, threads
+        self.worker_key = uuid.uuid4().hex  # its variants (with_options) share the worker state
+        #: the driver's working directory: relative input paths are relative to it on every worker too
+        self.cwd = os.getcwd()
+
+    def with_options(self, **changes: Any) -> PartJob:
+        job = copy.copy(self)
+        for k, v in changes.items():
+            setattr(job, k, v)
+        return job
+
+    def worker(self) -> Worker:
+        """This process's worker state (made at the first part)."""
+        state = _WORKERS.get(self.worker_key)
+        if state is None:
+            if self.threads is not None:
+                set_tokenizer_threads(self.threads)
+            tok = self.tokenizer if self.tokenizer is not None else load_tokenizer(
+                self.cfg.tokenizer.name, trust_remote_code=self.cfg.tokenizer.trust_remote_code, direct=True
+            )
+            state = _WORKERS[self.worker_key] = Worker(tok, self.cfg)
+        return state
+
+    def adopt(self, tok: Any, prefetch: FastokensPrefetch | None = None) -> None:
+        """Make the driver's process a worker of this job with the tokenizer it loaded (its parts run here)."""
+        _WORKERS[self.worker_key] = Worker(tok, self.cfg, prefetch)
+
+    def release(self) -> None:
+        """Close and forget this process's worker state of the job (the driver's, at the end of its build)."""
+        state = _WORKERS.pop(self.worker_key, None)
+        if state is not None:
+            state.close()
+
+    def __call__(self, part: InputPart, progress: ProgressFn | None = None) -> dict[str, Any]:
+        final = self.work_dir / f"{part.index:05d}"
+        if (final / self.RESULT).is_file():  # finished by an earlier attempt or build (--resume)
+            return {**json.loads((final / self.RESULT).read_text()), "reused": True}
+        tmp = self.work_dir / f"{part.index:05d}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        # not parents=True: a worker still running after its build removed its directory must not create it again
+        tmp.mkdir()
+        try:
+            result = self._run(part, tmp, progress)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        if result.get("error") is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+            return result
+        (tmp / self.RESULT).write_text(json.dumps(result, sort_keys=True))
+        try:
+            tmp.rename(final)
+        except OSError:  # another attempt of this part finished first: its result is the same
+            shutil.rmtree(tmp, ignore_errors=True)
+        return result
+
+    def discard_unfinished(self) -> None:
+        """Remove what parts that did not finish left in ``work_dir`` (their workers were killed); the finished
+        ones stay, for ``--resume``."""
+        for partial in self.work_dir.glob("*.tmp-*"):
+            shutil.rmtree(partial, ignore_errors=True)
+
+    def _run(self, part: InputPart, tmp: Path, progress: ProgressFn | None) -> dict[str, Any]:
+        cfg, state = self.cfg, self.worker()
+        seq_len, packed = cfg.pack.seq_len, cfg.pack.enabled
+        names = (TRAIN, VALIDATION) if self.cut is not None else None
+        packers = {name: Packer(seq_len, state.specials.pad, packed=packed, window=cfg.pack.window) for name in (names or (None,))}
+        writer = ShardWriter(
+            tmp, seq_len, packed=packed, max_shard_bytes=cfg.write.max_shard_bytes, splits=names, turn_roles=state.chats.roles
+        )
+        rejects = RejectsWriter(tmp) if cfg.validate.on_invalid == "skip" else None
+        doc_counts = {name: Counter() for name in packers}  # updated by this thread only
+        row_counts = {name: Counter() for name in packers}  # updated by the writer thread only
+
+        def pack_and_write(item: tuple[str | None, Documents]) -> None:
+            name, docs = item
+            for rows in packers[name].add(docs):
+                count_rows(rows, row_counts[name])
+                writer.write(rows, name)
+
+        record = InputFile(part.path)
+        sink: BackgroundSink[tuple[str | None, Documents]] = BackgroundSink(pack_and_write)
+        parsed = background(parsed_blocks(part, record, cfg, state.chats))
+        try:
+            accepted: Counter[str] = Counter()
+            for records, block_rejects, consumed in parsed:
+                if rejects is not None and block_rejects:
+                    rejects.write(block_rejects)
+                subsets = {None: records} if self.cut is None else split_records(records, self.cut, cfg.split.seed)
+                for name, subset in subsets.items():
+                    docs, batch_counts = document_batch(subset, state.tokenize, state.specials, cfg)
+                    doc_counts[name].update(batch_counts)
+                    sink.put((name, docs))
+                accepted["accepted"] += len(records)
+                if progress is not None:
+                    progress(consumed, accepted)
+            sink.close()
+            for name, packer in packers.items():
+                for rows in packer.flush():
+                    count_rows(rows, row_counts[name])
+                    writer.write(rows, name)
+            written = writer.close()
+            if rejects is not None:
+                rejects.close()
+        except BaseException as exc:
+            parsed.close()  # stops and joins the read thread now, not when the traceback is collected
+            sink.cancel()
+            writer.abort()
+            if rejects is not None:
+                rejects.close()
+            if isinstance(exc, (InputError, BackendMismatch)):
+                return {"index": part.index, "error": _located_error(exc)}
+            raise
+        counts = {}
+        for name in packers:
+            merged = doc_counts[name].copy()
+            merged.update(row_counts[name])
+            counts[name or ""] = dict(merged)
+        return {
+            "index": part.index,
+            "error": None,
+            "counts": counts,
+            "rejected": dict(rejects.counts) if rejects is not None else {},
+            "rejects_file": REJECTS_NAME if rejects is not None and rejects.counts else None,
+            "input": {"bytes": record.size, "lines": record.lines, "sha256": record.sha256},
+            "written": written,
+            "backend": state.tokenize.backend,
+            "chat_template": state.chats.template_sha256,
+            "notes": list(dict.fromkeys(state.notes)),
+        }
+
+
+@dataclass(frozen=True)
+class KeyPass:
+    """The first pass of ``--validation-records``, a task run on the build's workers (``Executor.map(task=...)``):
+    ``KeyPass()(job, part)`` returns the part's record count and smallest split keys. The keys need no tokenizer
+    and no conversation rendered, so none is (``render`` renders them anyway, to find a conversation the template
+    refuses). A bad line is returned as the result's ``error``, as ``PartJob`` returns it."""
+
+    render: bool = False
+
+    def __call__(self, job: PartJob, part: InputPart) -> dict[str, Any]:
+        split_cfg = job.cfg.split
+        chats = job.worker().chats if self.render else None
+        record = InputFile(part.path)
+        try:
+            blocks = (records for records, _, _ in parsed_blocks(part, record, job.cfg, chats))
+            total, keys = smallest_keys(blocks, split_cfg.validation_records or 0, split_cfg.seed)
+        except (InputError, BackendMismatch) as exc:
+            return {"index": part.index, "error": _located_error(exc)}
+        return {"index": part.index, "records": total, "keys": keys.tolist(), "input": {"lines": record.lines}}
