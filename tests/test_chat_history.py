@@ -293,6 +293,54 @@ def test_deepseek_reasoning_content_is_refused_its_templates_do_not_read_it():
     assert "'<｜Assistant｜><think>\\n'" in err.value.problem and "reasoning_content" in err.value.problem
 
 
+def test_spliced_documents_keep_each_token_s_message():
+    """A DeepSeek-R1 per-turn document: the context's tokens belong to the messages the original template renders
+    them for (BOS to none), the generation prompt and the turn to the turn's message."""
+    from weightprep.batches import split_turn_code
+
+    tok = family_tokenizer("deepseek_r1_distill")
+    messages = [
+        {"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "<think>\nTwo.\n</think>\n\n4"},
+        {"role": "user", "content": "3+3?"}, {"role": "assistant", "content": "<think>\nThree.\n</think>\n\n6"},
+    ]  # fmt: skip
+    renderer = ChatRenderer(tok, history="per-turn")
+    out = renderer.tokens(_chat(messages))
+    second = slice(int(out.offsets[1]), int(out.offsets[2]))
+    by_message: dict[int, list[int]] = {}
+    for i, code in zip(out.ids[second].tolist(), out.turns[second].tolist(), strict=True):
+        by_message.setdefault(split_turn_code(code)[1] if code else -1, []).append(i)
+    assert {k: tok.decode(v) for k, v in by_message.items()} == {
+        -1: "<｜begin▁of▁sentence｜>",
+        0: "<｜User｜>2+2?",
+        1: "<｜Assistant｜>\n\n4<｜end▁of▁sentence｜>",
+        2: "<｜User｜>3+3?",
+        3: "<｜Assistant｜><think>\nThree.\n</think>\n\n6<｜end▁of▁sentence｜>",
+    }
+    assert [renderer.roles[split_turn_code(c)[0]] for c in out.turns[second].tolist() if c][-1] == "assistant"
+
+
+def test_per_turn_refuses_what_no_template_can_render_and_tries_trl_only_for_a_generation_prompt_mismatch(
+    monkeypatch,
+):
+    # Qwen3, two answers in a row: alone, the first is rendered with an empty reasoning block, followed by the
+    # second without: the context of the second cannot be rendered; no training template is tried
+    tok = family_tokenizer("qwen3")
+    tried = []
+    monkeypatch.setattr(ChatRenderer, "_training_renderer", lambda self: tried.append(1))
+    messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "One."},
+                {"role": "assistant", "content": "Two."}]  # fmt: skip
+    with pytest.raises(ChatError) as err:
+        ChatRenderer(tok, history="per-turn").tokens(_chat(messages))
+    assert err.value.reason == "not_prefix_preserving" and not tried
+    monkeypatch.undo()
+    # a template (a file) TRL has no training template for: the original refusal, no training template mentioned
+    odd = "{% for m in messages %}{{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}A: {% endif %}"
+    convo = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo"}]
+    with pytest.raises(ChatError) as err:
+        ChatRenderer(tok, odd, history="per-turn").tokens(_chat(convo))
+    assert err.value.reason == "generation_prompt_mismatch" and "training template" not in err.value.problem
+
+
 def test_a_template_that_keeps_history_gives_one_document_in_auto_as_in_full():
     tok = family_tokenizer("qwen3", (TEMPLATES / "qwen2_5.jinja").read_text())
     messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"},
@@ -353,11 +401,25 @@ def test_training_template_ids_and_mask_are_what_sft_trainer_trains_on(family, d
 def test_training_per_turn_renders_the_context_with_the_original_and_the_turn_with_the_training_template():
     tok = family_tokenizer("qwen3")
     chosen = resolve_templates(tok, "training")
-    out = ChatRenderer(tok, chosen.template, history="per-turn", original=chosen.original).tokens(_chat(_qwen3_reasoning()))
+    renderer = ChatRenderer(tok, chosen.template, history="per-turn", original=chosen.original, training=True)
+    out = renderer.tokens(_chat(_qwen3_reasoning()))
     (_, _), (ids, w) = _split(out)
     prompt = tok.apply_chat_template(_plain(_qwen3_reasoning()[:4]), tokenize=False, add_generation_prompt=True)
     assert "Two plus two" not in prompt and tok.decode(ids[w == 0]) == prompt
     assert tok.decode(ids[w > 0]) == "<think>\nThree plus three.\n</think>\n\n6<|im_end|>\n"
+    assert out.training == 0  # the template itself renders the turns: none came from a fallback
+    # a weighted tool result: its document is the original's render, weighted from its content
+    messages = [*_qwen3_reasoning()[:3], {"role": "tool", "content": "ok", "weight": 0.5}]
+    ids, w = _split(renderer.tokens(_chat(messages)))[1]
+    assert ids.tolist() == tok.apply_chat_template(_plain(messages), tokenize=True)["input_ids"]
+    assert tok.decode(ids[w > 0]) == "ok\n</tool_response><|im_end|>\n"
+    # a turn the training template does not start with the generation prompt: named as such
+    ds = family_tokenizer("deepseek_r1_distill")
+    chosen = resolve_templates(ds, "training")
+    renderer = ChatRenderer(ds, chosen.template, history="per-turn", original=chosen.original, training=True)
+    with pytest.raises(ChatError, match="this turn starts: the training template renders the turn as") as err:
+        renderer.tokens(_chat([{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo"}]))
+    assert err.value.reason == "generation_prompt_mismatch"
 
 
 def test_training_is_refused_without_a_training_template_or_without_trl(monkeypatch):
@@ -375,6 +437,30 @@ def test_training_is_refused_without_a_training_template_or_without_trl(monkeypa
         ChatRenderer(family_tokenizer("deepseek_r1_distill"), history="auto").tokens(_chat(messages))
     assert refused.value.reason == "generation_prompt_mismatch" and "pip install 'weightprep[train]'" in refused.value.problem
     assert ChatRenderer(family_tokenizer("qwen3"), history="auto").tokens(_chat(_qwen3_reasoning())).offsets is not None
+
+
+def test_resolve_templates_the_tokenizers_a_file_and_trl_training_ones(tmp_path):
+    tok = family_tokenizer("qwen3")
+    assert resolve_templates(tok, None) == (tok.chat_template, None, "tokenizer", None, False)
+    path = tmp_path / "t.jinja"
+    path.write_text("{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    assert resolve_templates(tok, str(path)) == (path.read_text(), None, str(path), str(path), False)
+    # a template TRL already trains on as it is (prefix-preserving, {% generation %} tags): itself
+    lfm = family_tokenizer("qwen3", (TEMPLATES / "lfm2_2_5.jinja").read_text())
+    assert resolve_templates(lfm, "training") == (
+        lfm.chat_template, None, "training: the tokenizer's own (TRL trains on it as is)", None, True
+    )
+
+
+def test_a_deepseek_template_file_on_a_tokenizer_with_another_template_finds_its_training_template(monkeypatch):
+    """TRL reads the template off the tokenizer: the one given (``--chat-template FILE``) is what it maps."""
+    monkeypatch.setattr(chat_templates, "_FOUND", {})  # looked up here, not remembered from another test
+    tok = family_tokenizer("deepseek_r1_distill", (TEMPLATES / "qwen2_5.jinja").read_text())
+    messages = [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "<think>\nadd\n</think>\n\n4"}]
+    template = (TEMPLATES / "deepseek_r1_distill.jinja").read_text()
+    out = ChatRenderer(tok, template, history="auto").tokens(_chat(messages))
+    ids, w = _split(out)[0]
+    assert out.training == 1 and tok.decode(ids[w > 0]) == "add\n</think>\n\n4<｜end▁of▁sentence｜>"
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -530,7 +530,6 @@ class ChatRenderer:
         if self._context is None:
             tokens = self._tokenize
             self._context = ChatRenderer(self.tok, self.original, self.role_weights, self.roles, tokens)
-            self._context._compiled()
         return self._context
 
     def _training_renderer(self) -> ChatRenderer | None:
@@ -547,7 +546,6 @@ class ChatRenderer:
             self._training = None
             if found is not None and found != self.template:
                 self._training = ChatRenderer(self.tok, found, self.role_weights, self.roles, self._tokenize)
-                self._training._compiled()
         return self._training  # type: ignore[return-value]
 
     def _check_kwargs(self, chat: Chat) -> None:
