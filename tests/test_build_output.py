@@ -114,12 +114,12 @@ def test_manifest(sample_build, sample_tok):
     assert inp["bytes"] == SAMPLE_RAW.stat().st_size
     assert inp["sha256"] == hashlib.sha256(SAMPLE_RAW.read_bytes()).hexdigest()
     assert sum(s["rows"] for s in manifest["shards"]) == manifest["counts"]["rows"]
-    assert manifest["chat_template"] is None  # no conversation, no template used
+    assert "chat" not in manifest  # no conversation, no template used
 
 
 @pytest.mark.parametrize("source", ["tokenizer", "file"])
 def test_manifest_records_the_chat_template_used(source, tmp_path):
-    """Beside chat.template's path (null: the tokenizer's own), the SHA-256 of the template text that rendered the
+    """Beside chat.template's path ("tokenizer": the tokenizer's own), the SHA-256 of the template text that rendered the
     conversations: a file edited in place keeps its path, not its hash."""
     from chat_support import MISTRAL_V1, chat_tokenizer
 
@@ -134,7 +134,8 @@ def test_manifest_records_the_chat_template_used(source, tmp_path):
     cfg = config_from_dict({"tokenizer": {"name": str(tmp_path / "tok")}, "pack": {"seq_len": 64}, "chat": {"template": path}})
     manifest = build([str(raw)], tmp_path / "out", cfg)
     used = MISTRAL_V1 if source == "file" else tok.chat_template
-    assert manifest["chat_template"] == {"path": path, "sha256": hashlib.sha256(used.encode()).hexdigest()}
+    assert manifest["chat"]["template_source"] == (path or "tokenizer")
+    assert manifest["chat"]["template_sha256"] == hashlib.sha256(used.encode()).hexdigest()
 
 
 def test_rerun_is_byte_identical(sample_build, sample_tok, tmp_path):

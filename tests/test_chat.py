@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import re
 
@@ -395,9 +396,13 @@ def test_cli_chat_template_and_role_weights(tmp_path):
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
     manifest = json.loads((tmp_path / "out" / "weightprep_manifest.json").read_text())
-    assert manifest["config"]["chat"] == {
+    chat = {
         "template": str(template), "role_weights": "assistant=3,user=0.5", "sanitize_control_tokens": False,
+        "history": "auto",
     }  # fmt: skip
+    assert manifest["config"]["chat"] == chat
+    assert manifest["chat"]["template_source"] == str(template)
+    assert manifest["chat"]["template_sha256"] == hashlib.sha256(MISTRAL_V1.encode()).hexdigest()
     assert manifest["counts"]["total_weight"] > 0
     bad = CliRunner().invoke(main, [*args[:-2], "--role-weights", "assistant=-1", "--overwrite"])
     assert bad.exit_code == 2 and "chat.role_weights" in bad.output

@@ -5,11 +5,15 @@ document; every document is written, dropped (by reason) or cut into chunks; and
 and weight written are what was accepted minus what each step removed::
 
     records             = accepted + sum(rejected)
-    documents           = accepted
+    documents           = accepted - chat_history_conversations + chat_history_documents
     documents_written   = documents - sum(dropped) - chunked + chunks
     tokens written      = tokens accepted - tokens dropped (by reason) - tokens cut by truncation
     weight written      = weight accepted - weight unlabeled (first tokens, chunks' first tokens)
                           - weight dropped (by reason) - weight cut by truncation
+
+A conversation built as per-turn documents (``chat.history``) is ``chat_history_documents`` documents, not
+one; their tokens beyond the conversation's last document are ``chat_history_extra_tokens`` (a cost, already
+among the accepted tokens).
 
 "Accepted" tokens and weight are computed from the tokenizer's output and the pieces' weights,
 not from the assembled documents, so the identity checks assemble, mask, filter, pack and write
@@ -46,6 +50,10 @@ def final_counts(counts: Counter[str], rejected: Counter[str], seq_len: int) -> 
         "piece_tokens": counts["piece_tokens"],
         "documents": counts["documents"],
         "chat_documents": counts["chat_documents"],
+        "chat_history_conversations": counts["chat_history_conversations"],
+        "chat_history_documents": counts["chat_history_documents"],
+        "chat_history_extra_tokens": counts["chat_history_extra_tokens"],
+        "chat_training_template_turns": counts["chat_training_template_turns"],
         "empty_documents": counts["empty_documents"],
         "documents_written": counts["documents_written"],
         "dropped": {r: counts[f"dropped_{r}"] for r in DROP_REASONS},
@@ -84,8 +92,12 @@ def check_accounting(counts: dict[str, Any]) -> None:
     rejected = sum(c["rejected"].values())
     if c["records"] != c["accepted"] + rejected:
         problems.append(f"records read {c['records']} != accepted {c['accepted']} + rejected {rejected}")
-    if c["documents"] != c["accepted"]:
-        problems.append(f"documents {c['documents']} != accepted records {c['accepted']}")
+    conversations, per_turn = c["chat_history_conversations"], c["chat_history_documents"]
+    if c["documents"] != c["accepted"] - conversations + per_turn:
+        problems.append(
+            f"documents {c['documents']} != accepted records {c['accepted']} - conversations built per turn "
+            f"{conversations} + their documents {per_turn}"
+        )
     expected_docs = c["documents"] - sum(c["dropped"].values()) - c["chunked"] + c["chunks"]
     if c["documents_written"] != expected_docs:
         problems.append(

@@ -99,12 +99,16 @@ def split_turn_code(code: int) -> tuple[int, int]:
 
 class ChatTokens(NamedTuple):
     """A rendered conversation: its token ids and per-token weights (template specials included), each token's
-    turn, and the record it came from (whose canonical JSON the validation split hashes)."""
+    turn, and the record it came from (whose canonical JSON the validation split hashes). A conversation built
+    as per-turn documents (``chat.history``) holds several documents, one after the other: ``offsets`` between
+    them (None: one document), ``training`` of them with a turn rendered by TRL's training template."""
 
     ids: np.ndarray  # int32[N]
     weights: np.ndarray  # float32[N]
     source: Chat
     turns: np.ndarray  # int32[N], each token's turn code (``turn_code``; 0 outside every message)
+    offsets: np.ndarray | None = None  # int64[D + 1], the documents of per-turn history
+    training: int = 0
 
     @property
     def canonical(self) -> str:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import hashlib
 from collections import Counter
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -25,6 +24,7 @@ from weightprep.constants import IGNORE_INDEX
 from weightprep.distribute.plan import InputPart
 from weightprep.stages.assemble import assemble
 from weightprep.stages.chat import ChatRenderer, parse_role_weights, render_chats
+from weightprep.stages.chat_templates import resolve_templates
 from weightprep.stages.columnar import parse_columns
 from weightprep.stages.filter import filter_documents
 from weightprep.stages.mask import mask
@@ -72,21 +72,31 @@ def document_batch(
 
 
 def _chat_documents(chats: Records, counts: Counter[str]) -> Documents:
-    """The documents of rendered conversations, counted as accepted tokens and weight."""
+    """The documents of rendered conversations, counted as accepted tokens and weight. A conversation built as
+    per-turn documents is several; what they cost beyond its last one (which holds the conversation up to its
+    last weighted turn once) is counted as ``chat_history_extra_tokens``."""
     rendered = chats.chats or []
-    lengths = np.fromiter((len(c.ids) for c in rendered), dtype=np.int64, count=len(rendered))  # type: ignore[union-attr]
-    offsets = np.zeros(len(rendered) + 1, dtype=np.int64)
+    parts = [[len(c.ids)] if c.offsets is None else np.diff(c.offsets) for c in rendered]  # type: ignore
+    per_conversation = np.fromiter((len(p) for p in parts), dtype=np.int64, count=len(parts))
+    lengths = np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
+    for c in rendered:
+        if c.offsets is not None:  # type: ignore[union-attr]
+            counts["chat_history_conversations"] += 1
+            counts["chat_history_documents"] += len(c.offsets) - 1  # type: ignore[union-attr]
+            counts["chat_history_extra_tokens"] += int(c.offsets[-2])  # type: ignore[union-attr]
+            counts["chat_training_template_turns"] += c.training  # type: ignore[union-attr]
     ids = np.concatenate([c.ids for c in rendered]) if rendered else np.zeros(0, np.int32)  # type: ignore[union-attr]
     weights = np.concatenate([c.weights for c in rendered]) if rendered else np.zeros(0, np.float32)  # type: ignore[union-attr]
     turns = np.concatenate([c.turns for c in rendered]) if rendered else np.zeros(0, np.int32)  # type: ignore[union-attr]
-    counts.update(documents=len(rendered), chat_documents=len(rendered), tokens_accepted=len(ids))
+    counts.update(documents=len(lengths), chat_documents=len(lengths), tokens_accepted=len(ids))
     counts["empty_documents"] += int((lengths == 0).sum())
     counts["weight_accepted"] += float(weights.astype(np.float64).sum())
     return Documents(
-        input_ids=ids.astype(np.int32), weights=weights.astype(np.float32), offsets=offsets, lines=chats.lines,
-        turns=turns.astype(np.int32),
-    )
+        input_ids=ids.astype(np.int32), weights=weights.astype(np.float32), offsets=offsets,
+        lines=np.repeat(chats.lines, per_conversation), turns=turns.astype(np.int32),
+    )  # fmt: skip
 
 
 def count_rows(rows: Rows, counts: Counter[str]) -> None:
@@ -118,13 +128,14 @@ class Chats:
         if records.chats is None:
             return records
         if self._renderer is None:
-            path = self.cfg.chat.template
-            template = Path(path).read_text(encoding="utf-8") if path else None
+            tok = transformers_tokenizer(self.tokenizer)
+            chosen = resolve_templates(tok, self.cfg.chat.template)
+            weights, history = parse_role_weights(self.cfg.chat.role_weights), self.cfg.chat.history
             renderer = ChatRenderer(
-                transformers_tokenizer(self.tokenizer), template, parse_role_weights(self.cfg.chat.role_weights),
-                self.roles, self.tokenize, path,
+                tok, chosen.template, weights, self.roles, self.tokenize, chosen.path, history=history,
+                original=chosen.original, training=chosen.training,
                 sanitize_control_tokens=self.cfg.chat.sanitize_control_tokens,
-            )
+            )  # fmt: skip
             renderer.check()
             self._renderer = renderer
         return render_chats(records, self._renderer, rejects)

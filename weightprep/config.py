@@ -10,7 +10,7 @@ A pipeline file mirrors the dataclasses (``pipelines/packed.yaml``)::
     pack:      {enabled: true, seq_len: 2048, window: 20000}
     write:     {max_shard_bytes: 268435456}
     split:     {validation_fraction: null, validation_records: null, seed: 0}
-    chat:      {template: null, role_weights: "assistant=1", sanitize_control_tokens: false}
+    chat:      {template: null, role_weights: "assistant=1", sanitize_control_tokens: false, history: auto}
 
 Unknown keys and wrong types are errors; every problem is collected and reported together,
 each naming its dotted path (``pack.seq_len: expected int, got str '2k'``). CLI flags are
@@ -129,7 +129,11 @@ class SplitConfig:
 @dataclass(frozen=True)
 class ChatConfig:
     template: str | None = field(
-        default=None, metadata={"help": "Jinja chat template file for chat records; null: the tokenizer's own."}
+        default=None,
+        metadata={
+            "help": "Jinja chat template file for chat records; training: the training template TRL maps the "
+            "tokenizer's template to (needs trl); null: the tokenizer's own."
+        },
     )
     role_weights: str = field(
         default="assistant=1",
@@ -142,6 +146,14 @@ class ChatConfig:
             "found in a conversation's strings as plain text, as apply_chat_template(..., "
             "sanitize_control_tokens=True) does, instead of rejecting it (control_token_in_content). In-turn "
             "markers (<tool_call>, <think>) are tokens either way."
+        },
+    )
+    history: Literal["auto", "full", "per-turn"] = field(
+        default="auto",
+        metadata={
+            "help": "full: one document per conversation; per-turn: one per weighted message, as inference "
+            "renders the conversation up to it; auto: full where the template renders the conversation "
+            "prefix-preserving, else per-turn."
         },
     )
 
@@ -243,8 +255,9 @@ def _semantic_checks(cfg: BuildConfig, problems: list[str]) -> None:
             parse_role_weights(cfg.chat.role_weights)
         except ConfigError as exc:
             problems.extend(exc.problems)
-    if isinstance(cfg.chat.template, str) and not Path(cfg.chat.template).is_file():
-        problems.append(f"chat.template: no such file {cfg.chat.template!r}")
+    template = cfg.chat.template
+    if isinstance(template, str) and template != "training" and not Path(template).is_file():
+        problems.append(f"chat.template: no such file {template!r} (or 'training': TRL's training template)")
     frac, n_val = cfg.split.validation_fraction, cfg.split.validation_records
     if frac is not None and n_val is not None:
         problems.append("split: give validation_fraction or validation_records, not both")

@@ -35,6 +35,8 @@ from weightprep.distribute.job import ADD_BOS, KeyPass, PartJob, ProgressFn
 from weightprep.distribute.merge import merge_results
 from weightprep.distribute.plan import InputPart, plan_parts
 from weightprep.errors import InputError, UsageError, is_columnar
+from weightprep.stages.chat import CHAT_REASONS
+from weightprep.stages.chat_templates import TRAINING, manifest_chat, tokenizer_template
 from weightprep.stages.columnar import parse_columns
 from weightprep.stages.read import check_inputs, expand_inputs
 from weightprep.stages.rejects import REJECTS_NAME
@@ -47,6 +49,7 @@ from weightprep.tokenizer import (
     special_tokens,
     tokenizer_location,
     tokenizer_summary,
+    transformers_tokenizer,
 )
 
 __all__ = ["build", "resume_key"]
@@ -139,14 +142,15 @@ def build(
             "weightprep_version": __version__,
             "config": config_to_dict(cfg),
             "tokenizer": {**summary, "bos_added": specials.bos is not None, "pad_used": specials.pad, "backend": backends[0]},
-            # the template conversations were rendered with: chat.template's file (path null: the tokenizer's own)
-            "chat_template": {"path": cfg.chat.template, "sha256": templates[0]} if templates else None,
             "inputs": merged.inputs,
             "columns": list(PACKED_COLUMNS if packed else UNPACKED_COLUMNS),
             "rejects_file": REJECTS_NAME if cfg.validate.on_invalid == "skip" else None,
             "counts": counts,
             **({"splits": {name: {"counts": c} for name, c in per_split.items()}} if per_split else {}),
         }
+        if counts["chat_documents"] or any(reason in CHAT_REASONS for reason in counts["rejected"]):
+            turns = counts["chat_training_template_turns"]
+            manifest["chat"] = manifest_chat(transformers_tokenizer(tok), cfg.chat.template, cfg.chat.history, turns)
         return output.publish(
             merged.shards, manifest, seq_len=seq_len, packed=packed, turns=merged.turns, discard=job.work_dir
         )
@@ -186,6 +190,14 @@ _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_m
                     "chat_template.json")
 
 
+def _trl_version() -> str | None:
+    try:
+        import trl
+    except ImportError:
+        return None
+    return str(trl.__version__)
+
+
 def _sha256(path: Path) -> str:
     with path.open("rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
@@ -199,7 +211,10 @@ def resume_key(cfg: BuildConfig, inputs: list[str], tok: Any, summary: dict[str,
     stats = [[os.path.abspath(p), os.stat(p).st_size, os.stat(p).st_mtime_ns] for p in inputs]
     directory = Path(str(tok.name_or_path))
     files = {name: _sha256(directory / name) for name in _TOKENIZER_FILES if (directory / name).is_file()}
-    template = _sha256(Path(cfg.chat.template)) if cfg.chat.template else getattr(tok, "chat_template", None)
+    if cfg.chat.template and cfg.chat.template != TRAINING:
+        template = _sha256(Path(cfg.chat.template))
+    else:  # the tokenizer's own, or TRL's training template for it (which TRL's version decides)
+        template = json.dumps([tokenizer_template(tok), _trl_version() if cfg.chat.template == TRAINING else None])
     text = json.dumps(
         {
             "config": config_to_dict(cfg),

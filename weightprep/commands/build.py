@@ -38,6 +38,11 @@ def format_summary(manifest: dict[str, Any], out: str) -> str:
         f"pad {c['pad_tokens']:,}, fill {100 * c['fill_ratio']:.2f}%",
         f"  dropped: {dropped}; truncated {c['truncated']:,}; chunked {chunked:,} into {chunks:,} chunks",
         *(
+            [f"  chat: {n:,} conversation(s) as {c['chat_history_documents']:,} per-turn documents, "
+             f"{c['chat_history_extra_tokens']:,} tokens of repeated context"]
+            if (n := c.get("chat_history_conversations")) else []
+        ),  # fmt: skip
+        *(
             f"  {name}: {sc['records']:,} records, {sc['documents_written']:,} documents, {sc['rows']:,} rows, "
             f"{sc['tokens']:,} tokens (supervised {sc['supervised_tokens']:,}), fill {100 * sc['fill_ratio']:.2f}%"
             for name, split in (manifest.get("splits") or {}).items()
@@ -92,7 +97,16 @@ def format_summary(manifest: dict[str, Any], out: str) -> str:
 @click.option(
     "--chat-template",
     type=click.Path(dir_okay=False),
-    help="Jinja chat template for chat records (default: the tokenizer's own) [chat.template].",
+    help="Jinja chat template for chat records (default: the tokenizer's own), or 'training': the training "
+    "template TRL maps the tokenizer's template to, as SFTTrainer trains on it (needs "
+    "pip install 'weightprep[train]') [chat.template].",
+)
+@click.option(
+    "--chat-history",
+    type=click.Choice(["auto", "full", "per-turn"]),
+    help="full: one document per conversation; per-turn: one per weighted message, rendered as inference "
+    "sees the conversation up to it; auto (default): full where the template keeps earlier turns as they "
+    "were, else per-turn [chat.history].",
 )
 @click.option(
     "--role-weights",
@@ -175,6 +189,7 @@ def build(
         "chat.template": flags["chat_template"],
         "chat.role_weights": flags["role_weights"],
         "chat.sanitize_control_tokens": True if flags["sanitize_control_tokens"] else None,
+        "chat.history": flags["chat_history"],
     }
     if flags["split_bytes"] is not None:
         click.echo("note: --split-bytes is deprecated: use --part-bytes", err=True)

@@ -38,6 +38,20 @@ Default weights: ``assistant`` 1, every other role 0 (``--role-weights``); a mes
 A rejected conversation names ``messages[i]`` and the reason, in strict mode as an error, with ``--skip-invalid``
 in rejects.jsonl.
 
+History (``chat.history``). ``full``: one document per conversation, as above. ``per-turn``: one document per
+message ``i`` with a weight > 0, the conversation as inference renders it at that turn: ``messages[:i + 1]``
+rendered by steps 1-5 with only message ``i`` weighted (for an assistant turn that is ``G_i`` then the turn as
+the template writes it last: earlier reasoning stripped as the template strips it, the turn's own kept). Where
+the template does not start the turn with its own generation prompt (DeepSeek-R1 distills prefill
+``<think>\\n`` and drop every turn's reasoning), the turn is the one TRL's training template for it renders
+after the same generation prompt, spliced after ``G_i``: the generation prompt, prefilled ``<think>\\n``
+included, keeps weight 0. ``auto`` (the build's default): ``full`` where steps 2-3 hold for the conversation,
+else ``per-turn``; where they hold, each per-turn document is a prefix of the whole (as text) with the same
+weights on its turn, so the whole is the per-turn documents without their repeated contexts. With TRL's
+training template (``chat.template: training``) a whole conversation is weighted on its ``{% generation %}``
+spans whatever it rewrites (SFTTrainer's assistant mask), and per-turn documents take their context from the
+original template and their turn from the training one.
+
 Cost, for a 5-message conversation of ~670 tokens on one core: seven renders (``S``, four prefixes, two generation
 prompts) of about 33 µs each, the conversation converted for the template once (``_Template``), ~100 µs for
 fastokens, its guard and the spans together, ~60 µs of alignment. Renders are O(turns²) and most of the cost.
@@ -55,11 +69,15 @@ import numpy as np
 
 from weightprep.batches import Chat, ChatTokens, Records, Reject, turn_code
 from weightprep.errors import ConfigError, UsageError
+from weightprep.stages.chat_templates import TrlMissing, training_template
 from weightprep.stages.spans import TokenSpans
 from weightprep.stages.tokenize import PieceTokenizer
 from weightprep.weights import is_valid_weight, weight_overflow_note
 
-__all__ = ["CHAT_REASONS", "RESERVED_KWARGS", "ChatError", "ChatRenderer", "parse_role_weights", "render_chats"]
+__all__ = [
+    "CHAT_REASONS", "HISTORY_MODES", "RESERVED_KWARGS", "ChatError", "ChatRenderer", "parse_role_weights",
+    "render_chats",
+]  # fmt: skip
 
 
 CHAT_REASONS = (
@@ -82,6 +100,11 @@ RESERVED_KWARGS = (
 #: The marks ``apply_chat_template(..., sanitize_control_tokens=True)`` puts around a control token in the inputs
 #: (transformers' ``_CONTROL_TOKEN_START`` / ``_CONTROL_TOKEN_END``), and so does ``prepare`` with ``sanitize``.
 _MARKS = re.compile("[\U000f0000\U000f0001]")
+#: ``chat.history``: whole conversations, per-turn documents, or whole where that is exact, else per-turn.
+HISTORY_MODES = ("auto", "full", "per-turn")
+#: What ``auto`` answers with per-turn documents: a template that rewrites earlier turns, or whose generation
+#: prompt is not where the turn it renders starts.
+_REWRITTEN = ("not_prefix_preserving", "generation_prompt_mismatch")
 _GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%\}")
 _PROBES = ("\ue000weightprep-probe-a\ue000", "\ue001weightprep-probe-b\ue001")
 #: The conversations whose rendering tells a template's turn structure from its in-turn markers
@@ -268,11 +291,27 @@ class ChatRenderer:
         roles: list[str] | None = None,
         tokenize: PieceTokenizer | None = None,
         source: str | None = None,
+        *,
+        history: str = "full",
+        original: str | None = None,
+        training: bool = False,
         sanitize_control_tokens: bool = False,
     ) -> None:
+        if history not in HISTORY_MODES:
+            raise ValueError(f"history must be one of {HISTORY_MODES}, got {history!r}")
         self.tok = tokenizer
         #: encode the control tokens that content may not hold as text (``control_tokens``), instead of refusing
         self.sanitize = sanitize_control_tokens
+        #: ``HISTORY_MODES``: one document per conversation, one per weighted message, or the first where it
+        #: is exact
+        self.history = history
+        #: the template inference uses, for the context of per-turn documents, where ``template`` is not it
+        #: (TRL's training template); None: ``template``
+        self.original = original
+        #: ``template`` is TRL's training template (``chat.template: training``): a whole conversation is
+        #: weighted on its ``{% generation %}`` spans as SFTTrainer's assistant mask is, even where the
+        #: template rewrites earlier turns (gpt-oss's drops their analysis channel)
+        self.training = training
         #: the file of ``template`` (for errors); None: the tokenizer's own template
         self.source = source
         #: role names by code - 1, in order of first appearance (shared with the writer, which names turns)
@@ -289,6 +328,9 @@ class ChatRenderer:
         self._template: _Template | None = None
         self._bos = getattr(tokenizer, "bos_token_id", None)
         self._empty_renders: dict[tuple[str, str], str] = {}
+        self._context: ChatRenderer | None = None  # renders ``original``
+        self._training: ChatRenderer | None | bool = False  # TRL's training template (False: not looked up)
+        self._trl_missing: TrlMissing | None = None
 
     def check(self) -> None:
         """Refuse, before any work, a tokenizer that cannot render conversations."""
@@ -502,6 +544,10 @@ class ChatRenderer:
             w = self._weight(i, chat.messages[i])
             if w == 0:
                 continue
+            if self.training and self.tagged and m["role"] == "assistant":  # SFTTrainer's mask, as it is
+                a, b = tagged_spans[assistants.index(i)]
+                weights[a:b] = w
+                continue
             start, end = len(prefix(i)), len(prefix(i + 1))
             if end < start:
                 raise ChatError(
@@ -550,6 +596,121 @@ class ChatRenderer:
                     "control_token_in_content",
                 )
 
+    def documents(self, chat: Chat) -> tuple[list[_Document], bool]:
+        """The conversation's documents by ``history`` (module docstring, "History"), and whether they are
+        per-turn ones: ``full`` one, ``per-turn`` one per weighted message, ``auto`` one where the template
+        renders the conversation prefix-preserving with each turn after its generation prompt, else
+        per-turn."""
+        if self.history != "per-turn":
+            try:
+                return [_Document(chat, *self.char_weights(chat))], False
+            except ChatError as exc:
+                if self.history == "full" or exc.reason not in _REWRITTEN:
+                    raise
+        weights = [self._weight(i, m) for i, m in enumerate(chat.messages)]
+        docs = []
+        for i, w in enumerate(weights):
+            if w > 0:  # the conversation up to message i, the only one weighted
+                only = [{**m, "weight": w if j == i else 0.0} for j, m in enumerate(chat.messages[: i + 1])]
+                docs.append(self._turn(chat._replace(messages=only), i))
+        if not docs:  # nothing weighted: one document, which the filter drops (and counts) as unsupervised
+            return [_Document(chat, *self.char_weights(chat))], False
+        return docs, True
+
+    def _turn(self, turn: Chat, i: int) -> _Document:
+        """The per-turn document of message ``i``, the last of ``turn`` and its only weighted message: the
+        context as inference renders it, then the turn. Where the template does not start the turn with its
+        own generation prompt (DeepSeek-R1 distills: the prompt prefills ``<think>\\n``, the turn is
+        re-rendered without its reasoning), the turn as the training template TRL maps the template to renders
+        it."""
+        assistant = turn.messages[i]["role"] == "assistant"
+        if self.original is not None:  # --chat-template training: the context by the template inference uses
+            context = self._context_renderer()
+            if not assistant:
+                return _Document(turn, *context.char_weights(turn))
+            return self._spliced(turn, i, context, self)
+        try:
+            return _Document(turn, *self.char_weights(turn))
+        except ChatError as exc:
+            if exc.reason != "generation_prompt_mismatch" or not assistant:
+                raise
+            try:
+                training = self._training_renderer()
+            except TrlMissing as missing:
+                raise ChatError(
+                    exc.field, f"{exc.problem}. TRL's training template was not tried: {missing}", exc.reason,
+                ) from None  # fmt: skip
+            if training is None:
+                raise
+            return self._spliced(turn, i, self, training)
+
+    def _spliced(self, turn: Chat, i: int, context: ChatRenderer, turns: ChatRenderer) -> _Document:
+        """``G_i`` of ``context`` (the conversation before message ``i`` and the generation prompt, as
+        inference renders it), then what ``turns`` renders after that same generation prompt when message
+        ``i`` is the last. Only those characters are weighted: the generation prompt, prefilled ``<think>\\n``
+        included, stays 0."""
+        full = turns.char_weights(turn)[0]  # also checks the contents and kwargs as for any document
+        messages = _template_messages(turn)
+        ours, theirs = context.prepare(turn, messages), turns.prepare(turn, messages)
+        before, prompt = context.render(ours, i)[0], context.render(ours, i, generation=True)[0]
+        turn_before, turn_prompt = turns.render(theirs, i)[0], turns.render(theirs, i, generation=True)[0]
+        if not (
+            prompt.startswith(before) and turn_prompt.startswith(turn_before) and full.startswith(turn_prompt)
+            and turn_prompt[len(turn_before):] == prompt[len(before):]
+        ):  # fmt: skip
+            which = "the training template" if turns is self else (
+                "neither in the template nor in the training template TRL maps it to, which"
+            )  # fmt: skip
+            at = len(turn_before)
+            raise ChatError(
+                f"messages[{i}]",
+                f"the generation prompt {prompt[len(before):]!r} is not where this turn starts: {which} "
+                f"renders the turn as {full[at : at + 40]!r}. After a prompt that prefills reasoning markup, "
+                "the turn's content must start with it (such templates may not read reasoning_content)",
+                "generation_prompt_mismatch",
+            )
+        text = prompt + full[len(turn_prompt) :]
+        weights = np.zeros(len(text), dtype=np.float32)
+        weights[len(prompt) :] = self._weight(i, turn.messages[i])
+
+        def prefix(k: int) -> str:
+            """``P_k`` of ``context``: the characters of the earlier messages, for their turn codes."""
+            if k > i:
+                return text
+            if k == i:
+                here = before
+            else:
+                here = context._empty(turn, ours, text) if k == 0 else context.render(ours, k)[0]
+            if not text.startswith(here):  # no turn code for that message (_char_turns)
+                raise ChatError(f"messages[{k - 1}]", "not a prefix of the document", "not_prefix_preserving")
+            return here
+
+        char_turns = context._char_turns(messages, text, prefix)
+        return _Document(turn, text, weights, char_turns, 1 if turns is not self else 0)
+
+    def _context_renderer(self) -> ChatRenderer:
+        """Renders ``original``, the template inference uses (``--chat-template training``)."""
+        if self._context is None:
+            tokens = self._tokenize
+            self._context = ChatRenderer(self.tok, self.original, self.role_weights, self.roles, tokens)
+        return self._context
+
+    def _training_renderer(self) -> ChatRenderer | None:
+        """Renders the training template TRL maps ``template`` to (None: TRL has none, or trains on
+        ``template`` as it is). ``TrlMissing`` without TRL."""
+        if self._training is False:
+            if self._trl_missing is not None:
+                raise self._trl_missing
+            try:
+                found = training_template(self.tok, self.template)
+            except TrlMissing as exc:
+                self._trl_missing = exc
+                raise
+            self._training = None
+            if found is not None and found != self.template:
+                self._training = ChatRenderer(self.tok, found, self.role_weights, self.roles, self._tokenize)
+        return self._training  # type: ignore[return-value]
+
     def _check_kwargs(self, chat: Chat) -> None:
         """``chat_template_kwargs`` come after the renderer's own arguments (``prepare``): one that names an argument
         the renderer sets would override it (``reserved_template_kwarg``)."""
@@ -592,34 +753,41 @@ class ChatRenderer:
     ) -> list[ChatTokens | ChatError]:
         """``tokens`` for many conversations, tokenized in one call; a failure is returned in its place.
         ``where(c)`` is the (file, line) of conversation ``c``, for the tokenizer guard's error."""
-        rendered: list[tuple[str, np.ndarray, np.ndarray] | ChatError] = []
+        rendered: list[tuple[list[_Document], bool] | ChatError] = []
         for chat in chats:
             try:
-                rendered.append(self.char_weights(chat))
+                rendered.append(self.documents(chat))
             except ChatError as exc:
                 rendered.append(exc)
-        kept = [c for c, r in enumerate(rendered) if not isinstance(r, ChatError)]
-        tokenized: dict[int, tuple] = {}
+        docs = [(c, doc) for c, r in enumerate(rendered) if not isinstance(r, ChatError) for doc in r[0]]
+        tokenized: dict[int, tuple] = {}  # by index into docs
         if self.sanitize:  # a text with marked control tokens is tokenized as apply_chat_template's sanitize does
-            for c in [c for c in kept if _MARKS.search(rendered[c][0])]:  # type: ignore[index]
-                try:
-                    tokenized[c] = self._sanitized(chats[c], *rendered[c])  # type: ignore[misc]
-                except ChatError as exc:
-                    rendered[c] = exc
-            kept = [c for c in kept if not isinstance(rendered[c], ChatError)]
-        plain = [c for c in kept if c not in tokenized]
-        texts = [rendered[c][0] for c in plain]  # type: ignore[index]
+            for d, (c, doc) in enumerate(docs):
+                if not isinstance(rendered[c], ChatError) and _MARKS.search(doc.text):
+                    try:
+                        tokenized[d] = self._sanitized(doc.chat, doc.text, doc.weights, doc.turns)
+                    except ChatError as exc:
+                        rendered[c] = exc
+        plain = [d for d, (c, _) in enumerate(docs) if d not in tokenized and not isinstance(rendered[c], ChatError)]
         located = where or (lambda c: ("<conversations>", c + 1))
-        spans = self._token_spans(texts, lambda d: (*located(plain[d]), "messages"))
-        for c, found in zip(plain, spans, strict=True):
-            tokenized[c] = (*rendered[c], *found)  # type: ignore[misc]
+        spans = self._token_spans([docs[d][1].text for d in plain], lambda i: (*located(docs[plain[i]][0]), "messages"))
+        for d, found in zip(plain, spans, strict=True):
+            doc = docs[d][1]
+            tokenized[d] = (doc.text, doc.weights, doc.turns, *found)
         out: list[ChatTokens | ChatError] = list(rendered)  # type: ignore[arg-type]
-        for c in kept:
-            *args, exact = tokenized[c]
+        aligned: dict[int, list[ChatTokens]] = {}
+        for d, (c, doc) in enumerate(docs):
+            if isinstance(out[c], ChatError):
+                continue
+            *args, exact = tokenized[d]
             try:
-                out[c] = self.align(chats[c], *args, exact=exact)
+                aligned.setdefault(c, []).append(self.align(doc.chat, *args, exact=exact))
             except ChatError as exc:
                 out[c] = exc
+        for c, parts in aligned.items():
+            if not isinstance(out[c], ChatError):
+                documents, per_turn = rendered[c]  # type: ignore[misc]
+                out[c] = _joined(chats[c], parts, per_turn, sum(d.training for d in documents))
         return out
 
     def _sanitized(
@@ -765,6 +933,31 @@ class ChatRenderer:
             if len(_MARKS.sub("", self.render(prepared, i + 1)[0])) > char:  # ``char`` is in the text without marks
                 return f"messages[{i}]"
         return "messages"
+
+
+class _Document(NamedTuple):
+    """A document's rendered text, its characters' weights and turn codes, the conversation it was rendered
+    from (truncated after its turn for a per-turn document; named in errors), and whether TRL's training
+    template rendered its turn (the template itself could not)."""
+
+    chat: Chat
+    text: str
+    weights: np.ndarray
+    turns: np.ndarray
+    training: int = 0
+
+
+def _joined(chat: Chat, parts: list[ChatTokens], per_turn: bool, training: int) -> ChatTokens:
+    """A conversation's documents as one ``ChatTokens`` (``offsets`` between them for per-turn documents)."""
+    source = chat._replace(raw=b"")
+    if not per_turn:
+        return parts[0]._replace(source=source)
+    offsets = np.zeros(len(parts) + 1, dtype=np.int64)
+    np.cumsum([len(p.ids) for p in parts], out=offsets[1:])
+    return ChatTokens(
+        np.concatenate([p.ids for p in parts]), np.concatenate([p.weights for p in parts]), source,
+        np.concatenate([p.turns for p in parts]), offsets, training,
+    )  # fmt: skip
 
 
 def render_chats(records: Records, render: ChatRenderer, rejects: list[Reject]) -> Records:
