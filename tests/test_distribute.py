@@ -464,23 +464,44 @@ def test_resume_ignores_a_leftover_of_another_plan(tmp_path, reference):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # and its leftovers are gone
 
 
-@pytest.mark.parametrize("change", ["nothing", "config", "input"])
-def test_resume_reuses_parts_only_of_the_same_config_and_input(change, tmp_path):
+_TOKENIZER_EDITS = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+
+
+@pytest.mark.parametrize("change", ["nothing", "config", "input", *_TOKENIZER_EDITS, "version"])
+def test_resume_reuses_parts_only_of_the_same_config_and_input(change, tmp_path, monkeypatch):
+    """A resume reuses the killed build's parts only if nothing that could decide their bytes changed: the
+    configuration, the input, a file of the tokenizer's directory (here edited so that the ids stay the same, so
+    only the key can tell) or weightprep's version."""
+    import shutil
+
+    import weightprep
+    from weightprep.tokenizer import SAMPLE_TOKENIZER_DIR
+
     raw = tmp_path / "raw.jsonl"
     raw.write_bytes(SAMPLE_RAW.read_bytes())
+    tok_dir = shutil.copytree(SAMPLE_TOKENIZER_DIR, tmp_path / "tok")
     out = tmp_path / "out"
-    _killed_build([str(raw)], out, _cfg())
-    cfg = _cfg(assemble={"eos_weight": 0.5}) if change == "config" else _cfg()
+    _killed_build([str(raw)], out, _cfg(tokenizer={"name": str(tok_dir)}))
+    cfg = _cfg(tokenizer={"name": str(tok_dir)}, **({"assemble": {"eos_weight": 0.5}} if change == "config" else {}))
     if change == "input":  # another first record: part 0 is not what the killed build read
         lines = raw.read_bytes().splitlines(keepends=True)
         raw.write_bytes(b"".join([lines[1], lines[0], *lines[2:]]))
+    if change in _TOKENIZER_EDITS:  # the same JSON, other bytes: an unrelated key, or another layout
+        before = (tok_dir / change).read_bytes()
+        data = json.loads(before)
+        edited = {**data, "comment": "edited"} if change == "tokenizer_config.json" else data
+        (tok_dir / change).write_text(json.dumps(edited, indent=None if change == "tokenizer.json" else 4))
+        assert (tok_dir / change).read_bytes() != before
+    if change == "version":
+        monkeypatch.setattr(weightprep, "__version__", weightprep.__version__ + ".post1")
     executor = Delaying(SerialExecutor(), {})
     manifest = build([str(raw)], out, cfg, executor=executor, resume=True)
     assert executor.reused == ([0, 1] if change == "nothing" else [])
     build([str(raw)], tmp_path / "fresh", cfg)
     assert _digests(out) == _digests(tmp_path / "fresh")
+    assert manifest["weightprep_version"] == weightprep.__version__
     assert "chat" not in manifest  # no conversation: no template used
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["fresh", "out", "raw.jsonl"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fresh", "out", "raw.jsonl", "tok"]
 
 
 def _conversations(tmp_path, n: int) -> tuple[Path, list[dict]]:
