@@ -563,6 +563,35 @@ def test_resume_after_the_chat_template_changed_starts_over(where, tmp_path):
     assert manifest["chat"]["template_sha256"] == hashlib.sha256(used.encode()).hexdigest()
 
 
+@pytest.mark.parametrize("make", ["local-1", "local-2-delayed", "ray-2"])
+def test_every_executor_writes_the_same_chat_turns(make, tmp_path, request):
+    """Conversations cut into several parts: chat_turns.jsonl (and the shards) are the serial build's bytes
+    whoever runs the parts, however many, in whatever order they finish."""
+    kind, workers, *delayed = make.split("-")
+    if kind == "ray":
+        request.getfixturevalue("ray_session")
+    tok_dir, records = _conversations(tmp_path, 240)
+    for i, r in enumerate(records):  # turns of several lengths, so rows hold several conversations and their parts
+        r["messages"][1]["content"] += " and more" * (i % 7)
+    raw = tmp_path / "chats.jsonl"
+    raw.write_text("".join(json.dumps(r) + "\n" for r in records))
+    cfg = config_from_dict({"tokenizer": {"name": str(tok_dir)}, "pack": {"seq_len": 128}, "read": {"part_bytes": 6000}})
+    n_parts = len(plan_parts([str(raw)], 6000))
+    assert n_parts >= 4
+    build([str(raw)], tmp_path / "serial", cfg, executor=SerialExecutor())
+    reference = _digests(tmp_path / "serial")
+    assert "chat_turns.jsonl" in reference
+    turns = (tmp_path / "serial" / "chat_turns.jsonl").read_text().splitlines()
+    assert len(turns) >= len(records)
+    inner = LocalExecutor(int(workers)) if kind == "local" else RayExecutor(int(workers))
+    delays = {i: 0.3 * (n_parts - i) for i in range(n_parts)} if delayed else {}  # later parts finish first
+    executor = Delaying(inner, delays)
+    build([str(raw)], tmp_path / "out", cfg, executor=executor)
+    if delayed:
+        assert executor.order != sorted(executor.order)  # they did finish out of order
+    assert _digests(tmp_path / "out") == reference
+
+
 @pytest.mark.parametrize("kind", ["local", "ray"])
 def test_one_pool_serves_both_passes_of_a_build(kind, tmp_path, monkeypatch, request):
     """--validation-records reads the parts twice (keys, then the build): the worker processes (Ray actors) are
