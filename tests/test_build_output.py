@@ -276,3 +276,85 @@ def test_hand_written_features_equal_datasets_own(packed):
     ours = arrow_schema(96, packed=packed)
     assert ours.equals(theirs.arrow_schema, check_metadata=False)
     assert json.loads(ours.metadata[b"huggingface"]) == json.loads(theirs.arrow_schema.metadata[b"huggingface"])
+
+
+def test_no_pickle_in_the_data_path(tmp_path, monkeypatch):
+    """A serial in-process build and an inspect of its output run with pickle unusable, and what they write is
+    Arrow and JSON only: no dataset, manifest or state is a pickle a reader would have to trust."""
+    import pickle
+
+    import pyarrow as pa
+    from chat_support import chat_tokenizer
+    from click.testing import CliRunner
+
+    from weightprep.cli import main
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("pickle used in the data path")
+
+    class Refused:
+        def __init__(self, *args, **kwargs):
+            refuse()
+
+    raw = tmp_path / "raw.jsonl"
+    chat = {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]}
+    raw.write_text(SAMPLE_RAW.read_text() + json.dumps(chat) + "\n")
+    chat_tokenizer("chatml").save_pretrained(str(tmp_path / "tok"))
+    args = ["build", str(raw), "--tokenizer", str(tmp_path / "tok"), "--executor", "serial", "--seq-len", "256", "--out"]
+    runner = CliRunner()
+    # A first build imports what the build imports: some modules pickle a constant at import (jinja2's bytecode
+    # cache header), which is no data. The build that counts runs after.
+    assert runner.invoke(main, [*args, str(tmp_path / "warm")]).exit_code == 0
+    assert runner.invoke(main, ["inspect", str(tmp_path / "warm")]).exit_code == 0
+    for name in ("dumps", "dump", "loads", "load"):
+        monkeypatch.setattr(pickle, name, refuse)
+    monkeypatch.setattr(pickle, "Pickler", Refused)
+    monkeypatch.setattr(pickle, "Unpickler", Refused)
+    out = tmp_path / "out"
+    result = runner.invoke(main, [*args, str(out)])
+    assert result.exit_code == 0, result.output
+    shown = runner.invoke(main, ["inspect", str(out)])
+    assert shown.exit_code == 0 and "── document 1" in shown.output, shown.output
+    files = sorted(p for p in out.rglob("*") if p.is_file())
+    assert any(p.suffix == ".arrow" for p in files) and (out / MANIFEST_NAME) in files
+    for path in files:
+        data = path.read_bytes()
+        assert not data.startswith(b"\x80"), f"{path} is a pickle"
+        if path.suffix == ".arrow":
+            assert pa.ipc.open_stream(pa.BufferReader(data)).read_all().num_rows > 0, path
+        elif path.suffix == ".jsonl":
+            [json.loads(line) for line in data.splitlines()]
+        else:
+            assert path.suffix == ".json", path
+            json.loads(data)
+
+
+def test_trust_remote_code_is_off_unless_asked_for(tmp_path, monkeypatch):
+    """Every tokenizer load of a build goes to transformers with trust_remote_code=False, and with True only
+    after --trust-remote-code."""
+    from click.testing import CliRunner
+    from transformers import AutoTokenizer
+
+    from weightprep.cli import main
+    from weightprep.tokenizer import SAMPLE_TOKENIZER_DIR
+
+    # "legacy" makes the build load through AutoTokenizer (not read tokenizer.json directly), so the call is seen.
+    tok_dir = shutil.copytree(SAMPLE_TOKENIZER_DIR, tmp_path / "tok")
+    config = json.loads((tok_dir / "tokenizer_config.json").read_text())
+    (tok_dir / "tokenizer_config.json").write_text(json.dumps({**config, "legacy": True}))
+    real = AutoTokenizer.from_pretrained.__func__
+    calls: list[object] = []
+
+    def spy(cls, *args, **kwargs):
+        calls.append(kwargs.get("trust_remote_code", "not passed"))
+        return real(cls, *args, **kwargs)
+
+    monkeypatch.setattr(AutoTokenizer, "from_pretrained", classmethod(spy))
+    args = ["build", str(SAMPLE_RAW), "--tokenizer", str(tok_dir), "--executor", "serial", "--seq-len", "256"]
+    result = CliRunner().invoke(main, [*args, "--out", str(tmp_path / "default")])
+    assert result.exit_code == 0, result.output
+    assert calls and set(calls) == {False}, calls
+    calls.clear()
+    result = CliRunner().invoke(main, [*args, "--out", str(tmp_path / "trusted"), "--trust-remote-code"])
+    assert result.exit_code == 0, result.output
+    assert calls and set(calls) == {True}, calls

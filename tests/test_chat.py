@@ -262,6 +262,36 @@ def test_templates_that_cannot_be_aligned_are_refused(template, messages, reason
     assert (err.value.reason, err.value.field) == (reason, field)
 
 
+#: ChatML whose {% generation %} block wraps the user's content, not the assistant's: one block per assistant
+#: message, so the count agrees and only the span is wrong.
+_TAGS_ON_THE_USER = (
+    "{% for m in messages %}{% if m['role'] == 'user' %}<|im_start|>user\n{% generation %}{{ m['content'] }}"
+    "{% endgeneration %}<|im_end|>\n{% else %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endif %}"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+#: ChatML that tags every message: more blocks than assistant messages.
+_TAGS_ON_EVERY_MESSAGE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{% generation %}{{ m['content'] }}<|im_end|>\n"
+    "{% endgeneration %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+@pytest.mark.parametrize(
+    ("template", "field"), [(_TAGS_ON_THE_USER, "messages[1]"), (_TAGS_ON_EVERY_MESSAGE, "messages")]
+)
+def test_generation_tags_that_disagree_with_the_assistant_messages_are_refused(template, field):
+    messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]
+    tok = chat_tokenizer("chatml", template)
+    # The expectation, from transformers: the tagged tokens are not the assistant's answer.
+    ref = tok.apply_chat_template(messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
+    answer = tok.encode("Hello", add_special_tokens=False)
+    tagged = [t for t, m in zip(ref["input_ids"], ref["assistant_masks"], strict=True) if m]
+    assert tagged != answer
+    with pytest.raises(ChatError) as err:
+        ChatRenderer(tok).tokens(_chat(messages))
+    assert (err.value.reason, err.value.field) == ("generation_tag_mismatch", field)
+
+
 def test_control_tokens_in_content_and_template_errors_are_refused():
     tok = chat_tokenizer("chatml")
     with pytest.raises(ChatError) as err:

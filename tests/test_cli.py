@@ -135,3 +135,28 @@ def test_old_names_of_renamed_keys_and_values_still_work_with_a_note(tmp_path):
     assert len(old_manifest["inputs"][0]["parts"]) == 6
     assert old_manifest["counts"] == flag_manifest["counts"] and old_manifest["counts"]["chunked"] > 0
     assert f"chunked {old_manifest['counts']['chunked']:,} into {old_manifest['counts']['chunks']:,} chunks" in old.output
+
+
+def test_an_accounting_mismatch_exits_3_and_writes_nothing(tmp_path, monkeypatch):
+    """A stage that counts one document too many (a bug, simulated) breaks the documents identity: the build stops
+    with exit 3 naming it, before anything is published, and leaves no temporary directory behind."""
+    import weightprep.distribute.job as job
+
+    real = job.document_batch
+
+    def one_too_many(*args, **kwargs):
+        docs, counts = real(*args, **kwargs)
+        counts["documents"] += 1
+        return docs, counts
+
+    monkeypatch.setattr(job, "document_batch", one_too_many)
+    raw = tmp_path / "raw.jsonl"
+    raw.write_text("".join(json.dumps({"text": f"record number {i}"}) + "\n" for i in range(3)))
+    out = tmp_path / "out"
+    result = CliRunner().invoke(main, ["build", str(raw), "--out", str(out), "--executor", "serial", "--seq-len", "64"])
+    assert result.exit_code == 3, result.output
+    # 3 records in one block, so 4 counted documents against 3 accepted records.
+    assert "accounting does not balance" in result.output
+    assert "documents 4 != accepted records 3 - conversations built per turn 0 + their documents 0" in result.output
+    assert not out.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["raw.jsonl"]

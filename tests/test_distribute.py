@@ -464,23 +464,44 @@ def test_resume_ignores_a_leftover_of_another_plan(tmp_path, reference):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # and its leftovers are gone
 
 
-@pytest.mark.parametrize("change", ["nothing", "config", "input"])
-def test_resume_reuses_parts_only_of_the_same_config_and_input(change, tmp_path):
+_TOKENIZER_EDITS = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+
+
+@pytest.mark.parametrize("change", ["nothing", "config", "input", *_TOKENIZER_EDITS, "version"])
+def test_resume_reuses_parts_only_of_the_same_config_and_input(change, tmp_path, monkeypatch):
+    """A resume reuses the killed build's parts only if nothing that could decide their bytes changed: the
+    configuration, the input, a file of the tokenizer's directory (here edited so that the ids stay the same, so
+    only the key can tell) or weightprep's version."""
+    import shutil
+
+    import weightprep
+    from weightprep.tokenizer import SAMPLE_TOKENIZER_DIR
+
     raw = tmp_path / "raw.jsonl"
     raw.write_bytes(SAMPLE_RAW.read_bytes())
+    tok_dir = shutil.copytree(SAMPLE_TOKENIZER_DIR, tmp_path / "tok")
     out = tmp_path / "out"
-    _killed_build([str(raw)], out, _cfg())
-    cfg = _cfg(assemble={"eos_weight": 0.5}) if change == "config" else _cfg()
+    _killed_build([str(raw)], out, _cfg(tokenizer={"name": str(tok_dir)}))
+    cfg = _cfg(tokenizer={"name": str(tok_dir)}, **({"assemble": {"eos_weight": 0.5}} if change == "config" else {}))
     if change == "input":  # another first record: part 0 is not what the killed build read
         lines = raw.read_bytes().splitlines(keepends=True)
         raw.write_bytes(b"".join([lines[1], lines[0], *lines[2:]]))
+    if change in _TOKENIZER_EDITS:  # the same JSON, other bytes: an unrelated key, or another layout
+        before = (tok_dir / change).read_bytes()
+        data = json.loads(before)
+        edited = {**data, "comment": "edited"} if change == "tokenizer_config.json" else data
+        (tok_dir / change).write_text(json.dumps(edited, indent=None if change == "tokenizer.json" else 4))
+        assert (tok_dir / change).read_bytes() != before
+    if change == "version":
+        monkeypatch.setattr(weightprep, "__version__", weightprep.__version__ + ".post1")
     executor = Delaying(SerialExecutor(), {})
     manifest = build([str(raw)], out, cfg, executor=executor, resume=True)
     assert executor.reused == ([0, 1] if change == "nothing" else [])
     build([str(raw)], tmp_path / "fresh", cfg)
     assert _digests(out) == _digests(tmp_path / "fresh")
+    assert manifest["weightprep_version"] == weightprep.__version__
     assert "chat" not in manifest  # no conversation: no template used
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["fresh", "out", "raw.jsonl"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fresh", "out", "raw.jsonl", "tok"]
 
 
 def _conversations(tmp_path, n: int) -> tuple[Path, list[dict]]:
@@ -540,6 +561,35 @@ def test_resume_after_the_chat_template_changed_starts_over(where, tmp_path):
         assert shards[0] != shards[1]
     used = first if where == "nothing" else second
     assert manifest["chat"]["template_sha256"] == hashlib.sha256(used.encode()).hexdigest()
+
+
+@pytest.mark.parametrize("make", ["local-1", "local-2-delayed", "ray-2"])
+def test_every_executor_writes_the_same_chat_turns(make, tmp_path, request):
+    """Conversations cut into several parts: chat_turns.jsonl (and the shards) are the serial build's bytes
+    whoever runs the parts, however many, in whatever order they finish."""
+    kind, workers, *delayed = make.split("-")
+    if kind == "ray":
+        request.getfixturevalue("ray_session")
+    tok_dir, records = _conversations(tmp_path, 240)
+    for i, r in enumerate(records):  # turns of several lengths, so rows hold several conversations and their parts
+        r["messages"][1]["content"] += " and more" * (i % 7)
+    raw = tmp_path / "chats.jsonl"
+    raw.write_text("".join(json.dumps(r) + "\n" for r in records))
+    cfg = config_from_dict({"tokenizer": {"name": str(tok_dir)}, "pack": {"seq_len": 128}, "read": {"part_bytes": 6000}})
+    n_parts = len(plan_parts([str(raw)], 6000))
+    assert n_parts >= 4
+    build([str(raw)], tmp_path / "serial", cfg, executor=SerialExecutor())
+    reference = _digests(tmp_path / "serial")
+    assert "chat_turns.jsonl" in reference
+    turns = (tmp_path / "serial" / "chat_turns.jsonl").read_text().splitlines()
+    assert len(turns) >= len(records)
+    inner = LocalExecutor(int(workers)) if kind == "local" else RayExecutor(int(workers))
+    delays = {i: 0.3 * (n_parts - i) for i in range(n_parts)} if delayed else {}  # later parts finish first
+    executor = Delaying(inner, delays)
+    build([str(raw)], tmp_path / "out", cfg, executor=executor)
+    if delayed:
+        assert executor.order != sorted(executor.order)  # they did finish out of order
+    assert _digests(tmp_path / "out") == reference
 
 
 @pytest.mark.parametrize("kind", ["local", "ray"])

@@ -168,16 +168,26 @@ def _losses(checkpoint: Path) -> dict[int, float]:
 
 
 @pytest.mark.slow
-def test_short_run_learns_and_resume_continues_the_same_run(sample_shards, tmp_path):
+def test_short_run_learns_and_resume_continues_the_same_run(sample_shards, tmp_path, monkeypatch):
+    """Also: the allocator setting is made when the user set none and left alone when they did, and every
+    training log carries throughput and peak memory."""
     if not (TINY_LLAMA / "config.json").is_file():
         pytest.skip("sample_data/tiny-llama missing: python sample_data/make_model.py")
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    monkeypatch.delenv("PYTORCH_ALLOC_CONF", raising=False)
     common = ["--model", str(TINY_LLAMA), "--max-steps", "8", "--save-steps", "4", "--logging-steps", "1",
               "--micro-batch-size", "2", "--lr", "3e-3", "--lr-scheduler", "constant", "--warmup-ratio", "0",
               "--seed", "7"]  # fmt: skip
     full = tmp_path / "full"
     _train_cli(str(sample_shards), "--output-dir", str(full), *common)
+    assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
     losses = _losses(full / "checkpoint-8")
     assert sorted(losses) == list(range(1, 9))
+    logs = [h for h in json.loads((full / "checkpoint-8" / "trainer_state.json").read_text())["log_history"] if "loss" in h]
+    for h in logs:  # a micro-batch of 2 packed rows per step: positions >= supervised tokens > 0
+        assert h["tokens_per_second"] >= h["supervised_tokens_per_second"] > 0, h
+        assert h["weighted_tokens_per_second"] > 0 and h["supervised_tokens"] > 0, h
+        assert h["peak_rss_gib"] > 0 and "peak_cuda_allocated_gib" not in h, h  # a CPU run
     first, last = [losses[s] for s in (1, 2, 3)], [losses[s] for s in (6, 7, 8)]
     assert sum(last) / 3 < sum(first) / 3 - 0.05, losses
     for name in ("model.safetensors", "tokenizer.json", "config.json", "weightprep_train.json"):
@@ -187,7 +197,9 @@ def test_short_run_learns_and_resume_continues_the_same_run(sample_shards, tmp_p
     resumed = tmp_path / "resumed"
     resumed.mkdir()
     shutil.copytree(full / "checkpoint-4", resumed / "checkpoint-4")
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:128")  # the user's own: kept
     _train_cli(str(sample_shards), "--output-dir", str(resumed), "--resume", *common)
+    assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "max_split_size_mb:128"
     again = _losses(resumed / "checkpoint-8")
     for step in range(5, 9):
         assert abs(again[step] - losses[step]) < 1e-4, (step, again[step], losses[step])
