@@ -38,13 +38,19 @@ ROOT = Path(__file__).resolve().parent.parent
 MODULES: dict[str, list[str]] = {
     "stages/assemble.py": ["tests/test_properties.py", "tests/test_tokenize.py", "tests/test_build_output.py"],
     "stages/mask.py": ["tests/test_stages.py", "tests/test_properties.py", "tests/test_build_output.py"],
-    "stages/pack.py": ["tests/test_properties.py", "tests/test_build_output.py", "tests/test_chat_turns.py"],
-    "stages/filter.py": ["tests/test_properties.py", "tests/test_build_output.py", "tests/test_bad_input.py"],
+    "stages/pack.py": [
+        "tests/test_stages.py", "tests/test_properties.py", "tests/test_build_output.py", "tests/test_chat_turns.py",
+    ],
+    "stages/filter.py": [
+        "tests/test_stages.py", "tests/test_properties.py", "tests/test_build_output.py", "tests/test_bad_input.py",
+    ],
     "stages/spans.py": ["tests/test_spans.py"],
     "stages/chat.py": ["tests/test_chat.py", "tests/test_chat_turns.py"],
     "distribute/merge.py": ["tests/test_distribute.py"],
     "distribute/executors.py": ["tests/test_distribute.py"],
-    "accounting.py": ["tests/test_hostile_inputs.py", "tests/test_split.py", "tests/test_build_output.py"],
+    "accounting.py": [
+        "tests/test_accounting.py", "tests/test_hostile_inputs.py", "tests/test_split.py", "tests/test_build_output.py",
+    ],
     "train/loss.py": ["tests/test_train_loss.py"],
 }
 
