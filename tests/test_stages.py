@@ -1,17 +1,24 @@
 """The stages' pure functions on batches they are handed directly, against expectations computed token by token.
 
 The build tests reach these functions only with the batches real inputs make; these cover the edges those never
-produce (empty documents anywhere, a last document that is empty), found by ``make mutate``."""
+produce (empty documents anywhere, a last document that is empty, an empty batch, a document of exactly the row
+length, ties between equally full rows, a window reached exactly), found by ``make mutate``. Each expectation is
+computed here, document by document, from the stage's documented contract, not by the stage's own code."""
 
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from weightprep.batches import Documents
 from weightprep.constants import IGNORE_INDEX
+from weightprep.stages.filter import filter_documents
 from weightprep.stages.mask import mask
+from weightprep.stages.pack import Packer, best_fit_decreasing
 
 _weights = st.sampled_from([0.0, 0.5, 1.0, 2.0])
 _document = st.lists(st.tuples(st.integers(0, 999), _weights), min_size=0, max_size=6)
@@ -47,3 +54,232 @@ def test_mask_unlabels_each_first_token_and_labels_by_weight(docs):
     assert out.labels is not None and out.labels.dtype == np.int32
     assert out.labels.tolist() == expected_labels
     assert np.array_equal(batch.weights, before), "mask changed the batch it was given"
+
+
+# --- filter ---------------------------------------------------------------------------------------------------------
+
+# Masked documents as the filter gets them: at least one token (the EOS), the first one unweighted and unlabeled.
+_masked_document = st.lists(st.tuples(st.integers(0, 999), _weights), min_size=1, max_size=9).map(
+    lambda d: [(d[0][0], 0.0), *d[1:]]
+)
+
+
+def _masked(docs: list[list[tuple[int, float]]]) -> Documents:
+    batch = _documents(docs)
+    labels = np.where(batch.weights > 0, batch.input_ids, IGNORE_INDEX).astype(np.int32)
+    return Documents(batch.input_ids, batch.weights, batch.offsets, batch.lines, labels=labels)
+
+
+def _expected_filter(docs, max_length, overlong):
+    """(documents as (line, [(id, weight)]), counts) by the module docstring, one document at a time."""
+    out, counts = [], Counter()
+    for line, doc in enumerate(docs, start=1):
+        if len(doc) <= max_length:
+            out.append((line, doc))
+            continue
+        if overlong == "drop":
+            counts["dropped_overlong"] += 1
+            counts["tokens_dropped_overlong"] += len(doc)
+            counts["weight_dropped_overlong"] += sum(w for _, w in doc)
+        elif overlong == "truncate":
+            counts["truncated"] += 1
+            counts["tokens_truncated"] += len(doc) - max_length
+            counts["weight_truncated"] += sum(w for _, w in doc[max_length:])
+            out.append((line, doc[:max_length]))
+        else:
+            counts["split"] += 1
+            for start in range(0, len(doc), max_length):
+                chunk = doc[start : start + max_length]
+                counts["split_parts"] += 1
+                counts["weight_split"] += chunk[0][1]  # nothing in the chunk predicts its first token
+                out.append((line, [(chunk[0][0], 0.0), *chunk[1:]]))
+    kept = []
+    for line, doc in out:
+        if any(w > 0 for _, w in doc):
+            kept.append((line, doc))
+        else:
+            counts["dropped_unsupervised"] += 1
+            counts["tokens_dropped_unsupervised"] += len(doc)
+    return kept, counts
+
+
+def _as_lists(batch: Documents):
+    ids, weights, labels = batch.input_ids.tolist(), batch.weights.tolist(), batch.labels.tolist()
+    out = []
+    for d, line in enumerate(batch.lines.tolist()):
+        s, e = int(batch.offsets[d]), int(batch.offsets[d + 1])
+        assert labels[s:e] == [t if w > 0 else IGNORE_INDEX for t, w in zip(ids[s:e], weights[s:e], strict=True)]
+        out.append((line, list(zip(ids[s:e], weights[s:e], strict=True))))
+    return out
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(_masked_document, min_size=0, max_size=6),
+    st.integers(1, 5),
+    st.sampled_from(["drop", "truncate", "split"]),
+)
+def test_filter_documents_against_the_documented_policy(docs, max_length, overlong):
+    out, counts = filter_documents(_masked(docs), max_length, overlong)
+    expected, expected_counts = _expected_filter(docs, max_length, overlong)
+    assert _as_lists(out) == expected
+    # Counter equality ignores zero counts (a split removes no tokens; an unsupervised document no weight)
+    assert counts == expected_counts, (counts, expected_counts)
+
+
+@pytest.mark.parametrize("overlong", ["drop", "truncate", "split"])
+def test_filter_documents_on_an_empty_batch_counts_nothing(overlong):
+    out, counts = filter_documents(_masked([]), 3, overlong)
+    assert len(out) == 0 and out.input_ids.size == 0
+    assert counts == Counter()
+
+
+@pytest.mark.parametrize(
+    ("overlong", "lines", "ids", "counts"),
+    [
+        ("drop", [1, 5], [1, 2, 3, 4, 17, 18],
+         {"dropped_overlong": 2, "tokens_dropped_overlong": 10, "weight_dropped_overlong": 6.0,
+          "dropped_unsupervised": 1, "tokens_dropped_unsupervised": 2}),
+        ("truncate", [1, 2, 4, 5], [1, 2, 3, 4, 5, 6, 7, 8, 12, 13, 14, 15, 17, 18],
+         {"truncated": 2, "tokens_truncated": 2, "weight_truncated": 1.0,
+          "dropped_unsupervised": 1, "tokens_dropped_unsupervised": 2}),
+        ("split", [1, 2, 4, 5], [1, 2, 3, 4, 5, 6, 7, 8, 12, 13, 14, 15, 17, 18],
+         {"split": 2, "split_parts": 4, "weight_split": 1.0,
+          "dropped_unsupervised": 3, "tokens_dropped_unsupervised": 4}),
+    ],
+)  # fmt: skip
+def test_filter_documents_at_the_length_boundary(overlong, lines, ids, counts):
+    """max_length 4: documents of exactly 4 tokens are kept whole, ones of 5 are overlong; a split chunk of only
+    its (then unweighted) first token teaches nothing and is dropped as unsupervised."""
+    docs = [
+        [(1, 0.0), (2, 1.0), (3, 1.0), (4, 1.0)],  # line 1: 4 tokens, fits
+        [(5, 0.0), (6, 1.0), (7, 1.0), (8, 1.0), (9, 1.0)],  # line 2: 5 tokens, weight 4
+        [(10, 0.0), (11, 0.0)],  # line 3: unsupervised
+        [(12, 0.0), (13, 2.0), (14, 0.0), (15, 0.0), (16, 0.0)],  # line 4: 5 tokens, weight 2, none on the 5th
+        [(17, 0.0), (18, 1.0)],  # line 5: fits
+    ]
+    out, got = filter_documents(_masked(docs), 4, overlong)
+    assert out.lines.tolist() == lines
+    assert out.input_ids.tolist() == ids
+    assert got == Counter(counts)
+
+
+# --- pack -----------------------------------------------------------------------------------------------------------
+
+
+def _best_fit_reference(lengths: list[int], capacity: int) -> list[list[int]]:
+    """Best fit decreasing as pack.py documents it, by scanning every row: documents longest first (equal lengths
+    in input order); each goes into the row with the least room left that still has room (> 0) and room for it,
+    among equally full rows the one that reached that room last; else into a new row."""
+    order = sorted(range(len(lengths)), key=lambda d: -lengths[d])  # sorted() is stable
+    bins: list[list[int]] = []
+    room: list[int] = []
+    since: list[int] = []  # the step at which each row's room last changed
+    for step, d in enumerate(order):
+        fits = [b for b in range(len(bins)) if room[b] > 0 and lengths[d] <= room[b]]
+        if fits:
+            b = min(fits, key=lambda b: (room[b], -since[b]))
+            bins[b].append(d)
+            room[b] -= lengths[d]
+            since[b] = step
+        else:
+            bins.append([d])
+            room.append(capacity - lengths[d])
+            since.append(step)
+    return bins
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.integers(1, 20).flatmap(lambda c: st.tuples(st.just(c), st.lists(st.integers(0, c), max_size=24))))
+def test_best_fit_decreasing_against_a_row_by_row_scan(case):
+    capacity, lengths = case
+    assert best_fit_decreasing(np.array(lengths, dtype=np.int64), capacity) == _best_fit_reference(lengths, capacity)
+
+
+@pytest.mark.parametrize(
+    ("lengths", "capacity", "bins"),
+    [
+        ([3, 5, 2, 6], 8, [[3, 2], [1, 0]]),  # the docstring's example
+        ([8, 8], 8, [[0], [1]]),  # exactly the capacity: a row each, full
+        ([7, 1], 8, [[0, 1]]),  # 1 token into the row with 1 left
+        ([5, 3, 3], 8, [[0, 1], [2]]),
+        ([4, 4, 3, 3, 2], 7, [[0, 3], [1, 2], [4]]),  # rooms 3, 3: a 3 goes into the row that reached 3 last
+        ([6, 6, 1], 7, [[0], [1, 2]]),  # two rows with 1 left: the one opened last wins the tie
+        ([4, 0], 4, [[0], [1]]),  # an empty document joins no full row
+        ([3, 0], 4, [[0, 1]]),  # but the fullest row with room left
+        ([], 8, []),
+    ],
+)
+def test_best_fit_decreasing_examples(lengths, capacity, bins):
+    assert best_fit_decreasing(np.array(lengths, dtype=np.int64), capacity) == bins
+    assert _best_fit_reference(lengths, capacity) == bins
+
+
+@pytest.mark.parametrize("capacity", [1, 2, 3, 4, 7, 8, 9, 15, 16, 17, 31, 32, 33, 64])
+def test_best_fit_decreasing_at_power_of_two_capacities(capacity):
+    """The segment tree is sized to the next power of two above ``capacity``: every room 1..capacity is used."""
+    lengths = [n for n in range(capacity, 0, -1) for _ in range(2)] + [1] * capacity
+    got = best_fit_decreasing(np.array(lengths, dtype=np.int64), capacity)
+    assert got == _best_fit_reference(lengths, capacity)
+    with pytest.raises(ValueError, match=f"document of {capacity + 1} tokens does not fit a row of {capacity}"):
+        best_fit_decreasing(np.array([1, capacity + 1]), capacity)
+
+
+def test_best_fit_decreasing_keeps_equal_lengths_in_input_order():
+    """Enough ties that an unstable sort would reorder them: the rows name documents in input order."""
+    lengths = [(7 * i) % 3 + 1 for i in range(64)]
+    got = best_fit_decreasing(np.array(lengths, dtype=np.int64), 5)
+    assert got == _best_fit_reference(lengths, 5)
+    full = best_fit_decreasing(np.full(40, 5), 5)  # a row each, in input order
+    assert full == [[d] for d in range(40)]
+
+
+def _numbered(first: int, lengths: list[int]) -> Documents:
+    """Masked documents ``first``, ``first + 1``, ... whose every token is the document's number."""
+    docs = [[(first + i, 1.0)] * n for i, n in enumerate(lengths)]
+    batch = _documents(docs)
+    return Documents(batch.input_ids, batch.weights, batch.offsets, batch.lines, labels=batch.input_ids.copy())
+
+
+def _tokens_in(rows) -> Counter:
+    """Document number -> how many of its tokens ``rows`` hold (pads are -1)."""
+    return Counter(rows.input_ids[rows.input_ids >= 0].tolist())
+
+
+def _documents_in(rows) -> list[int]:
+    return sorted(_tokens_in(rows))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 6), st.lists(st.lists(st.integers(1, 8), min_size=1, max_size=7), min_size=1, max_size=8))
+def test_packer_packs_each_window_of_exactly_window_documents(window, batches):
+    """Windows of exactly ``window`` documents in input order, packed as soon as that many are pending."""
+    packer = Packer(8, -1, window=window)
+    lengths = [n for batch in batches for n in batch]
+    tokens: Counter = Counter()
+    total = packed = 0
+    for batch in batches:
+        emitted = list(packer.add(_numbered(total, batch)))
+        total += len(batch)
+        assert len(emitted) == total // window - packed // window  # the windows completed by this batch
+        for rows in emitted:
+            assert _documents_in(rows) == list(range(packed, packed + window))
+            assert int(rows.documents.sum()) == window
+            tokens += _tokens_in(rows)
+            packed += window
+    rest = list(packer.flush())
+    assert len(rest) == (1 if total > packed else 0)
+    if rest:
+        assert _documents_in(rest[0]) == list(range(packed, total))
+        tokens += _tokens_in(rest[0])
+    assert tokens == Counter(dict(enumerate(lengths)))  # every document once, whole
+    assert list(packer.flush()) == []
+
+
+def test_packer_starts_afresh_after_a_flush():
+    packer = Packer(8, -1, window=3)
+    assert list(packer.add(_numbered(0, [2, 2]))) == []
+    assert [_documents_in(r) for r in packer.flush()] == [[0, 1]]
+    assert list(packer.add(_numbered(2, [2, 2]))) == []  # 2 pending, not 3
+    assert [_documents_in(r) for r in packer.add(_numbered(4, [2]))] == [[2, 3, 4]]
+    assert list(packer.flush()) == []

@@ -35,6 +35,10 @@ _ROWS_PER_CHUNK = 1024
 def best_fit_decreasing(lengths: np.ndarray, capacity: int) -> list[list[int]]:
     """Assign document indices to bins of ``capacity`` tokens; every length must be <= capacity.
 
+    Documents are placed longest first (equal lengths in input order), each into the bin with the least room
+    left that still has room (> 0) for it, among bins with equal room the one that reached that room last;
+    a document no bin takes opens a new bin. Bins are listed in the order they were opened.
+
     >>> best_fit_decreasing(np.array([3, 5, 2, 6]), 8)
     [[3, 2], [1, 0]]
     """
