@@ -18,10 +18,10 @@ SEQ_LEN = 64
 #: 1000 tokens accepted, 200 removed, 800 written into 13 rows of 64 (832 slots: 32 pads); weight likewise.
 RAW = Counter({
     "accepted": 10, "pieces": 25, "piece_tokens": 990, "documents": 10, "chat_documents": 4, "empty_documents": 1,
-    "documents_written": 10, "dropped_overlong": 1, "dropped_unsupervised": 1, "truncated": 2, "split": 1,
-    "split_parts": 3, "rows": 13, "tokens": 800, "supervised_tokens": 612, "total_weight": 440.12345674,
+    "documents_written": 10, "dropped_overlong": 1, "dropped_unsupervised": 1, "truncated": 2, "chunked": 1,
+    "chunks": 3, "rows": 13, "tokens": 800, "supervised_tokens": 612, "total_weight": 440.12345674,
     "tokens_accepted": 1000, "tokens_dropped_overlong": 100, "tokens_dropped_unsupervised": 30,
-    "tokens_truncated": 70, "weight_accepted": 500.37345674, "weight_unlabeled_first": 10.0, "weight_split": 2.5,
+    "tokens_truncated": 70, "weight_accepted": 500.37345674, "weight_unlabeled_first": 10.0, "weight_chunked": 2.5,
     "weight_dropped_overlong": 40.0, "weight_dropped_unsupervised": 0.0, "weight_truncated": 7.75,
 })  # fmt: skip
 REJECTED = Counter({"malformed_json": 2, "bad_weight": 1})
@@ -36,12 +36,16 @@ def test_final_counts_computes_every_field_by_hand():
         "piece_tokens": 990,
         "documents": 10,
         "chat_documents": 4,
+        "chat_history_conversations": 0,  # no conversation built as per-turn documents
+        "chat_history_documents": 0,
+        "chat_history_extra_tokens": 0,
+        "chat_training_template_turns": 0,
         "empty_documents": 1,
         "documents_written": 10,
         "dropped": {"overlong": 1, "unsupervised": 1},
         "truncated": 2,
-        "split": 1,
-        "split_parts": 3,
+        "chunked": 1,
+        "chunks": 3,
         "rows": 13,
         "tokens": 800,
         "pad_tokens": 32,  # 13 rows * 64 - 800 tokens
@@ -54,7 +58,7 @@ def test_final_counts_computes_every_field_by_hand():
                 "written": 800,
             },
             "weight": {
-                "accepted": 500.37345674, "unlabeled_first": 10.0, "unlabeled_split": 2.5, "dropped_overlong": 40.0,
+                "accepted": 500.37345674, "unlabeled_first": 10.0, "unlabeled_chunks": 2.5, "dropped_overlong": 40.0,
                 "dropped_unsupervised": 0.0, "cut_truncated": 7.75, "written": 440.12345674,
             },
         },
@@ -97,8 +101,8 @@ BROKEN = [
     (["accepted", "records"], "documents 10 != accepted records 11"),
     (["documents_written"], "documents written "),
     (["dropped.overlong"], "documents written "),
-    (["split"], "documents written "),
-    (["split_parts"], "documents written "),
+    (["chunked"], "documents written "),
+    (["chunks"], "documents written "),
     (["accounting.tokens.written", "tokens", "pad_tokens-"], "tokens written "),
     (["accounting.tokens.accepted"], "tokens written "),
     (["accounting.tokens.dropped_unsupervised"], "tokens written "),
@@ -107,7 +111,7 @@ BROKEN = [
     (["accounting.weight.written"], "weight written "),
     (["accounting.weight.accepted"], "weight written "),
     (["accounting.weight.unlabeled_first"], "weight written "),
-    (["accounting.weight.unlabeled_split"], "weight written "),
+    (["accounting.weight.unlabeled_chunks"], "weight written "),
     (["accounting.weight.cut_truncated"], "weight written "),
 ]
 

@@ -87,11 +87,11 @@ def _expected_filter(docs, max_length, overlong):
             counts["weight_truncated"] += sum(w for _, w in doc[max_length:])
             out.append((line, doc[:max_length]))
         else:
-            counts["split"] += 1
+            counts["chunked"] += 1
             for start in range(0, len(doc), max_length):
                 chunk = doc[start : start + max_length]
-                counts["split_parts"] += 1
-                counts["weight_split"] += chunk[0][1]  # nothing in the chunk predicts its first token
+                counts["chunks"] += 1
+                counts["weight_chunked"] += chunk[0][1]  # nothing in the chunk predicts its first token
                 out.append((line, [(chunk[0][0], 0.0), *chunk[1:]]))
     kept = []
     for line, doc in out:
@@ -117,7 +117,7 @@ def _as_lists(batch: Documents):
 @given(
     st.lists(_masked_document, min_size=0, max_size=6),
     st.integers(1, 5),
-    st.sampled_from(["drop", "truncate", "split"]),
+    st.sampled_from(["drop", "truncate", "chunk"]),
 )
 def test_filter_documents_against_the_documented_policy(docs, max_length, overlong):
     out, counts = filter_documents(_masked(docs), max_length, overlong)
@@ -127,7 +127,7 @@ def test_filter_documents_against_the_documented_policy(docs, max_length, overlo
     assert counts == expected_counts, (counts, expected_counts)
 
 
-@pytest.mark.parametrize("overlong", ["drop", "truncate", "split"])
+@pytest.mark.parametrize("overlong", ["drop", "truncate", "chunk"])
 def test_filter_documents_on_an_empty_batch_counts_nothing(overlong):
     out, counts = filter_documents(_masked([]), 3, overlong)
     assert len(out) == 0 and out.input_ids.size == 0
@@ -143,8 +143,8 @@ def test_filter_documents_on_an_empty_batch_counts_nothing(overlong):
         ("truncate", [1, 2, 4, 5], [1, 2, 3, 4, 5, 6, 7, 8, 12, 13, 14, 15, 17, 18],
          {"truncated": 2, "tokens_truncated": 2, "weight_truncated": 1.0,
           "dropped_unsupervised": 1, "tokens_dropped_unsupervised": 2}),
-        ("split", [1, 2, 4, 5], [1, 2, 3, 4, 5, 6, 7, 8, 12, 13, 14, 15, 17, 18],
-         {"split": 2, "split_parts": 4, "weight_split": 1.0,
+        ("chunk", [1, 2, 4, 5], [1, 2, 3, 4, 5, 6, 7, 8, 12, 13, 14, 15, 17, 18],
+         {"chunked": 2, "chunks": 4, "weight_chunked": 1.0,
           "dropped_unsupervised": 3, "tokens_dropped_unsupervised": 4}),
     ],
 )  # fmt: skip
