@@ -68,6 +68,14 @@ _NO_ROOM_ZERO = "r is never 0: a full bin (room 0) never enters the tree (update
 
 #: mutant id (``--list`` prints them) -> why no test can tell it from the original (an equivalent mutant)
 EQUIVALENT: dict[str, str] = {
+    "distribute/merge.py:merge_results:bool:for (part, result) in zip(parts, results, strict=True):":
+        "run_parts returns exactly one result per part: strict changes nothing on equal lengths",
+    "distribute/merge.py:merge_results:bool:for (i, (part, result)) in enumerate(zip(parts, results, strict=True)):":
+        "run_parts returns exactly one result per part: strict changes nothing on equal lengths",
+    "distribute/merge.py:merge_results:drop:rejects.close()":
+        "the file object's last reference goes when merge_results returns, and CPython closes (flushes) it then",
+    "distribute/merge.py:merge_results:drop:f.close()":
+        "the file object's last reference goes when merge_results returns, and CPython closes (flushes) it then",
     "stages/mask.py:labels_from_weights:bool:return np.where(weights > 0, input_ids, np.int32(IGNORE_INDEX)).astype(np.int32, copy=False)":
         "np.where made a new array: astype copies it or not, the values are the same",
     "stages/assemble.py:assemble:int-1:input_ids[offsets[1:] - 1] = specials.eos":
