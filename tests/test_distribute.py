@@ -281,6 +281,24 @@ def test_skipped_lines_of_several_files_are_numbered_in_their_own_file(tmp_path)
         assert Path(r["source"]).read_text().splitlines()[r["line"] - 1] == r["original"]
 
 
+def test_rejects_of_later_parts_keep_their_non_ascii_text_byte_for_byte(tmp_path):
+    """A rejected line of a later part is renumbered in the merge (a JSON round trip): its non-ASCII text must come
+    out as the one-part build writes it, not \\u-escaped."""
+    paths, _ = _files_with_bad_lines(tmp_path, {"a": [(0, 2), (2, 3)]})
+    lines = paths[0].read_bytes().splitlines(keepends=True)
+    for i, line in enumerate(lines):
+        if line.startswith(b'{"pieces": [{"text": "xx'):  # a bad line: same length, CJK in place of 6 x's
+            lines[i] = line.replace(b"xxxxxx", "東京".encode(), 1)
+    paths[0].write_bytes(b"".join(lines))
+    one = _cfg(read={"part_bytes": 1 << 30, "block_bytes": 32768}, validate={"on_invalid": "skip"})
+    many = _cfg(read={"part_bytes": MULTI_PART, "block_bytes": 32768}, validate={"on_invalid": "skip"})
+    build([str(paths[0])], tmp_path / "one", one)
+    build([str(paths[0])], tmp_path / "many", many)
+    rejects = (tmp_path / "many" / "rejects.jsonl").read_bytes()
+    assert rejects.count("東京".encode()) == 2  # the premise: both bad lines, in two parts, hold the text
+    assert rejects == (tmp_path / "one" / "rejects.jsonl").read_bytes()
+
+
 @pytest.mark.parametrize("kind", ["local", "ray"])
 def test_strict_mode_does_not_wait_for_the_later_parts_that_run(kind, tmp_path, request):
     """A bad line in part 0 while part 1 runs (a long delay): the build fails at once; part 1's worker is
