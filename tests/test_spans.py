@@ -123,3 +123,109 @@ def test_a_normalizer_that_changes_the_text_and_a_stripping_added_token_get_none
     _, ids, offsets = _encode(backend, texts)
     got = TokenSpans(backend).spans(texts, ids, offsets)
     assert got[0] is None and got[1] is not None
+
+
+# -- hand-built tokenizers: exact spans computed by hand, for the edge cases real vocabularies never show --------
+
+
+def _gpt2_bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's ``bytes_to_unicode`` (openai/gpt-2 encoder.py), written out independently of the module."""
+    bs = list(range(0x21, 0x7F)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    cs = bs[:]
+    n = 0
+    for b in range(2**8):
+        if b not in bs:
+            bs.append(b)
+            cs.append(2**8 + n)
+            n += 1
+    return dict(zip(bs, map(chr, cs), strict=True))
+
+
+def test_the_byte_level_alphabet_is_gpt2s_table():
+    from tokenizers.pre_tokenizers import ByteLevel
+
+    from weightprep.stages.spans import _byte_level_alphabet
+
+    alphabet = _byte_level_alphabet()
+    assert alphabet == {c: b for b, c in _gpt2_bytes_to_unicode().items()}
+    assert set(alphabet) == set(ByteLevel.alphabet())
+    # the bounds of the printable ranges stand for themselves; the gaps next to them are moved above 255
+    for b in (0x21, 0x7E, 0xA1, 0xAC, 0xAE, 0xFF):
+        assert alphabet[chr(b)] == b
+    for b in (0x20, 0x7F, 0xA0, 0xAD):
+        assert chr(b) not in alphabet
+
+
+def _word_level(vocab, decoder="byte_level", normalizer=None):
+    """A WordLevel tokenizer over ``vocab`` (holes allowed): its ids are set by hand, it is never asked to encode."""
+    from tokenizers import Tokenizer, decoders, models
+
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    if decoder == "byte_level":
+        tok.decoder = decoders.ByteLevel()
+    else:  # Gemma's: "▁" -> " ", <0xNN> -> its byte
+        tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()])
+    tok.normalizer = normalizer
+    return tok
+
+
+def _one(spans, texts, docs):
+    ids = np.asarray([i for d in docs for i in d], dtype=np.int64)
+    offsets = np.cumsum([0] + [len(d) for d in docs])
+    return [None if s is None else list(zip(s[0].tolist(), s[1].tolist(), strict=True))
+            for s in spans.spans(texts, ids, offsets)]  # fmt: skip
+
+
+def test_ids_outside_the_vocabulary_and_holes_get_none_the_others_keep_exact_spans():
+    """Vocabulary {a: 0, b: 1, "東": 3} (id 2 a hole, id 4 the size): a document holding the hole, -1, the size or
+    far beyond gets None even where the other tokens' bytes make up its text; the documents around it keep exact
+    spans (id 3 after the hole is read at its own bytes)."""
+    tok = _word_level({"a": 0, "b": 1, "æĿ±": 3})
+    spans = TokenSpans(tok)
+    texts = ["ab", "ab", "ab", "ab", "ab", "a東b"]
+    docs = [[0, 1], [0, 2, 1], [0, -1, 1], [0, 4, 1], [0, 1000, 1], [0, 3, 1]]
+    assert _one(spans, texts, docs) == [[(0, 1), (1, 2)], None, None, None, None, [(0, 1), (1, 2), (2, 3)]]
+
+
+def test_an_id_that_would_read_past_the_vocabulary_gets_none():
+    """-1 or the size alone, where the text is as long as the last token: None, no index past the bytes."""
+    spans = TokenSpans(_word_level({"a": 0, "bc": 1}))
+    assert _one(spans, ["bc", "bc", "a"], [[-1], [2], [0]]) == [None, None, [(0, 1)]]
+
+
+def test_an_unknown_id_in_a_one_token_vocabulary_gets_none():
+    spans = TokenSpans(_word_level({"a": 0}))
+    assert _one(spans, ["a", "a"], [[0], [7]]) == [[(0, 1)], None]
+
+
+def test_zero_length_tokens_span_nothing_where_they_stand():
+    """A token of no bytes (vocabulary entry ""): an empty span at its place, at the start of the first document,
+    in the middle, and at the very end of the last one; an empty document of one such token spans (0, 0)."""
+    spans = TokenSpans(_word_level({"": 0, "a": 1, "æĿ±": 2}))
+    texts = ["a東", "東a", "a"]
+    docs = [[0, 1, 2], [2, 0, 1], [1, 0]]
+    assert _one(spans, texts, docs) == [[(0, 0), (0, 1), (1, 2)], [(0, 1), (1, 1), (1, 2)], [(0, 1), (1, 1)]]
+    assert _one(spans, [""], [[0]]) == [[(0, 0)]]
+    assert _one(spans, ["", ""], [[0], []]) == [[(0, 0)], []]
+
+
+def test_a_byte_fallback_lookalike_is_its_own_text_without_byte_fallback():
+    """"<0x41>" is the byte "A" only where the model falls back to bytes; a WordLevel model has no byte_fallback."""
+    spans = TokenSpans(_word_level({"<0x41>": 0, "▁x": 1}, decoder="sentencepiece"))
+    assert _one(spans, ["<0x41> x", "A"], [[0, 1], [0]]) == [[(0, 6), (6, 8)], None]
+
+
+def test_added_tokens_have_bytes_unless_they_strip_or_are_matched_on_normalized_text():
+    from tokenizers import AddedToken, normalizers
+
+    tok = _word_level({"a": 0, "b": 1})
+    tok.add_tokens([AddedToken("<n>", normalized=True)])
+    for flag in ("lstrip", "rstrip", "single_word"):
+        tok.add_special_tokens([AddedToken(f"<{flag}>", **{flag: True})])
+    ids = tok.get_vocab(with_added_tokens=True)
+    # no normalizer: a normalized added token is matched on the text itself, so it has its bytes
+    got = _one(TokenSpans(tok), ["a<n>b"] + [f"a<{f}>b" for f in ("lstrip", "rstrip", "single_word")],
+               [[0, ids["<n>"], 1]] + [[0, ids[f"<{f}>"], 1] for f in ("lstrip", "rstrip", "single_word")])  # fmt: skip
+    assert got == [[(0, 1), (1, 4), (4, 5)], None, None, None]
+    tok.normalizer = normalizers.NFC()  # now it is matched on normalized text: no fixed bytes
+    assert _one(TokenSpans(tok), ["a<n>b", "ab"], [[0, ids["<n>"], 1], [0, 1]]) == [None, [(0, 1), (1, 2)]]

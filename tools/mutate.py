@@ -108,6 +108,22 @@ EQUIVALENT: dict[str, str] = {
         "the descent starts at an odd node >= 3, whose subtree misses leaf size (its ancestors are powers of 2)",
     "stages/pack.py:best_fit_decreasing:compare0:if r < 0:": _NO_ROOM_ZERO,
     "stages/pack.py:best_fit_decreasing:int+1:if r < 0:": _NO_ROOM_ZERO,
+    "stages/spans.py:_byte_level_alphabet:int+1:printable = [*range(ord('!'), ord('~') + 1), *range(ord('¡'), ord('¬') + 1), *range(ord('®'), ord...#2":
+        'range to 0x100 adds 256 -> chr(256), but byte 0 is then given chr(256) too and the inverted dict keeps 0',
+    'stages/spans.py:_byte_level_alphabet:int-1:for b in range(256):':
+        'byte 255 (ÿ) is in the printable range: the loop never changes it',
+    'stages/spans.py:TokenSpans.__init__:int+1:size = max(vocab.values(), default=-1) + 1':
+        'only an empty vocabulary reaches the default: [None] * -1 == [None] * 0',
+    'stages/spans.py:TokenSpans.__init__:int+1:size = max(vocab.values(), default=-1) + 1#1':
+        'one more id without bytes (length -1) at the end: that id is unknown either way',
+    'stages/spans.py:TokenSpans.__init__:binop:surfaces: list[bytes | None] = [None] * size':
+        "a local variable's annotation is never evaluated",
+    'stages/spans.py:TokenSpans.__init__:int+1:self._lengths = np.array([-1 if s is None else len(s) for s in surfaces], dtype=np.int64)':
+        'every use of a length is `< 0` or np.maximum(., 0): -2 and -1 agree',
+    'stages/spans.py:TokenSpans.spans:int+1:lengths = np.where(known, self._lengths[np.where(known, ids, 0)], -1)#1':
+        'every use of a length is `< 0` or np.maximum(., 0): -2 and -1 agree',
+    "stages/spans.py:TokenSpans.spans:bool:text_bytes = np.frombuffer(b''.join((e for e, good in zip(encoded, ok, strict=True) if good)), dt...":
+        'encoded and ok both have len(texts) entries: strict never raises',
 }
 
 _COMPARE_SWAP = {
