@@ -198,6 +198,12 @@ def test_an_unknown_id_in_a_one_token_vocabulary_gets_none():
     assert _one(spans, ["a", "a"], [[0], [7]]) == [[(0, 1)], None]
 
 
+def test_an_empty_vocabulary_gives_none_rather_than_failing():
+    """No id has bytes: every document with a token needs tokenizers' offsets (None); one without spans nothing."""
+    spans = TokenSpans(_word_level({}))
+    assert _one(spans, ["a", ""], [[0], []]) == [None, []]
+
+
 def test_zero_length_tokens_span_nothing_where_they_stand():
     """A token of no bytes (vocabulary entry ""): an empty span at its place, at the start of the first document,
     in the middle, and at the very end of the last one; an empty document of one such token spans (0, 0)."""

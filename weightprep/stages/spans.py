@@ -100,7 +100,8 @@ class TokenSpans:
         ids = np.asarray(ids, dtype=np.int64)
         encoded = [t.encode("utf-8") for t in texts]
         known = (ids >= 0) & (ids < len(self._lengths))
-        lengths = np.where(known, self._lengths[np.where(known, ids, 0)], -1)
+        lengths = np.full(len(ids), -1, dtype=np.int64)  # -1: an id with no bytes (unknown, or none in the vocabulary)
+        lengths[known] = self._lengths[ids[known]]
         counts = np.diff(offsets)
         doc = np.repeat(np.arange(len(texts)), counts)
         per_doc = np.bincount(doc, weights=np.maximum(lengths, 0), minlength=len(texts)).astype(np.int64)
