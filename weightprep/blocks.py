@@ -11,7 +11,6 @@ of one part (``weightprep.distribute.job``) chains them, packs and writes.
 
 from __future__ import annotations
 
-import hashlib
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
@@ -24,7 +23,7 @@ from weightprep.constants import IGNORE_INDEX
 from weightprep.distribute.plan import InputPart
 from weightprep.stages.assemble import assemble
 from weightprep.stages.chat import ChatRenderer, parse_role_weights, render_chats
-from weightprep.stages.chat_templates import resolve_templates
+from weightprep.stages.chat_templates import resolve_templates, template_sha256
 from weightprep.stages.columnar import parse_columns
 from weightprep.stages.filter import filter_documents
 from weightprep.stages.mask import mask
@@ -120,9 +119,7 @@ class Chats:
     @property
     def template_sha256(self) -> str | None:
         """SHA-256 of the template text the conversations were rendered with (None: no conversation yet)."""
-        if self._renderer is None:
-            return None
-        return hashlib.sha256(self._renderer.template.encode("utf-8", "surrogatepass")).hexdigest()
+        return None if self._renderer is None else template_sha256(self._renderer.template)
 
     def __call__(self, records: Records, rejects: list[Reject]) -> Records:
         if records.chats is None:

@@ -199,8 +199,7 @@ def _trl_version() -> str | None:
 
 
 def _sha256(path: Path) -> str:
-    with path.open("rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
+    return hashlib.sha256(path.read_bytes()).hexdigest()  # small files (hashlib.file_digest needs Python 3.11)
 
 
 def resume_key(cfg: BuildConfig, inputs: list[str], tok: Any, summary: dict[str, Any], version: str) -> str:
