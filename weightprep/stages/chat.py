@@ -414,7 +414,8 @@ class ChatRenderer:
         control token where it renders none): see ``control_tokens``."""
         pattern = _token_pattern(control)
         found: set[str] = set()
-        rendered_any = False
+        headers: list[int] = []
+        read: list[tuple] = []  # the shapes it renders prefix-preserving: their messages, texts and turns
         for shape in _PROBE_SHAPES:
             messages = [
                 {"role": r, "content": f"\ue000weightprep-control-probe-{k}\ue000"} for k, r in enumerate(shape)
@@ -439,9 +440,13 @@ class ChatRenderer:
                 continue  # a template that rewrites the probe's turns: its structure is not read from this shape
             # a role header has as many control tokens for every role (Llama-3's two, Cohere's two, ChatML's one):
             # the user's tells how much of the generation prompt is the assistant's, the rest (DeepSeek-R1's
-            # prefilled <think>) is in the turn
+            # prefilled <think>) is in the turn. The fewest over the shapes: a template that injects a system turn
+            # where there is none (Qwen3.8, Nemotron 3) writes it into the first user turn of a shape without one
             user = max(k for k, r in enumerate(shape) if r == "user")
-            header = max(1, len(pattern.findall(turns[user][: ats[user]])))
+            headers.append(max(1, len(pattern.findall(turns[user][: ats[user]]))))
+            read.append((messages, text, prefixes, prompts, turns, ats))
+        header = min(headers, default=1)
+        for messages, text, prefixes, prompts, turns, ats in read:
             found.update(pattern.findall(text[: len(prefixes[0])]))
             for k, m in enumerate(messages):
                 turn, at = turns[k], ats[k]
@@ -452,8 +457,7 @@ class ChatRenderer:
                 prompt = prompts[k][start:] if prompts[k].startswith(prefixes[k]) else turn[:at]
                 found.update((pattern.findall(prompt) or pattern.findall(turn[:at]))[:header])
                 found.update(pattern.findall(turn[at + len(m["content"]) :]))
-            rendered_any = True
-        return found if rendered_any else set(control)
+        return found if read else set(control)
 
     @property
     def tokenize(self) -> PieceTokenizer:
