@@ -315,11 +315,14 @@ def _block_owners(
     assistants: list[tuple[int, dict]],
     weight: Callable[[int], float],
     only: int | None,
+    starts: dict[int, int] | None = None,
 ) -> list[int] | str:
     """The assistant message (index) each generation block belongs to, or why that cannot be told. One block
     per assistant: in order. Otherwise (a template that tags a turn's parts, or an end-of-text token,
-    separately): any owner where every assistant weighs the same; else the last assistant whose content
-    starts before the block ends (contents found in order in ``text``)."""
+    separately): any owner where every assistant weighs the same; else the last assistant whose turn starts
+    before the block ends: ``starts[i]``, the length of the render of the messages before it where that is a
+    prefix of ``text`` (a thinking channel before the content is the turn's), else where its content starts
+    (contents found in order in ``text``)."""
     if len(spans) == len(assistants):
         return [i for i, _ in assistants]
     if only is None and len({weight(i) for i, _ in assistants}) <= 1:
@@ -329,6 +332,10 @@ def _block_owners(
     anchors, cursor = [], 0
     for i, m in assistants:
         content = m.get("content")
+        if starts and i in starts and starts[i] >= cursor:
+            anchors.append((starts[i], i))
+            cursor = starts[i]
+            continue
         at = text.find(content, cursor) if isinstance(content, str) and content else -1
         if at < 0:
             return f"{len(spans)} generation blocks for {len(assistants)} assistants, messages[{i}] not found"
@@ -373,8 +380,16 @@ def reference(tok: Any, record: dict[str, Any], template: str) -> Reference:
         (``only``: that assistant's blocks alone)."""
         sub = render(k)
         spans = _generation_spans(tok, messages[:k], tools, template)
+        starts = {}
+        for i in (i for i in assistants if i < k):
+            try:
+                before = render(i) if i else ""
+            except Exception:  # apply_chat_template refuses an empty conversation, and some a lone system turn
+                continue
+            if sub.startswith(before):
+                starts[i] = len(before)
         owners = _block_owners(sub, spans, [(i, messages[i]) for i in assistants if i < k],
-                               lambda i: _weight(record["messages"][i]), only)  # fmt: skip
+                               lambda i: _weight(record["messages"][i]), only, starts)  # fmt: skip
         if isinstance(owners, str):
             return None, owners
         char_w = np.zeros(len(sub), dtype=np.float32)

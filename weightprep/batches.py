@@ -101,7 +101,8 @@ class ChatTokens(NamedTuple):
     """A rendered conversation: its token ids and per-token weights (template specials included), each token's
     turn, and the record it came from (whose canonical JSON the validation split hashes). A conversation built
     as per-turn documents (``chat.history``) holds several documents, one after the other: ``offsets`` between
-    them (None: one document), ``training`` of them with a turn rendered by TRL's training template."""
+    them (None: one document); ``training``: how many of its weighted turns TRL's training template rendered
+    (the template itself could not)."""
 
     ids: np.ndarray  # int32[N]
     weights: np.ndarray  # float32[N]

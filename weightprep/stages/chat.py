@@ -328,6 +328,7 @@ class ChatRenderer:
         self._template: _Template | None = None
         self._bos = getattr(tokenizer, "bos_token_id", None)
         self._empty_renders: dict[tuple[str, str], str] = {}
+        self._eos_trailer: bool | None = None  # ``_trails_eos``, read once
         self._context: ChatRenderer | None = None  # renders ``original``
         self._training: ChatRenderer | None | bool = False  # TRL's training template (False: not looked up)
         self._trl_missing: TrlMissing | None = None
@@ -515,13 +516,17 @@ class ChatRenderer:
         text, tagged_spans = self.render(prepared, len(messages))
         weights = np.zeros(len(text), dtype=np.float32)
         assistants = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
-        if self.tagged and len(tagged_spans) != len(assistants):
-            raise ChatError(
-                "messages",
-                f"the template's {{% generation %}} blocks ({len(tagged_spans)}) do not match the assistant messages "
-                f"({len(assistants)})",
-                "generation_tag_mismatch",
-            )
+        # SFTTrainer's mask, whatever the template rewrites: block k to assistant k, or every block where all
+        # assistants weigh the same. Else, where a turn has several blocks (Phi-3's EOS, Gemma's thinking channel,
+        # content and <turn|>) or none, each block is the turn's that holds its last character
+        in_order = self.training and self.tagged and (
+            len(tagged_spans) == len(assistants) or len({self._weight(i, chat.messages[i]) for i in assistants}) == 1
+        )  # fmt: skip
+        if in_order:
+            owners = assistants if len(tagged_spans) == len(assistants) else [assistants[-1]] * len(tagged_spans)
+            for (a, b), i in zip(tagged_spans, owners, strict=True):
+                weights[a:b] = self._weight(i, chat.messages[i])
+        claimed = np.zeros(len(tagged_spans), dtype=bool)
         prefixes: dict[int, str] = {len(messages): text}
 
         def prefix(k: int) -> str:
@@ -531,6 +536,9 @@ class ChatRenderer:
                     prefixes[0] = self._empty(chat, prepared, text)
                     return prefixes[0]
                 here = self.render(prepared, k)[0]
+                eos = self.tok.eos_token
+                if not text.startswith(here) and self._trails_eos() and text.startswith(here[: -len(eos)]):
+                    here = here[: -len(eos)]  # the EOS written after the last message only: turns end before it
                 if not text.startswith(here):
                     at = _diverge(here, text)
                     raise ChatError(
@@ -548,9 +556,7 @@ class ChatRenderer:
             w = self._weight(i, chat.messages[i])
             if w == 0:
                 continue
-            if self.training and self.tagged and m["role"] == "assistant":  # SFTTrainer's mask, as it is
-                a, b = tagged_spans[assistants.index(i)]
-                weights[a:b] = w
+            if in_order and m["role"] == "assistant":  # SFTTrainer's mask, as it is (above)
                 continue
             start, end = len(prefix(i)), len(prefix(i + 1))
             if end < start:
@@ -560,13 +566,10 @@ class ChatRenderer:
                 )  # fmt: skip
             if m["role"] == "assistant":
                 if self.tagged:
-                    a, b = tagged_spans[assistants.index(i)]
-                    if not start <= a <= b <= end:
-                        raise ChatError(
-                            f"messages[{i}]", f"its {{% generation %}} block [{a}, {b}) lies outside the turn [{start}, {end})",
-                            "generation_tag_mismatch",
-                        )  # fmt: skip
-                    weights[a:b] = w
+                    for k, (a, b) in enumerate(tagged_spans):
+                        if start < b <= end:  # its last character is in this turn (an empty block has none)
+                            weights[a:b] = w
+                            claimed[k] = a < b
                 else:
                     prompt = self.render(prepared, i, generation=True)[0]
                     here = prefix(i + 1)
@@ -582,7 +585,30 @@ class ChatRenderer:
             else:
                 probes = [self.render(self.prepare(chat, [*messages[:i], {**m, "content": p}]), i + 1)[0] for p in _PROBES]
                 weights[max(start, _diverge(*probes)) : end] = w
+        stray = [(a, b) for k, (a, b) in enumerate(tagged_spans) if a < b and not claimed[k]] if not in_order else []
+        if stray and all(self._weight(i, chat.messages[i]) > 0 for i in assistants):  # then a block outside every
+            a, b = stray[0]  # assistant turn is none's: SFTTrainer trains on it, weightprep cannot tell its weight
+            raise ChatError(
+                "messages", f"the template's {{% generation %}} block {text[a:b][:40]!r} (characters {a}-{b}) ends "
+                "outside every assistant turn", "generation_tag_mismatch",
+            )  # fmt: skip
         return text, weights, self._char_turns(messages, text, prefix)
+
+    def _trails_eos(self) -> bool:
+        """Whether the template ends every render with EOS after the last message, whatever its role (Phi-3's
+        ``{% else %}{{ eos_token }}``), read from probe renders: the EOS that ends ``messages[:k]`` is then no
+        turn's, and the turns of a longer conversation end before it. Not so for a template that ends only an
+        assistant's last turn otherwise (gpt-oss' ``<|return|>`` for ``<|end|>``): that rewrites the turn."""
+        if self._eos_trailer is None:
+            eos = self.tok.eos_token
+            messages = [{"role": r, "content": f"\ue000weightprep-eos-probe-{k}\ue000"} for k, r in enumerate(("user", "assistant"))]
+            prepared = self._compiled().prepare(messages, None, dict(self.tok.special_tokens_map))
+            try:
+                one, two = (self.render(prepared, k)[0] for k in (1, 2))
+            except ChatError:
+                one = two = ""
+            self._eos_trailer = bool(eos) and one.endswith(eos) and two.endswith(eos) and two.startswith(one[: -len(eos)])
+        return self._eos_trailer
 
     def _check_control_tokens(self, chat: Chat, messages: list[dict[str, Any]]) -> None:
         """A string of the record (what ``apply_chat_template(..., sanitize_control_tokens=True)`` would mark: every
@@ -611,12 +637,19 @@ class ChatRenderer:
             except ChatError as exc:
                 if self.history == "full" or exc.reason not in _REWRITTEN:
                     raise
+                if exc.reason == "generation_prompt_mismatch" and self.original is None:
+                    return [self._trained(chat, exc)], False
         weights = [self._weight(i, m) for i, m in enumerate(chat.messages)]
         docs = []
         for i, w in enumerate(weights):
             if w > 0:  # the conversation up to message i, the only one weighted
                 only = [{**m, "weight": w if j == i else 0.0} for j, m in enumerate(chat.messages[: i + 1])]
-                docs.append(self._turn(chat._replace(messages=only), i))
+                try:
+                    docs.append(self._turn(chat._replace(messages=only), i))
+                except ChatError as exc:  # auto: a later turn the template cannot render after its prompt
+                    if self.history != "auto" or exc.reason != "generation_prompt_mismatch" or self.original:
+                        raise
+                    return [self._trained(chat, exc)], False
         if not docs:  # nothing weighted: one document, which the filter drops (and counts) as unsupervised
             return [_Document(chat, *self.char_weights(chat))], False
         return docs, True
@@ -636,8 +669,8 @@ class ChatRenderer:
         try:
             return _Document(turn, *self.char_weights(turn))
         except ChatError as exc:
-            if exc.reason != "generation_prompt_mismatch" or not assistant:
-                raise
+            if exc.reason != "generation_prompt_mismatch" or not assistant or self.history == "auto":
+                raise  # auto: the whole conversation as TRL's training template renders it (``documents``)
             try:
                 training = self._training_renderer()
             except TrlMissing as missing:
@@ -647,6 +680,30 @@ class ChatRenderer:
             if training is None:
                 raise
             return self._spliced(turn, i, self, training)
+
+    def _trained(self, chat: Chat, exc: ChatError) -> _Document:
+        """``auto`` for a conversation with a turn the template cannot render after its own generation prompt
+        (``exc``; DeepSeek-R1 distills prefill ``<think>\\n`` and drop the reasoning, Nemotron 3 prefills
+        ``<think>\\n`` and renders ``<think></think>``): the whole conversation as the training template TRL maps
+        the template to renders it, weighted on its ``{% generation %}`` blocks, each with its turn's weight: what
+        SFTTrainer trains on with ``assistant_only_loss``. Refused (``exc``, saying why) where TRL has none."""
+        try:
+            training = self._training_renderer()
+        except TrlMissing as missing:
+            raise ChatError(
+                exc.field, f"{exc.problem}. TRL's training template was not tried: {missing}", exc.reason,
+            ) from None  # fmt: skip
+        if training is None:
+            raise ChatError(
+                exc.field,
+                f"{exc.problem}; TRL has no training template for this chat template either (one that renders the "
+                "turn as SFTTrainer trains on it). Pass --chat-template FILE.jinja with a template whose generation "
+                "prompt begins each assistant turn as it renders it",
+                exc.reason,
+            ) from None
+        text, weights, turns = training.char_weights(chat)
+        weighted = sum(self._weight(i, m) > 0 for i, m in enumerate(chat.messages) if m["role"] == "assistant")
+        return _Document(chat, text, weights, turns, weighted)
 
     def _spliced(self, turn: Chat, i: int, context: ChatRenderer, turns: ChatRenderer) -> _Document:
         """``G_i`` of ``context`` (the conversation before message ``i`` and the generation prompt, as
@@ -711,8 +768,11 @@ class ChatRenderer:
                 self._trl_missing = exc
                 raise
             self._training = None
-            if found is not None and found != self.template:
-                self._training = ChatRenderer(self.tok, found, self.role_weights, self.roles, self._tokenize)
+            if found is not None and found != self.template:  # weighted as SFTTrainer's mask (``training``)
+                self._training = ChatRenderer(
+                    self.tok, found, self.role_weights, self.roles, self._tokenize, training=True,
+                    sanitize_control_tokens=self.sanitize,
+                )  # fmt: skip
         return self._training  # type: ignore[return-value]
 
     def _check_kwargs(self, chat: Chat) -> None:
@@ -941,8 +1001,8 @@ class ChatRenderer:
 
 class _Document(NamedTuple):
     """A document's rendered text, its characters' weights and turn codes, the conversation it was rendered
-    from (truncated after its turn for a per-turn document; named in errors), and whether TRL's training
-    template rendered its turn (the template itself could not)."""
+    from (truncated after its turn for a per-turn document; named in errors), and how many of its weighted turns
+    TRL's training template rendered (the template itself could not)."""
 
     chat: Chat
     text: str
@@ -955,7 +1015,7 @@ def _joined(chat: Chat, parts: list[ChatTokens], per_turn: bool, training: int) 
     """A conversation's documents as one ``ChatTokens`` (``offsets`` between them for per-turn documents)."""
     source = chat._replace(raw=b"")
     if not per_turn:
-        return parts[0]._replace(source=source)
+        return parts[0]._replace(source=source, training=training)
     offsets = np.zeros(len(parts) + 1, dtype=np.int64)
     np.cumsum([len(p.ids) for p in parts], out=offsets[1:])
     return ChatTokens(
