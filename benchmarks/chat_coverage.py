@@ -93,7 +93,9 @@ def report(command: str, shapes: list[str], default_rows: list, training_rows: l
         "- a reason code (`not_prefix_preserving`, ...): weightprep refused a conversation that `apply_chat_template` "
         "renders (the work list below); with †, the template renders an assistant turn differently once later "
         "messages follow, or its generation prompt is not how it renders the turn (DeepSeek-R1's `<think>\\n`), so "
-        "the only exact forms are the training render (`ok (training)`) or one document per turn (`ok (per-turn)`);",
+        "the only exact forms are the training render (`ok (training)`) or one document per turn (`ok (per-turn)`). "
+        "A default build is the training render where the template cannot render a turn after its own generation "
+        "prompt: what `SFTTrainer` with `assistant_only_loss` trains on;",
         "- **wrong**: built, but ids or weights differ (a bug); `unverified`: built, ids equal, but no reference "
         "defines the weights (a template that rewrites history); `straddle`: a token crosses a change of weight.",
         "",
@@ -115,9 +117,10 @@ def report(command: str, shapes: list[str], default_rows: list, training_rows: l
         "## `--chat-template` set to TRL's training template",
         "",
         "The template `trl.chat_template_utils.get_training_chat_template` maps the original to (what `SFTTrainer` "
-        "swaps in with `assistant_only_loss=True`), passed as `--chat-template FILE` (weightprep has no "
-        "`--chat-template training` yet). Reference: transformers' `{% generation %}` blocks, the k-th carrying the "
-        "k-th assistant message's weight (their tokens are `assistant_masks`, what `SFTTrainer` trains on).",
+        "swaps in with `assistant_only_loss=True`), passed as `--chat-template FILE` (the file that "
+        "`--chat-template training` resolves to). Reference: transformers' `{% generation %}` blocks, the k-th carrying the "
+        "k-th assistant message's weight, or where a turn has several blocks the block's turn's (their tokens are "
+        "`assistant_masks`, what `SFTTrainer` trains on).",
         "",
         totals_text(totals(with_training)),
         "",

@@ -25,8 +25,9 @@ use the loaded one.
   token across a change of weight is a ``straddle``):
 
   - ``T`` with ``{% generation %}`` tags: each generation block (transformers' ``generation_indices``) carries
-    its assistant message's weight (``_block_owners``); its tokens are exactly transformers' ``assistant_masks``
-    (checked);
+    its assistant message's weight (``_block_owners``: in order where there is one block per assistant, else the
+    assistant whose turn starts last before the block ends); its tokens are exactly transformers'
+    ``assistant_masks`` (checked);
   - otherwise assistant message ``i`` carries its weight on ``[len(G_i), len(P_{i+1}))``, ``P_k`` the string
     render of ``messages[:k]``, ``G_i`` that of ``messages[:i]`` with ``add_generation_prompt=True``, where
     ``G_i`` is a prefix of ``P_{i+1}`` and ``P_{i+1}`` of the whole render; where not (a template that rewrites
@@ -38,6 +39,13 @@ use the loaded one.
 A built conversation is exact (``ok``) when its documents equal one of: the whole render with the template in
 effect; under the default flags, the whole render with TRL's training template (a build that swaps it in); or
 one document per weighted assistant turn ``i``, ``P_{i+1}`` with only that turn weighted (per-turn history).
+
+The training render is the reference wherever the template cannot render a turn after its own generation prompt
+(DeepSeek-R1 distills and Nemotron 3 prefill ``<think>\n``): a user of TRL expects the default build to train on
+what ``SFTTrainer`` with ``assistant_only_loss`` trains on, so the prefilled-looking ``<think>`` of an answer's
+reasoning carries the answer's weight there, as the training template's generation block does. (weightprep's
+``--chat-history per-turn`` instead shows each turn after the original prompt, ``<think>\n`` included at weight
+0; no candidate here defines that form, which the default does not build.)
 """
 
 from __future__ import annotations

@@ -277,7 +277,7 @@ _TAGS_ON_EVERY_MESSAGE = (
 
 
 @pytest.mark.parametrize(
-    ("template", "field"), [(_TAGS_ON_THE_USER, "messages[1]"), (_TAGS_ON_EVERY_MESSAGE, "messages")]
+    ("template", "field"), [(_TAGS_ON_THE_USER, "messages"), (_TAGS_ON_EVERY_MESSAGE, "messages")]
 )
 def test_generation_tags_that_disagree_with_the_assistant_messages_are_refused(template, field):
     messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]

@@ -123,12 +123,11 @@ def sample(work):
     return run_coverage(SAMPLE, work=work), run_coverage(SAMPLE, training_run=True, work=work)
 
 
-#: (template, shape) cells classified wrong today, each an open question of issue 22 rather than a silent pass:
-#: DeepSeek-R1's per-turn document (original prompt + the turn as TRL's training template writes it) gives the
-#: prefilled ``<think>\n`` weight 0, as the README's rule says (it belongs to the generation prompt), while the
-#: harness compares it with the training render, whose generation tags weight it. Listed exactly: a new wrong cell,
-#: or this one fixed, fails the tests until this set is updated.
-KNOWN_WRONG = {("deepseek_r1_distill", "think_in_content")}
+#: (template, shape) cells classified wrong: none. A DeepSeek-R1 conversation, which its template cannot render after
+#: its own ``<think>\n`` prompt, is built by default as TRL's training template renders it, weighted as SFTTrainer's
+#: assistant mask (``<｜Assistant｜>`` and a reasoning's ``<think>`` included), and compared with that render. Listed
+#: exactly: a new wrong cell fails the tests until it is fixed or listed here with its reason.
+KNOWN_WRONG: set[tuple[str, str]] = set()
 
 
 def test_the_sample_is_classified_in_full(sample):

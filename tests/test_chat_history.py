@@ -113,6 +113,25 @@ def reference_documents(tok, messages, tools=None, history="per-turn", training=
     return docs or [(render(len(plain)), np.zeros(len(render(len(plain))), dtype=np.float32))]
 
 
+def training_documents(tok, messages, training, tools=None):
+    """``[(text, char_weights)]``: the whole conversation as TRL's training template renders it, each
+    ``{% generation %}`` block (transformers' ``generation_indices``, what ``assistant_masks`` marks) carrying its
+    assistant's weight, block ``k`` the ``k``-th assistant's: what SFTTrainer trains on, with float weights."""
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    plain = _plain(messages)
+    (text,), (spans,) = render_jinja_template(
+        conversations=[plain], tools=tools, chat_template=training, return_assistant_tokens_mask=True,
+        **tok.special_tokens_map,
+    )  # fmt: skip
+    assistants = [m for m in messages if m["role"] == "assistant"]
+    assert len(spans) == len(assistants)
+    w = np.zeros(len(text), dtype=np.float32)
+    for (a, b), m in zip(spans, assistants, strict=True):
+        w[a:b] = _weight(m)
+    return [(text, w)]
+
+
 def _chat(messages, tools=None) -> Chat:
     return Chat(messages, tools, None, json.dumps({"messages": messages}).encode())
 
@@ -198,14 +217,24 @@ def test_per_turn_documents_equal_inference_renders_and_a_per_character_referenc
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_auto_is_the_whole_conversation_where_that_is_exact_and_per_turn_elsewhere(family, data):
+    """``auto``: the whole conversation where each weighted turn follows its generation prompt in it; else, where
+    the template cannot render a turn after its own generation prompt (DeepSeek-R1), the whole conversation as
+    TRL's training template renders it, weighted as SFTTrainer's assistant mask; else (a template that rewrites
+    earlier turns: Qwen3, gpt-oss) one document per weighted turn."""
     messages = data.draw(reasoning_conversations(family))
     tok = family_tokenizer(family)
-    training = _training(tok) if family == "deepseek_r1_distill" else None
     whole = reference_documents(tok, messages, history="full")
-    reference = whole if whole is not None else reference_documents(tok, messages, history="per-turn", training=training)
+    if whole is not None:
+        reference = whole
+    elif family == "deepseek_r1_distill":  # every weighted answer: the prompt ends in <think>\n, the turn does not
+        reference = training_documents(tok, messages, _training(tok))
+    else:
+        reference = reference_documents(tok, messages, history="per-turn")
     out = check_against_reference(tok, ChatRenderer(tok, history="auto"), messages, reference)
     if out is not None:
-        assert (out.offsets is None) == (whole is not None or all(_weight(m) == 0 for m in messages))
+        assert (out.offsets is None) == (len(reference) == 1 and (whole is not None or family == "deepseek_r1_distill"))
+        weighted = sum(_weight(m) > 0 for m in messages)
+        assert out.training == (weighted if whole is None and family == "deepseek_r1_distill" else 0)
 
 
 def _qwen3_reasoning():
@@ -232,9 +261,10 @@ def test_qwen3_multi_turn_reasoning_is_refused_whole_and_built_per_turn():
     assert second.tolist() == tok.apply_chat_template(_plain(_qwen3_reasoning()), tokenize=True)["input_ids"]
 
 
-def test_deepseek_prefilled_think_is_part_of_the_generation_prompt_and_weighs_0():
-    """DeepSeek-R1 distills prompt with ``<｜Assistant｜><think>\\n`` and re-render every answer without its reasoning;
-    the turn comes from TRL's training template, after the prompt's ``<think>\\n``, which stays 0."""
+def test_deepseek_per_turn_prefilled_think_is_part_of_the_generation_prompt_and_weighs_0():
+    """``--chat-history per-turn`` (inference's view): DeepSeek-R1 distills prompt with ``<｜Assistant｜><think>\\n``
+    and re-render every answer without its reasoning; the turn comes from TRL's training template, after the
+    prompt's ``<think>\\n``, which stays 0 as every generation prompt."""
     tok = family_tokenizer("deepseek_r1_distill")
     messages = [
         {"role": "user", "content": "2+2?"},
@@ -259,13 +289,39 @@ def test_deepseek_prefilled_think_is_part_of_the_generation_prompt_and_weighs_0(
     assert out.training == 2
 
 
-def test_deepseek_reasoning_content_is_refused_its_templates_do_not_read_it():
+def test_deepseek_default_is_what_sft_trainer_trains_on():
+    """The default (``auto``) builds a DeepSeek-R1-distill conversation, which its template cannot render after its
+    own ``<think>\\n`` prompt, as TRL's training template renders it: the ids and the assistant mask of TRL's own
+    tokenization for SFTTrainer with ``assistant_only_loss`` (``<｜Assistant｜>``, the reasoning's ``<think>`` and
+    the EOS included), each turn with its own float weight, every turn's reasoning kept."""
+    from trl.data_utils import _tokenize
+
+    tok = family_tokenizer("deepseek_r1_distill")
+    messages = [
+        {"role": "user", "content": "2+2?"},
+        {"role": "assistant", "content": "<think>\nTwo plus two.\n</think>\n\n4", "weight": 2.0},
+        {"role": "user", "content": "3+3?"},
+        {"role": "assistant", "content": "<think>\nThree plus three.\n</think>\n\n6", "weight": 0.5},
+    ]
+    out = ChatRenderer(tok, history="auto").tokens(_chat(messages))
+    trl = _tokenize(tok, _plain(messages), chat_template=_training(tok), tools=None, return_assistant_tokens_mask=True)
+    assert out.offsets is None and out.training == 2 and out.ids.tolist() == list(trl["input_ids"])
+    assert (out.weights > 0).astype(int).tolist() == list(trl["assistant_masks"])
+    assert tok.decode(out.ids[out.weights == 2.0]) == "<｜Assistant｜><think>\nTwo plus two.\n</think>\n\n4<｜end▁of▁sentence｜>"
+    assert tok.decode(out.ids[out.weights == 0.5]) == "<｜Assistant｜><think>\nThree plus three.\n</think>\n\n6<｜end▁of▁sentence｜>"
+
+
+def test_deepseek_reasoning_content_its_templates_do_not_read_it():
+    """Neither DeepSeek-R1 template reads ``reasoning_content``: per turn (after the ``<think>\\n`` prompt) that is
+    refused, saying so; the default trains on the answer as SFTTrainer does, without it."""
     tok = family_tokenizer("deepseek_r1_distill")
     messages = [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4", "reasoning_content": "Two."}]
     with pytest.raises(ChatError) as err:
-        ChatRenderer(tok, history="auto").tokens(_chat(messages))
+        ChatRenderer(tok, history="per-turn").tokens(_chat(messages))
     assert (err.value.reason, err.value.field) == ("generation_prompt_mismatch", "messages[1]")
     assert "'<｜Assistant｜><think>\\n'" in err.value.problem and "reasoning_content" in err.value.problem
+    out = ChatRenderer(tok, history="auto").tokens(_chat(messages))
+    assert tok.decode(out.ids[out.weights > 0]) == "<｜Assistant｜>4<｜end▁of▁sentence｜>"
 
 
 def test_spliced_documents_keep_each_token_s_message():
@@ -435,7 +491,7 @@ def test_a_deepseek_template_file_on_a_tokenizer_with_another_template_finds_its
     template = (TEMPLATES / "deepseek_r1_distill.jinja").read_text()
     out = ChatRenderer(tok, template, history="auto").tokens(_chat(messages))
     ids, w = _split(out)[0]
-    assert out.training == 1 and tok.decode(ids[w > 0]) == "add\n</think>\n\n4<｜end▁of▁sentence｜>"
+    assert out.training == 1 and tok.decode(ids[w > 0]) == "<｜Assistant｜><think>\nadd\n</think>\n\n4<｜end▁of▁sentence｜>"
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -471,10 +527,13 @@ def test_default_build_of_multi_turn_reasoning_is_exact_and_counted(tmp_path, fa
     cfg = config_from_dict({"pack": {"enabled": False, "seq_len": 256}})
     m = build([str(inp)], tmp_path / "out", cfg, tokenizer=tok)
     training = _training(tok) if family == "deepseek_r1_distill" else None
-    expected, per_turn, extra = [], [0, 0], 0
+    expected, per_turn, extra, trained = [], [0, 0], 0, 0
     for c in convos:
         whole = reference_documents(tok, c, history="full")
-        docs = whole if whole is not None else reference_documents(tok, c, training=training)
+        if whole is None and training is not None:  # DeepSeek-R1: the whole conversation, as SFTTrainer sees it
+            whole = training_documents(tok, c, training)
+            trained += sum(_weight(m) > 0 for m in c)
+        docs = whole if whole is not None else reference_documents(tok, c)
         encoded = [(tok.backend_tokenizer.encode(t, add_special_tokens=False), w) for t, w in docs]
         for enc, w in encoded:
             weights, straddle = reference_token_weights(enc, w)
@@ -487,9 +546,9 @@ def test_default_build_of_multi_turn_reasoning_is_exact_and_counted(tmp_path, fa
     assert _rows(tmp_path / "out") == sorted(expected)
     c = m["counts"]
     assert (c["chat_history_conversations"], c["chat_history_documents"]) == tuple(per_turn)
-    assert c["chat_history_extra_tokens"] == extra > 0
+    assert c["chat_history_extra_tokens"] == extra and (extra > 0) == (family == "qwen3")
     assert c["documents"] == c["accepted"] - per_turn[0] + per_turn[1] == len(expected)
-    assert c["chat_training_template_turns"] == (per_turn[1] if family == "deepseek_r1_distill" else 0)
+    assert c["chat_training_template_turns"] == trained == (4 if family == "deepseek_r1_distill" else 0)
     check_accounting(c)
     sha = hashlib.sha256(tok.chat_template.encode()).hexdigest()
     assert m["chat"]["template_source"] == "tokenizer" and m["chat"]["template_sha256"] == sha
