@@ -14,7 +14,12 @@ fail loudly:
 3. An assistant message: ``G_i = render(messages[:i], add_generation_prompt=True)`` must satisfy
    ``P_i ⊑ G_i ⊑ P_{i+1}`` (else ``generation_prompt_mismatch``); ``[|P_i|, |G_i|)`` is the generation prompt and
    gets weight 0, ``[|G_i|, |P_{i+1}|)`` (content, end-of-turn token, trailing newline) the message's weight.
-   With ``{% generation %}`` tags the k-th tagged span is the k-th assistant message's instead (counts must match).
+   With ``{% generation %}`` tags the tagged blocks are weighted instead, as transformers' ``assistant_masks``
+   marks them: each block with the weight of the assistant turn ``[|P_i|, |P_{i+1}|)`` that holds its last
+   character (a turn may have several: Gemma's thinking channel, content and ``<turn|>``; DeepSeek's
+   ``<｜tool▁outputs▁end｜>`` opens the answer's block before the answer's message starts); with every assistant
+   weighted, a block outside all their turns is ``generation_tag_mismatch``. A template that ends every render
+   with EOS after the last message (Phi-3) has ``P_k`` end before that EOS.
 4. Any other message with a weight > 0: the weight starts where two probe renders with different placeholder
    contents first differ, so headers and template-injected preambles keep weight 0.
 5. ``S`` is tokenized once (``add_special_tokens=False``: the template owns BOS/EOS) by the build's tokenizer
@@ -45,12 +50,16 @@ the template writes it last: earlier reasoning stripped as the template strips i
 the template does not start the turn with its own generation prompt (DeepSeek-R1 distills prefill
 ``<think>\\n`` and drop every turn's reasoning), the turn is the one TRL's training template for it renders
 after the same generation prompt, spliced after ``G_i``: the generation prompt, prefilled ``<think>\\n``
-included, keeps weight 0. ``auto`` (the build's default): ``full`` where steps 2-3 hold for the conversation,
-else ``per-turn``; where they hold, each per-turn document is a prefix of the whole (as text) with the same
-weights on its turn, so the whole is the per-turn documents without their repeated contexts. With TRL's
-training template (``chat.template: training``) a whole conversation is weighted on its ``{% generation %}``
-spans whatever it rewrites (SFTTrainer's assistant mask), and per-turn documents take their context from the
-original template and their turn from the training one.
+included, keeps weight 0. ``auto`` (the build's default): ``full`` where steps 2-3 hold for the conversation;
+else, where the template cannot render a weighted turn after its own generation prompt (DeepSeek-R1 distills,
+Nemotron 3 and Qwen3.5-nothink prefill ``<think>``), the whole conversation as TRL's training template renders
+it, weighted on its ``{% generation %}`` blocks: what SFTTrainer trains on with ``assistant_only_loss``, the
+default a TRL user expects (refused, saying why, where TRL has none); else (a template that rewrites earlier
+turns: Qwen3, gpt-oss) ``per-turn``. Where steps 2-3 hold, each per-turn document is a prefix of the whole (as
+text; Phi-3's final EOS aside) with the same weights on its turn, so the whole is the per-turn documents without
+their repeated contexts. With TRL's training template (``chat.template: training``) a whole conversation is
+weighted on its ``{% generation %}`` spans whatever it rewrites (SFTTrainer's assistant mask), and per-turn
+documents take their context from the original template and their turn from the training one.
 
 Cost, for a 5-message conversation of ~670 tokens on one core: seven renders (``S``, four prefixes, two generation
 prompts) of about 33 µs each, the conversation converted for the template once (``_Template``), ~100 µs for
