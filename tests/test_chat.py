@@ -12,6 +12,7 @@ import pytest
 from chat_support import (
     FAMILIES,
     TEMPLATES,
+    build_chat_tokenizer,
     chat_tokenizer,
     merging_tokenizer,
     reference_char_weights,
@@ -242,6 +243,48 @@ def test_generation_tags_give_transformers_assistant_masks():
     assert out.ids.tolist() == ref["input_ids"]
     assert (out.weights > 0).astype(int).tolist() == ref["assistant_masks"]
     assert sum(ref["assistant_masks"]) > 0
+
+
+#: Phi-3's special tokens; its EOS ends every render, after the last message only.
+_PHI3 = ("<s>", "<|endoftext|>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>")
+_PHI3_CONVERSATION = [
+    {"role": "user", "content": "Capital of France?"}, {"role": "assistant", "content": "Paris.", "weight": 0.5},
+    {"role": "user", "content": "And Germany?"}, {"role": "assistant", "content": "Berlin.", "weight": 2.0},
+]  # fmt: skip
+
+
+def _phi3(template: str):
+    return build_chat_tokenizer(_PHI3, "<s>", "<|endoftext|>", (TEMPLATES / f"{template}.jinja").read_text())
+
+
+def test_phi3_eos_after_the_last_message_only_ends_no_turn_before_it():
+    """Phi-3 writes EOS after the last message only (``else eos_token``), so ``messages[:k]`` is no prefix of the
+    whole; its turns end before that EOS. The result is SFTTrainer's: phi3_training renders the same ids, its
+    assistant mask is where the weights are (the last answer's EOS included)."""
+    tok = _phi3("phi3")
+    for history in ("full", "auto"):
+        out = ChatRenderer(tok, history=history).tokens(_chat(_PHI3_CONVERSATION))
+        assert out.offsets is None and out.ids.tolist() == tok.apply_chat_template(_plain(_PHI3_CONVERSATION))["input_ids"]
+        assert tok.decode(out.ids[out.weights == 0.5]) == "Paris.<|end|>\n"
+        assert tok.decode(out.ids[out.weights == 2.0]) == "Berlin.<|end|>\n<|endoftext|>"
+    training = (TEMPLATES / "phi3_training.jinja").read_text()
+    ref = tok.apply_chat_template(
+        _plain(_PHI3_CONVERSATION), chat_template=training, return_dict=True, return_assistant_tokens_mask=True
+    )  # fmt: skip
+    assert ref["input_ids"] == out.ids.tolist() and ref["assistant_masks"] == (out.weights > 0).astype(int).tolist()
+
+
+@pytest.mark.parametrize("training", [False, True])
+def test_several_generation_blocks_in_a_turn_each_carry_its_weight(training):
+    """phi3_training tags an answer's content and, apart, the EOS after the last message: three blocks for two
+    answers. Each block carries the weight of the turn that holds it; together they are transformers'
+    assistant_masks (as the tokenizer's template, and as ``--chat-template training``)."""
+    tok = _phi3("phi3_training")
+    out = ChatRenderer(tok, training=training).tokens(_chat(_PHI3_CONVERSATION))
+    ref = tok.apply_chat_template(_plain(_PHI3_CONVERSATION), return_dict=True, return_assistant_tokens_mask=True)
+    assert out.ids.tolist() == ref["input_ids"] and (out.weights > 0).astype(int).tolist() == ref["assistant_masks"]
+    assert tok.decode(out.ids[out.weights == 0.5]) == "Paris.<|end|>\n"
+    assert tok.decode(out.ids[out.weights == 2.0]) == "Berlin.<|end|>\n<|endoftext|>"
 
 
 @pytest.mark.parametrize(

@@ -48,6 +48,15 @@ FAMILY = {
                 {"<tool_call>", "</tool_call>"}),
     "qwen3": ("qwen3", QWEN_SPECIALS, QWEN3_PLAIN, None, "<|im_end|>", "<|endoftext|>",
               {"<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>"}),
+    # a template that injects a system turn where there is none (its reasoning-effort preamble): that turn is not the
+    # user's header, so the generation prompt's <think> is in the turn, as in Qwen3's
+    "qwen3_8": ("qwen3_8", QWEN_SPECIALS, QWEN3_PLAIN, None, "<|im_end|>", "<|endoftext|>",
+                {"<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>",
+                 "<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"}),
+    "nemotron_3_nano": ("nemotron_3_nano", ("<s>", "</s>", "<|im_start|>", "<|im_end|>"),
+                        ("<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"),
+                        "<s>", "<|im_end|>", None,
+                        {"<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"}),
     # Qwen3's tokens under Qwen2.5's template: <think> is no control token there (the template never writes it)
     "qwen3_on_qwen2_5": ("qwen2_5", QWEN_SPECIALS, QWEN3_PLAIN, None, "<|im_end|>", "<|endoftext|>",
                          {"<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"}),
