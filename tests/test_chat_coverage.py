@@ -118,6 +118,26 @@ def test_the_tagged_reference_is_what_sfttrainer_masks(work):
     assert set(first.weights.tolist()) == {0.0, 0.5} and set(second.weights.tolist()) == {0.0, 2.0}
 
 
+def test_generation_blocks_before_an_answer_s_content_are_its_turn_s(work):
+    """Gemma's training template tags a turn's thinking channel, content and ``<turn|>`` apart: per turn, every
+    block of the last turn (the thinking channel before its content too) carries its weight, which is then what
+    ``assistant_masks`` marks in that turn; blocks of an earlier turn none."""
+    from chat_coverage_support import _block_owners
+
+    name = "diffusion_gemma_training"
+    tok, text = _tok(work, name), template_text(name)
+    record = shape_record("reasoning_multi", text)
+    ref = reference(tok, record, text)
+    assert ref.per_turn is not None and len(ref.per_turn) == 2
+    last = ref.per_turn[1]
+    assert "<|channel>" in tok.decode([t for t, w in zip(last.ids, last.weights, strict=True) if w > 0])
+    # the rule itself: a block that ends before the assistant's content belongs to the turn that starts before it
+    turns = [(1, {"content": "B"}), (3, {"content": "D"})]
+    text, blocks = "A" * 10 + "xByD", [(10, 11), (11, 12), (12, 13), (13, 14)]  # x, B, y, D: two per turn
+    assert _block_owners(text, blocks, turns, float, None, {1: 9, 3: 12}) == [1, 1, 3, 3]
+    assert isinstance(_block_owners(text, blocks, turns, float, None), str)  # by contents alone: x has no owner
+
+
 @pytest.fixture(scope="module")
 def sample(work):
     return run_coverage(SAMPLE, work=work), run_coverage(SAMPLE, training_run=True, work=work)
