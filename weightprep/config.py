@@ -153,7 +153,9 @@ class ChatConfig:
         metadata={
             "help": "full: one document per conversation; per-turn: one per weighted message, as inference "
             "renders the conversation up to it; auto: full where the template renders the conversation "
-            "prefix-preserving, else per-turn."
+            "prefix-preserving; where it cannot render a turn after its own generation prompt (DeepSeek-R1), "
+            "the whole conversation as TRL's training template renders it (what SFTTrainer trains on); else "
+            "per-turn."
         },
     )
 
