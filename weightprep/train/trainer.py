@@ -250,22 +250,17 @@ class WeightedSFTTrainer(SFTTrainer):
         if key not in self._eval_buckets:
             self._eval_buckets[key] = buckets_for(dataset)
         totals = EvalTotals(self._eval_buckets[key], device=self.args.device, sources=source_names(dataset))
-        start, rows = time.perf_counter(), 0
+        start = time.perf_counter()
         for raw in dataloader:
             batch = self._prepare_inputs(raw)
             with torch.no_grad(), self.compute_loss_context_manager():
                 out = weighted_lm_loss(model, batch, normalize=self.normalize, vocab_chunk=self.vocab_chunk)
-            totals.add(out.log_probs, batch)
-            rows += int(batch["input_ids"].shape[0])
-        packed = torch.cat([totals.sums.view(-1), totals.positions.view(1), totals.sums.new_tensor([rows])])
-        if self.accelerator.num_processes > 1:
-            packed = self.accelerator.reduce(packed, reduction="sum")
-        n = totals.sums.numel()
-        totals.sums = packed[:n].view_as(totals.sums)
+            # every rank's rows, each once: the same totals on every rank, no reduction after the loop
+            totals.add(out.log_probs, batch, gather=self.accelerator.gather_for_metrics)
         elapsed = max(time.perf_counter() - start, 1e-9)
         metrics = totals.metrics(self.normalize, metric_key_prefix)
-        metrics[f"{metric_key_prefix}_tokens_per_second"] = round(float(packed[n]) / elapsed, 1)
-        return EvalLoopOutput(predictions=None, label_ids=None, metrics=metrics, num_samples=int(packed[n + 1]))
+        metrics[f"{metric_key_prefix}_tokens_per_second"] = round(float(totals.positions) / elapsed, 1)
+        return EvalLoopOutput(predictions=None, label_ids=None, metrics=metrics, num_samples=totals.rows)
 
     # -- logging ------------------------------------------------------------------------------------------------
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
