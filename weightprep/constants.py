@@ -18,6 +18,7 @@ __all__ = [
     "ATTENTION_MASK",
     "PACKED_COLUMNS",
     "UNPACKED_COLUMNS",
+    "EVAL_SOURCE",
     "MANIFEST_NAME",
     "TURNS_NAME",
 ]
@@ -40,6 +41,10 @@ ATTENTION_MASK = "attention_mask"
 PACKED_COLUMNS = (INPUT_IDS, LABELS, WEIGHTS, POSITION_IDS, SEQ_LENGTHS)
 #: Unpacked rows carry the same columns plus a 0/1 attention mask.
 UNPACKED_COLUMNS = (*PACKED_COLUMNS, ATTENTION_MASK)
+
+#: Not in any shard: the trainer's tag of an evaluation row with the index of its source (``validation_NAME``
+#: split), so one pass and one all-reduce give the loss of every source and of their union.
+EVAL_SOURCE = "eval_source"
 
 #: File beside the shards that records what the build did.
 MANIFEST_NAME = "weightprep_manifest.json"

@@ -17,8 +17,9 @@ A packed batch of two rows, ``L = 6``, documents ``[5, 6, 7]`` and ``[8, 9]`` th
 
 The varlen kwargs come from the rows' ``seq_lengths`` (from ``position_ids`` for rows without them) and are what
 flash-attention needs to keep documents apart at a micro-batch above 1; the other implementations ignore them.
-Unpacked rows (one document per row, right-padded) keep their ``attention_mask`` and get no varlen kwargs. Any
-other column (metadata) is dropped.
+Unpacked rows (one document per row, right-padded) keep their ``attention_mask`` and get no varlen kwargs. Rows of
+an evaluation set of several sources keep their ``eval_source`` tag (one int64 per row, see
+:func:`~weightprep.train.evaluate.tag_sources`). Any other column (metadata) is dropped.
 """
 
 from __future__ import annotations
@@ -30,7 +31,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from weightprep.constants import ATTENTION_MASK, INPUT_IDS, LABELS, POSITION_IDS, SEQ_LENGTHS, WEIGHTS
+from weightprep.constants import (
+    ATTENTION_MASK,
+    EVAL_SOURCE,
+    INPUT_IDS,
+    LABELS,
+    POSITION_IDS,
+    SEQ_LENGTHS,
+    WEIGHTS,
+)
 from weightprep.errors import UsageError
 from weightprep.train.attention import varlen_kwargs_from_position_ids, varlen_kwargs_from_seq_lengths
 
@@ -73,6 +82,8 @@ class WeightedCollator:
             if name in batch:
                 batch[name] = batch[name].long()  # embedding lookups and gather want int64; int32 on disk
         batch[WEIGHTS] = batch[WEIGHTS].float()
+        if EVAL_SOURCE in first:  # the evaluation sums are kept per source
+            batch[EVAL_SOURCE] = torch.as_tensor([int(row[EVAL_SOURCE]) for row in rows], dtype=torch.long)
         if packed:
             row_length = batch[INPUT_IDS].shape[-1]
             if all(row.get(SEQ_LENGTHS) is not None for row in rows):

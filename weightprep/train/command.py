@@ -134,8 +134,8 @@ TrainOptions = dict[str, Any]
     "--eval-shards",
     type=click.Path(file_okay=False, path_type=Path),
     default=None,
-    help="Another build to evaluate on (its validation split if it has one, else all its rows) [default: the "
-    "validation split of SHARDS, when the build made one].",
+    help="Another build to evaluate on (its validation split, or its validation_NAME splits per source, if it has "
+    "them, else all its rows) [default: the validation split(s) of SHARDS, when the build made them].",
 )
 @click.option(
     "--eval-steps",
@@ -355,7 +355,8 @@ def _lora_config(opts: TrainOptions) -> Any:
 
 
 def _eval_set(opts: TrainOptions, shards: Any, model_config: Any, tokenizer: Any) -> Any:
-    """The evaluation rows: ``--eval-shards`` (checked like the training shards), else the validation split."""
+    """The evaluation rows: ``--eval-shards`` (checked like the training shards), else the validation split (with
+    sources, every ``validation_<name>`` split as one tagged set: see :func:`~weightprep.train.data.load_shards`)."""
     from weightprep.train.data import check_model_compatibility, load_shards
 
     eval_set = shards.validation

@@ -29,12 +29,18 @@ __all__ = ["Shards", "check_model_compatibility", "load_shards", "read_manifest"
 
 #: The held-out split of a build with a validation split (``load_from_disk`` gives a DatasetDict).
 VALIDATION = "validation"
+#: A build with sources holds one held-out split per source instead: ``validation_<name>``.
+SOURCE_SPLIT_PREFIX = VALIDATION + "_"
 
 
 @dataclass(frozen=True)
 class Shards:
     """A validated shard directory: the training rows (``seq_len`` tokens each), the held-out rows if the build
-    has a validation split, and the manifest."""
+    has a validation split, and the manifest.
+
+    A build with sources has one ``validation_<name>`` split per source: ``validation`` is then their rows as one
+    set, each tagged with its source (:func:`~weightprep.train.evaluate.tag_sources`), and ``validation_sources``
+    the names in split order, so evaluation logs the pooled loss and each source's."""
 
     path: Path
     dataset: Any  # datasets.Dataset
@@ -42,7 +48,8 @@ class Shards:
     seq_len: int
     packed: bool
     tokenizer: dict[str, Any] = field(default_factory=dict)
-    validation: Any = None  # datasets.Dataset of the validation split, or None
+    validation: Any = None  # datasets.Dataset of the validation split(s), or None
+    validation_sources: tuple[str, ...] = ()
 
     @property
     def columns(self) -> list[str]:
@@ -70,11 +77,11 @@ def load_shards(
         dataset = datasets.load_from_disk(str(path))
     except Exception as exc:  # datasets raises FileNotFoundError/ValueError/... with useful text
         raise UsageError(f"{path}: datasets.load_from_disk failed ({exc}); {REBUILD}") from exc
-    validation = None
+    held_out: dict[str, Any] = {}  # split name -> rows
     if isinstance(dataset, datasets.DatasetDict):
         if "train" not in dataset:
             raise UsageError(f"{path}: a DatasetDict without a 'train' split ({', '.join(dataset)})")
-        validation = dataset.get(VALIDATION)
+        held_out = _held_out_splits(path, dataset)
         dataset = dataset["train"]
 
     config = manifest.get("config") or {}
@@ -83,8 +90,8 @@ def load_shards(
         packed = ATTENTION_MASK not in (manifest.get("columns") or dataset.column_names)
     packed = bool(packed)
     needed = [*PACKED_COLUMNS, *(() if packed else (ATTENTION_MASK,))]
-    for name, split in (("train", dataset), (VALIDATION, validation)):
-        missing = [] if split is None else [c for c in needed if c not in split.column_names]
+    for name, split in (("train", dataset), *held_out.items()):
+        missing = [c for c in needed if c not in split.column_names]
         if missing:
             raise UsageError(
                 f"{path}: the {name} shards lack column(s) {', '.join(missing)} (have "
@@ -92,10 +99,18 @@ def load_shards(
                 f"{', '.join(needed)}; {REBUILD}"
             )
     seq_len = _row_length(path, dataset, config)
-    if validation is not None:
-        _row_length(path, validation, config)
+    for split in held_out.values():
+        _row_length(path, split, config)
     if len(dataset) == 0:
         raise UsageError(f"{path}: the shards hold no rows; check the build's counts in {MANIFEST_NAME}")
+    validation, sources = held_out.get(VALIDATION), ()
+    if held_out and validation is None:
+        from weightprep.train.evaluate import tag_sources
+
+        sources = tuple(name[len(SOURCE_SPLIT_PREFIX) :] for name in held_out)
+        validation = tag_sources(dict(zip(sources, held_out.values(), strict=True)))
+    if validation is not None and not len(validation):
+        validation, sources = None, ()
 
     shards = Shards(
         path=path,
@@ -104,7 +119,8 @@ def load_shards(
         seq_len=seq_len,
         packed=packed,
         tokenizer=dict(manifest.get("tokenizer") or {}),
-        validation=validation if validation is not None and len(validation) else None,
+        validation=validation,
+        validation_sources=sources,
     )
     if model_config is not None:
         check_model_compatibility(shards, model_config, tokenizer)
@@ -144,6 +160,27 @@ def check_model_compatibility(shards: Shards, model_config: Any, tokenizer: Any 
             f"rows of {shards.seq_len} tokens exceed model {name!r}'s max_position_embeddings = {max_pos}: "
             f"rebuild the shards with `--seq-len {max_pos}` (or less), or use a model with a longer context"
         )
+
+
+def _held_out_splits(path: Path, splits: Any) -> dict[str, Any]:
+    """The held-out splits of a build's DatasetDict by split name: ``validation``, or one ``validation_<name>`` per
+    source (never both: which would ``eval_loss`` be?)."""
+    from weightprep.train.evaluate import SOURCE_NAME
+
+    per_source = [name for name in splits if name.startswith(SOURCE_SPLIT_PREFIX)]
+    if VALIDATION in splits and per_source:
+        raise UsageError(
+            f"{path}: both a {VALIDATION!r} split and per-source splits ({', '.join(per_source)}); a build has one "
+            f"or the other; {REBUILD}"
+        )
+    bad = [name for name in per_source if not SOURCE_NAME.fullmatch(name[len(SOURCE_SPLIT_PREFIX) :])]
+    if bad:
+        raise UsageError(
+            f"{path}: split name(s) {', '.join(bad)}: a source's split is {SOURCE_SPLIT_PREFIX}<name> with <name> "
+            f"matching {SOURCE_NAME.pattern}; {REBUILD}"
+        )
+    names = [VALIDATION] if VALIDATION in splits else per_source
+    return {name: splits[name] for name in names}
 
 
 def _row_length(path: Path, dataset: Any, config: dict[str, Any]) -> int:

@@ -32,19 +32,19 @@ from __future__ import annotations
 import resource
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
 from transformers.trainer_utils import EvalLoopOutput
 from trl import SFTConfig, SFTTrainer
 
-from weightprep.constants import ATTENTION_MASK, PACKED_COLUMNS
+from weightprep.constants import ATTENTION_MASK, EVAL_SOURCE, PACKED_COLUMNS
 from weightprep.errors import UsageError
 from weightprep.train.attention import attention_implementation, isolation_mode
 from weightprep.train.collator import WeightedCollator
 from weightprep.train.data import Shards
-from weightprep.train.evaluate import EvalTotals, buckets_for
+from weightprep.train.evaluate import EvalTotals, buckets_for, source_names, tag_sources
 from weightprep.train.loss import (
     DEFAULT_VOCAB_CHUNK,
     Normalize,
@@ -99,6 +99,10 @@ class WeightedSFTTrainer(SFTTrainer):
     >>> trainer.train()  # doctest: +SKIP
 
     ``train_dataset`` is a :class:`~weightprep.train.data.Shards` or a ``datasets.Dataset`` of shard rows.
+    ``eval_dataset`` is a ``datasets.Dataset`` of shard rows (``shards.validation``), or a dict ``{name: Dataset}``
+    of several: unlike transformers, which evaluates a dict one set at a time, they are evaluated together, logging
+    the pooled ``eval_loss``, ``eval_<name>_loss`` per set and the buckets of the union (see
+    :mod:`weightprep.train.evaluate`), so ``metric_for_best_model="eval_loss"`` keeps working.
     ``normalize``: ``"weight"`` (default) or ``"tokens"``, see :mod:`weightprep.train.loss`. Other arguments are
     ``SFTTrainer``'s (``peft_config=LoraConfig(...)`` for LoRA; ``lm_head`` must not be a LoRA target).
     """
@@ -137,6 +141,8 @@ class WeightedSFTTrainer(SFTTrainer):
         eval_dataset = kwargs.get("eval_dataset")
         if isinstance(eval_dataset, Shards):
             kwargs["eval_dataset"] = eval_dataset.dataset
+        elif isinstance(eval_dataset, Mapping):
+            kwargs["eval_dataset"] = tag_sources(eval_dataset)
         self._eval_buckets: dict[int, Any] = {}  # per evaluation set, chosen at its first evaluation
         # positions, supervised tokens, weight: summed over all ranks since the last log
         self._window = torch.zeros(3, dtype=torch.float64)
@@ -156,7 +162,7 @@ class WeightedSFTTrainer(SFTTrainer):
     def _set_signature_columns_if_needed(self) -> None:
         # Column pruning keeps exactly what a shard row has for training; metadata columns go
         if self._signature_columns is None:
-            self._signature_columns = [*PACKED_COLUMNS, ATTENTION_MASK]
+            self._signature_columns = [*PACKED_COLUMNS, ATTENTION_MASK, EVAL_SOURCE]
 
     # -- normalization ------------------------------------------------------------------------------------------
     def get_batch_samples(
@@ -214,6 +220,14 @@ class WeightedSFTTrainer(SFTTrainer):
         return loss.detach(), None, None
 
     # -- evaluation ---------------------------------------------------------------------------------------------
+    def evaluate(
+        self, eval_dataset: Any = None, ignore_keys: Any = None, metric_key_prefix: str = "eval"
+    ) -> dict[str, float]:
+        """transformers' ``evaluate``, with a dict ``{name: Dataset}`` evaluated as one tagged set (see the class)."""
+        if isinstance(eval_dataset, Mapping):
+            eval_dataset = tag_sources(eval_dataset)
+        return super().evaluate(eval_dataset, ignore_keys=ignore_keys, metric_key_prefix=metric_key_prefix)
+
     def evaluation_loop(
         self,
         dataloader: Any,
@@ -222,8 +236,8 @@ class WeightedSFTTrainer(SFTTrainer):
         ignore_keys: Any = None,
         metric_key_prefix: str = "eval",
     ) -> EvalLoopOutput:
-        """The weighted ``eval_loss`` over the whole set (not a mean of batch losses), per weight bucket, with
-        ``eval_tokens_per_second``; see :mod:`weightprep.train.evaluate`. ``evaluate()`` logs and returns them,
+        """The weighted ``eval_loss`` over the whole set (not a mean of batch losses), per source of a tagged set,
+        per weight bucket, with ``eval_tokens_per_second``; see :mod:`weightprep.train.evaluate`. ``evaluate()`` logs and returns them,
         so ``load_best_model_at_end`` with ``metric_for_best_model="eval_loss"`` works as usual."""
         model = self._wrap_model(self.model, training=False)
         if len(self.accelerator._models) == 0 and model is self.model:  # evaluate() before train(): prepare
@@ -235,23 +249,18 @@ class WeightedSFTTrainer(SFTTrainer):
         key = id(dataset)
         if key not in self._eval_buckets:
             self._eval_buckets[key] = buckets_for(dataset)
-        totals = EvalTotals(self._eval_buckets[key], device=self.args.device)
-        start, rows = time.perf_counter(), 0
+        totals = EvalTotals(self._eval_buckets[key], device=self.args.device, sources=source_names(dataset))
+        start = time.perf_counter()
         for raw in dataloader:
             batch = self._prepare_inputs(raw)
             with torch.no_grad(), self.compute_loss_context_manager():
                 out = weighted_lm_loss(model, batch, normalize=self.normalize, vocab_chunk=self.vocab_chunk)
-            totals.add(out.log_probs, batch)
-            rows += int(batch["input_ids"].shape[0])
-        packed = torch.cat([totals.sums.view(-1), totals.positions.view(1), totals.sums.new_tensor([rows])])
-        if self.accelerator.num_processes > 1:
-            packed = self.accelerator.reduce(packed, reduction="sum")
-        n = totals.sums.numel()
-        totals.sums = packed[:n].view_as(totals.sums)
+            # every rank's rows, each once: the same totals on every rank, no reduction after the loop
+            totals.add(out.log_probs, batch, gather=self.accelerator.gather_for_metrics)
         elapsed = max(time.perf_counter() - start, 1e-9)
         metrics = totals.metrics(self.normalize, metric_key_prefix)
-        metrics[f"{metric_key_prefix}_tokens_per_second"] = round(float(packed[n]) / elapsed, 1)
-        return EvalLoopOutput(predictions=None, label_ids=None, metrics=metrics, num_samples=int(packed[n + 1]))
+        metrics[f"{metric_key_prefix}_tokens_per_second"] = round(float(totals.positions) / elapsed, 1)
+        return EvalLoopOutput(predictions=None, label_ids=None, metrics=metrics, num_samples=totals.rows)
 
     # -- logging ------------------------------------------------------------------------------------------------
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
