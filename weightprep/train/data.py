@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from weightprep import storage
 from weightprep.constants import (
     ATTENTION_MASK,
     INPUT_IDS,
@@ -36,7 +37,7 @@ class Shards:
     """A validated shard directory: the training rows (``seq_len`` tokens each), the held-out rows if the build
     has a validation split, and the manifest."""
 
-    path: Path
+    path: Path | str
     dataset: Any  # datasets.Dataset
     manifest: dict[str, Any]
     seq_len: int
@@ -64,10 +65,12 @@ def load_shards(
     """
     import datasets
 
-    path = Path(path)
+    path = path if storage.is_url(path) else Path(path)
     manifest = read_manifest(path)
+    # a URL (a build in a store): datasets downloads the shards to a local temporary directory and maps them there
+    options = {"storage_options": storage.options_for(storage.protocol(path))} if storage.is_url(path) else {}
     try:
-        dataset = datasets.load_from_disk(str(path))
+        dataset = datasets.load_from_disk(str(path), **options)
     except Exception as exc:  # datasets raises FileNotFoundError/ValueError/... with useful text
         raise UsageError(f"{path}: datasets.load_from_disk failed ({exc}); {REBUILD}") from exc
     validation = None
@@ -146,7 +149,7 @@ def check_model_compatibility(shards: Shards, model_config: Any, tokenizer: Any 
         )
 
 
-def _row_length(path: Path, dataset: Any, config: dict[str, Any]) -> int:
+def _row_length(path: Path | str, dataset: Any, config: dict[str, Any]) -> int:
     """The one row length of every token column: the fixed list size, checked against the manifest."""
     lengths: dict[str, int] = {}
     for name in (INPUT_IDS, LABELS, WEIGHTS, POSITION_IDS, ATTENTION_MASK):
