@@ -18,7 +18,8 @@ from weightprep.errors import is_columnar, is_compressed
 
 __all__ = ["InputPart", "plan_parts", "line_bases"]
 
-_SCAN = 1 << 20
+#: Bytes read at a time looking for a cut's newline (small: in a store each read is a range request)
+_SCAN = 1 << 16
 
 
 @dataclass(frozen=True)
