@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import http.client
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -47,8 +48,9 @@ class MotoServer:
         raise RuntimeError("moto server did not start in 60 s")
 
     def log(self) -> str:
+        """The server's request log (werkzeug's: ``"GET /bucket/key HTTP/1.1" 206 -``), colours removed."""
         self._log.flush()
-        return self.log_path.read_text(errors="replace")
+        return re.sub(r"\x1b\[[0-9;]*m", "", self.log_path.read_text(errors="replace"))
 
     def stop(self) -> None:
         self.proc.terminate()

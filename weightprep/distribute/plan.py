@@ -18,8 +18,10 @@ from weightprep.errors import is_columnar, is_compressed
 
 __all__ = ["InputPart", "plan_parts", "line_bases"]
 
-#: Bytes read at a time looking for a cut's newline (small: in a store each read is a range request)
-_SCAN = 1 << 16
+#: Bytes read at a time looking for a cut's newline: 4 KiB first, doubled up to _SCAN (in a store each read is a
+#: range request: a cut costs a few kilobytes, not a megabyte)
+_SCAN = 1 << 20
+_FIRST_SCAN = 1 << 12
 
 
 @dataclass(frozen=True)
@@ -43,8 +45,10 @@ class InputPart:
 def _next_line_start(f, pos: int, size: int) -> int:  # type: ignore[no-untyped-def]
     """The offset just past the first newline at or after ``pos`` (``size`` if there is none)."""
     f.seek(pos)
+    step = _FIRST_SCAN
     while pos < size:
-        chunk = f.read(_SCAN)
+        chunk = f.read(step)
+        step = min(2 * step, _SCAN)
         if not chunk:
             break
         nl = chunk.find(b"\n")
