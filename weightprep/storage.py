@@ -224,9 +224,11 @@ def stat_key(path: str) -> list[Any]:
 
 
 def glob(pattern: str) -> list[str]:
-    """The URLs matching a glob URL, sorted."""
+    """The URLs matching a glob URL, sorted; as a shell's glob, ``*`` does not match a name starting with a dot."""
     fs, p = filesystem(pattern)
-    return sorted(_url(fs, m, pattern) for m in retry(lambda: fs.glob(p), pattern, "listing the glob"))
+    hidden = pattern.rstrip("/").rsplit("/", 1)[-1].startswith(".")
+    found = retry(lambda: fs.glob(p), pattern, "listing the glob")
+    return sorted(_url(fs, m, pattern) for m in found if hidden or not m.rstrip("/").rsplit("/", 1)[-1].startswith("."))
 
 
 def listdir(url: str) -> list[str]:
