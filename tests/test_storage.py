@@ -259,3 +259,33 @@ def test_storage_options_per_protocol_and_the_cli_flag():
     assert store_output._split("s3://b/p/out") == ("s3://b/p", "out")
     with pytest.raises(UsageError, match="not its root"):
         store_output._split("s3://bucket")
+
+
+def test_compressed_and_save_to_disk_inputs_by_url(mem, tmp_path, local_reference):
+    import gzip
+
+    import datasets
+    import zstandard
+
+    mem.pipe_file("/c/raw.jsonl.gz", gzip.compress(DATA, mtime=0))
+    mem.pipe_file("/c/raw.jsonl.zst", zstandard.ZstdCompressor().compress(DATA))
+    for name in ("raw.jsonl.gz", "raw.jsonl.zst"):
+        manifest = build([f"memory://c/{name}"], f"memory://c-out/{name}", _cfg())
+        assert manifest["inputs"][0]["lines"] == DATA.count(b"\n")
+        shards = {n: b for n, b in _tree(mem, f"/c-out/{name}").items() if n.endswith(".arrow")}
+        assert len(shards) == 1  # a compressed file is one part: its rows pack differently from the split JSONL
+    local = tmp_path / "ds"
+    datasets.Dataset.from_dict({"text": ["a b c " * 30, "d e f " * 20]}).save_to_disk(str(local))
+    for f in local.iterdir():
+        mem.pipe_file(f"/ds/{f.name}", f.read_bytes())
+    remote = build(["memory://ds"], "memory://ds-out/s", _cfg())
+    here = build([str(local)], tmp_path / "ds-out", _cfg())
+    assert remote["counts"] == here["counts"] and remote["counts"]["records"] == 2
+
+
+def test_inspect_html_report_of_a_url(mem, tmp_path):
+    mem.pipe_file("/in/raw.jsonl", DATA)
+    build(["memory://in/raw.jsonl"], "memory://out/shards", _cfg())
+    result = CliRunner().invoke(main, ["inspect", "memory://out/shards", "--html", str(tmp_path / "r.html")])
+    assert result.exit_code == 0, result.output
+    assert "memory://out/shards" in (tmp_path / "r.html").read_text()

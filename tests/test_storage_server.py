@@ -23,6 +23,7 @@ from weightprep.distribute.executors import LocalExecutor, RayExecutor, SerialEx
 from weightprep.distribute.plan import plan_parts
 from weightprep.errors import UsageError
 from weightprep.pipeline import build
+from weightprep.stages.read import expand_inputs
 
 pytest.importorskip("s3fs")
 pytest.importorskip("moto")
@@ -232,3 +233,19 @@ def test_cli_build_and_train_by_url(s3, tmp_path):
     assert result.exit_code == 0, result.output
     assert (tmp_path / "run" / "weightprep_train.json").is_file()
     assert json.loads((tmp_path / "run" / "weightprep_train.json").read_text())["shards"] == out
+
+
+def test_credentials_and_endpoint_from_the_environment(s3, monkeypatch):
+    """No --storage-options: botocore's own AWS_ENDPOINT_URL and AWS_* variables reach the store."""
+    proxy, _ = s3
+    monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    storage.configure(None)
+    try:
+        assert expand_inputs([f"s3://{BUCKET}/in/*.jsonl"]) == [INPUT]
+        with storage.open_input(INPUT, 10, 200) as f:
+            assert f.read() == DATA[10:200]
+    finally:
+        storage.configure(s3_options(proxy.url))
