@@ -186,9 +186,16 @@ def test_a_persistent_fault_during_the_commit_leaves_nothing_loadable(s3):
     assert _leftovers("commit") == []
 
 
+def _built() -> str:
+    """The serial build's output (made by the first test; made here when run alone)."""
+    out = f"s3://{BUCKET}/out-serial"
+    if not storage.exists(f"{out}/weightprep_manifest.json"):
+        build([INPUT], out, _cfg())
+    return out
+
+
 def test_an_existing_output_needs_overwrite(s3, reference):
-    out = f"s3://{BUCKET}/again"
-    build([INPUT], out, _cfg())
+    out = _built()
     with pytest.raises(UsageError, match="already exists; pass --overwrite"):
         build([INPUT], out, _cfg())
     storage.write_bytes(f"{out}/stale.txt", b"from the earlier build")
@@ -199,9 +206,7 @@ def test_an_existing_output_needs_overwrite(s3, reference):
 def test_readers_open_the_output_by_url(s3, reference):
     import datasets
 
-    out = f"s3://{BUCKET}/out-serial"
-    if not storage.exists(f"{out}/weightprep_manifest.json"):
-        build([INPUT], out, _cfg())
+    out = _built()
     dataset = datasets.load_from_disk(out, storage_options=s3_options(s3[0].url))
     assert len(dataset) > 0 and "weights" in dataset.column_names
     options = ["--storage-options", json.dumps(s3_options(s3[0].url))]
