@@ -25,8 +25,7 @@ from weightprep.errors import UsageError
 from weightprep.pipeline import build
 from weightprep.stages.read import expand_inputs
 
-pytest.importorskip("s3fs")
-pytest.importorskip("moto")
+# s3fs and moto[server] are in the dev extra: missing, these tests fail (they are not skipped)
 
 PART = 40_000  # DATA: 5 parts
 BUCKET = "wpdata"

@@ -36,6 +36,7 @@ import json
 import shutil
 import sys
 import tempfile
+import weakref
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -124,6 +125,7 @@ class StoreOutput:
             storage.write_bytes(storage.join(self.prefix, _PLAN), plan_key.encode())
         self.work_dir = storage.join(self.prefix, "parts")
         self.tmp = Path(tempfile.mkdtemp(prefix="weightprep-out-"))
+        weakref.finalize(self, shutil.rmtree, self.tmp, True)  # also after Ctrl-C, which keeps the prefix (--resume)
         self._publishing = False
 
     def publish(
