@@ -5,6 +5,7 @@ extras, ``hf://`` through the same path (the Hub itself cannot be reached from t
 from __future__ import annotations
 
 import io
+import random
 
 import fsspec
 import pyarrow as pa
@@ -78,13 +79,25 @@ def test_globs_directories_and_save_to_disk_dirs_by_url(mem):
         expand_inputs(["memory://d/*.parquet"])
 
 
-def test_parquet_by_url_reads_row_groups_through_pyarrow(mem, tmp_path):
-    table = pa.table({"text": [f"row {i} " * 20 for i in range(300)]})
+def test_parquet_by_url_reads_row_groups_through_pyarrow(mem, tmp_path, monkeypatch):
+    rng = random.Random(0)  # incompressible text: six row groups of ~40 kB, beyond pyarrow's 64 kB footer read
+    table = pa.table({"text": [" ".join(f"{rng.getrandbits(64):x}" for _ in range(50)) for _ in range(300)]})
     buf = io.BytesIO()
     pq.write_table(table, buf, row_group_size=50)
     mem.pipe_file("/pq/train.parquet", buf.getvalue())
     (tmp_path / "train.parquet").write_bytes(buf.getvalue())
+    reads, fetch = [], storage._RangeFile._fetch
+
+    def record(self, n):
+        reads.append((self._pos, n))
+        return fetch(self, n)
+
+    monkeypatch.setattr(storage._RangeFile, "_fetch", record)
     remote = build(["memory://pq/train.parquet"], "memory://pq-out/s", _cfg())
+    size = len(buf.getvalue())
+    row_groups = {pos for pos, n in reads if n < size // 3}  # the footer, then each row group on its own
+    assert len(row_groups) >= 4, reads
+    assert reads.count((0, size)) == 1  # the whole file once: its hash, as for a local file
     local = build([str(tmp_path / "train.parquet")], tmp_path / "s", _cfg())
     assert remote["counts"] == local["counts"] and remote["inputs"][0]["sha256"] == local["inputs"][0]["sha256"]
     assert _tree(mem, "/pq-out/s")["data-00000-of-00001.arrow"] == (tmp_path / "s" / "data-00000-of-00001.arrow").read_bytes()

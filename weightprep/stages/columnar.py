@@ -134,7 +134,12 @@ def _batches(path: str, rows: int) -> Iterator[Any]:
     import pyarrow as pa
 
     if path.endswith(".parquet"):
-        yield from _parquet(path).iter_batches(batch_size=rows)
+        parquet = _parquet(path)
+        if storage.is_url(path):  # one row group at a time: pyarrow would otherwise fetch them all in one range
+            for group in range(parquet.num_row_groups):
+                yield from parquet.iter_batches(batch_size=rows, row_groups=[group])
+            return
+        yield from parquet.iter_batches(batch_size=rows)
         return
     reader = _open_arrow(path)
     if isinstance(reader, pa.ipc.RecordBatchFileReader):
