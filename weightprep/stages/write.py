@@ -23,7 +23,8 @@ before doing anything else. Leftovers of builds whose process is gone are remove
 ``--overwrite`` replaces only a directory that holds a weightprep manifest (or nothing at all),
 and never one that holds an input. Every file is written at a fixed name inside the temporary
 directory: no input can make a path escape it.
-Shards are capped at ``max_shard_bytes``; a rerun with the same inputs, configuration and
+An output in an object store (``--out s3://...``) has no rename: ``weightprep.stages.store_output`` commits it
+instead, with the loadable files last. Shards are capped at ``max_shard_bytes``; a rerun with the same inputs, configuration and
 tokenizer writes byte-identical files (no timestamps, no random fingerprints).
 """
 
