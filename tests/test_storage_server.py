@@ -224,9 +224,10 @@ def test_readers_open_the_output_by_url(s3, reference):
 
 def test_cli_build_and_train_by_url(s3, tmp_path):
     options = ["--storage-options", json.dumps(s3_options(s3[0].url))]
-    out = f"s3://{BUCKET}/cli"
+    out, small = f"s3://{BUCKET}/cli", f"s3://{BUCKET}/small/raw.jsonl"
+    storage.write_bytes(small, DATA[: DATA.index(b"\n", 20_000) + 1])
     result = CliRunner().invoke(
-        main, ["build", INPUT, "--out", out, "--seq-len", "64", "--executor", "serial", *options]
+        main, ["build", small, "--out", out, "--seq-len", "64", "--executor", "serial", *options]
     )
     assert result.exit_code == 0, result.output
     result = CliRunner().invoke(
