@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from weightprep import storage
 from weightprep.constants import FORMAT_NAME, FORMAT_VERSION, MANIFEST_NAME
 from weightprep.errors import UsageError
 
@@ -26,17 +27,17 @@ REBUILD = "rebuild them with `weightprep build` from this version"
 
 def read_manifest(path: str | Path) -> dict[str, Any]:
     """The manifest beside the shards, checked for this format and version."""
-    path = Path(path)
-    if not path.is_dir():
+    path = path if storage.is_url(path) else Path(path)  # a URL: a prefix in a store (weightprep.storage)
+    if not storage.isdir(path):
         raise UsageError(f"shard directory {str(path)!r} does not exist; create it with `weightprep build`")
-    manifest_path = path / MANIFEST_NAME
-    if not manifest_path.is_file():
+    manifest_path = storage.join(path, MANIFEST_NAME)
+    if not storage.isfile(manifest_path):
         raise UsageError(
             f"{path} has no {MANIFEST_NAME}: it is not a weightprep shard directory (or the build did not finish); "
             "create it with `weightprep build INPUT.jsonl --out DIR`"
         )
     try:
-        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+        manifest = json.loads(storage.read_text(manifest_path))
     except (OSError, ValueError) as exc:
         raise UsageError(f"{manifest_path}: unreadable manifest ({exc}); {REBUILD}") from exc
     if not isinstance(manifest, dict):
@@ -69,15 +70,15 @@ def split_shards(manifest: dict[str, Any], split: str | None = None) -> list[dic
     return [s for s in manifest.get("shards") or [] if s.get("split") == split]
 
 
-def shard_batches(directory: Path, shard: dict[str, Any]) -> Iterator[Any]:
+def shard_batches(directory: Path | str, shard: dict[str, Any]) -> Iterator[Any]:
     """The record batches of one shard (a manifest entry), memory-mapped; a shard that cannot be read, or holds
     other than the manifest's number of rows, is refused with the fix."""
     import pyarrow as pa
 
-    path = directory / shard["filename"]
+    path = storage.join(directory, shard["filename"])
     rows = 0
     try:
-        with pa.memory_map(str(path)) as source:
+        with pa.PythonFile(storage.open_input(path), mode="r") if storage.is_url(path) else pa.memory_map(str(path)) as source:
             for batch in pa.ipc.open_stream(source):
                 rows += batch.num_rows
                 yield batch
@@ -90,7 +91,7 @@ def shard_batches(directory: Path, shard: dict[str, Any]) -> Iterator[Any]:
         )
 
 
-def read_row(directory: Path, manifest: dict[str, Any], index: int, split: str | None = None) -> dict[str, Any]:
+def read_row(directory: Path | str, manifest: dict[str, Any], index: int, split: str | None = None) -> dict[str, Any]:
     """Row ``index`` of the shards (of ``split``) as a dict of NumPy arrays (reads only the shard it is in)."""
     import pyarrow as pa
 
@@ -104,17 +105,17 @@ def read_row(directory: Path, manifest: dict[str, Any], index: int, split: str |
     raise UsageError(f"row {index} does not exist: {directory} has {seen} rows (0..{seen - 1})")
 
 
-def read_turns(directory: Path, manifest: dict[str, Any], index: int, split: str | None = None) -> list[list[Any]]:
+def read_turns(directory: Path | str, manifest: dict[str, Any], index: int, split: str | None = None) -> list[list[Any]]:
     """The conversation turns of row ``index`` (``[start, length, role, message index]`` each), from the build's
     turns file (``TURNS_NAME``); empty for a row without conversation tokens or a build without chat records."""
     if not manifest.get("turns_file"):
         return []
     if split is None and manifest.get("splits"):
         split = "train"
-    path = (directory / split if split else directory) / manifest["turns_file"]
-    if not path.is_file():
+    path = storage.join(directory, *([split] if split else []), manifest["turns_file"])
+    if not storage.isfile(path):
         return []
-    with open(path, encoding="utf-8") as f:
+    with storage.open_text(path) as f:
         for line in f:
             entry = json.loads(line)
             if entry["row"] == index:

@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from weightprep import storage
 from weightprep.accounting import check_accounting, final_counts
 from weightprep.config import BuildConfig, config_to_dict
 from weightprep.constants import FORMAT_NAME, FORMAT_VERSION, PACKED_COLUMNS, UNPACKED_COLUMNS
@@ -42,7 +42,7 @@ from weightprep.stages.read import check_inputs, expand_inputs
 from weightprep.stages.rejects import REJECTS_NAME
 from weightprep.stages.split import TRAIN, VALIDATION, cut_from_keys, fraction_cut
 from weightprep.stages.tokenize import FastokensPrefetch
-from weightprep.stages.write import Output, prepare_output
+from weightprep.stages.write import open_output, prepare_output
 from weightprep.tokenizer import (
     TokenizerFiles,
     load_tokenizer,
@@ -105,9 +105,10 @@ def build(
         prefetch = None
     summary = tokenizer_summary(tok)
     specials = special_tokens(tok, add_bos=ADD_BOS[cfg.tokenizer.add_bos])
-    output = Output(out_path, resume_key(cfg, inputs, tok, summary, __version__), resume=resume)
-    job = PartJob(cfg, tokenizer, output.tmp.absolute() / "parts")  # workers load it themselves if None
-    job.work_dir.mkdir(exist_ok=True)  # here, once: a part makes only its own directory in it
+    # the output's work directory: here, once (a part makes only its own directory in it); a prefix in a store for
+    # a URL --out, which every worker writes its parts to (weightprep.stages.store_output)
+    output = open_output(out_path, resume_key(cfg, inputs, tok, summary, __version__), resume=resume)
+    job = PartJob(cfg, tokenizer, output.work_dir)  # workers load it themselves if None
     if in_process:  # this process is the worker: it keeps the tokenizer it loaded (and the early fastokens load)
         job.adopt(tok, prefetch)
     try:
@@ -206,8 +207,9 @@ def resume_key(cfg: BuildConfig, inputs: list[str], tok: Any, summary: dict[str,
     """What a resumed build must share with the build it resumes, all that decides the bytes of a part: the
     configuration, the chat template's text (the ``chat.template`` file's, else the tokenizer's own), the tokenizer
     (its fingerprint, and the bytes of the files of its directory that decide its ids or its template),
-    weightprep's version, and the inputs unchanged (path, size and modification time: they are not read again)."""
-    stats = [[os.path.abspath(p), os.stat(p).st_size, os.stat(p).st_mtime_ns] for p in inputs]
+    weightprep's version, and the inputs unchanged (path, size and modification time, or an object's version: they
+    are not read again)."""
+    stats = [storage.stat_key(p) for p in inputs]
     directory = Path(str(tok.name_or_path))
     files = {name: _sha256(directory / name) for name in _TOKENIZER_FILES if (directory / name).is_file()}
     if cfg.chat.template and cfg.chat.template != TRAINING:

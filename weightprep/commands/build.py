@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import warnings
 from collections import Counter
-from pathlib import Path
 from typing import Any
 
 import click
 
+from weightprep import storage
 from weightprep.commands._errors import reports_errors
+from weightprep.commands._storage import storage_options
 from weightprep.config import load_config
 from weightprep.stages.read import expand_inputs
 from weightprep.tokenizer import SAMPLE_TOKENIZER_DIR, set_tokenizer_threads
@@ -56,7 +57,10 @@ def format_summary(manifest: dict[str, Any], out: str) -> str:
 
 @click.command("build")
 @click.argument("inputs", nargs=-1, required=True)
-@click.option("--out", "-o", default="shards", show_default=True, help="Output directory for the shards.")
+@click.option(
+    "--out", "-o", default="shards", show_default=True,
+    help="Output directory for the shards, or a URL (s3://bucket/prefix, gs://..., memory://...).",
+)
 @click.option("--pipeline", "pipeline_file", type=click.Path(dir_okay=False), help="Pipeline YAML (pipelines/*.yaml).")
 @click.option("--tokenizer", help="Tokenizer directory or hub id (default: the bundled sample tokenizer).")
 @click.option("--seq-len", type=int, help="Row length in tokens [pack.seq_len, default 2048].")
@@ -143,6 +147,7 @@ def format_summary(manifest: dict[str, Any], out: str) -> str:
     type=click.IntRange(min=1),
     help="Tokenizer threads (default: every core). The output does not depend on it.",
 )
+@storage_options
 @reports_errors
 def build(
     inputs: tuple[str, ...],
@@ -159,7 +164,8 @@ def build(
     """Tokenize, weight, mask, pack and write INPUTS as Arrow shards.
 
     INPUTS are .jsonl, .jsonl.gz, .jsonl.zst or .parquet files, datasets.save_to_disk directories,
-    directories (their *.jsonl* and *.parquet files, sorted) or quoted globs."""
+    directories (their *.jsonl* and *.parquet files, sorted) or quoted globs; local paths or URLs
+    (s3://, gs://, az://, hf://datasets/..., https://)."""
     from rich.console import Console
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 
@@ -207,7 +213,7 @@ def build(
             "      --tokenizer meta-llama/Llama-3.2-1B (a hub id) or --tokenizer /path/to/model_dir",
             err=True,
         )
-    total = sum(Path(p).stat().st_size for p in paths if Path(p).is_file())
+    total = sum(storage.size(p) for p in paths if storage.isfile(p))
     with Progress(
         TextColumn("building"),
         BarColumn(),

@@ -14,6 +14,7 @@ import click
 import numpy as np
 
 from weightprep.commands._errors import reports_errors
+from weightprep.commands._storage import LOCATION, storage_options
 from weightprep.commands.build import format_summary
 from weightprep.constants import SEQ_LENGTHS
 from weightprep.errors import UsageError
@@ -44,7 +45,7 @@ def _style(w: float) -> str:
 
 
 @click.command("inspect")
-@click.argument("directory", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument("directory", type=LOCATION)
 @click.option("--row", "row_index", type=int, default=0, show_default=True, help="Which row to render.")
 @click.option("--split", help="Which split's rows, in a build with a validation split (default: train).")
 @click.option("--tokenizer", help="Tokenizer to decode with (default: the one recorded in the manifest).")
@@ -58,9 +59,10 @@ def _style(w: float) -> str:
 )
 @click.option("--report-rows", type=click.IntRange(min=0), default=3, show_default=True,
               help="Rows per split shown token by token in the HTML report.")  # fmt: skip
+@storage_options
 @reports_errors
 def inspect(
-    directory: Path,
+    directory: Path | str,
     row_index: int,
     split: str | None,
     tokenizer: str | None,

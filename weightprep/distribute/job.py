@@ -17,6 +17,7 @@ import copy
 import json
 import os
 import shutil
+import tempfile
 import uuid
 from collections import Counter
 from collections.abc import Callable
@@ -24,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from weightprep import storage
 from weightprep.batches import Documents
 from weightprep.blocks import Chats, count_rows, document_batch, parsed_blocks
 from weightprep.config import BuildConfig
@@ -86,9 +88,12 @@ class PartJob:
     RESULT = "result.json"
 
     def __init__(
-        self, cfg: BuildConfig, tokenizer: Any, work_dir: Path, cut: int | None = None, *, threads: int | None = None,
+        self, cfg: BuildConfig, tokenizer: Any, work_dir: Path | str, cut: int | None = None, *,
+        threads: int | None = None, storage_options: dict[str, Any] | None = None,
     ) -> None:
         self.cfg, self.tokenizer, self.work_dir, self.cut, self.threads = cfg, tokenizer, work_dir, cut, threads
+        #: the driver's --storage-options, which the workers' reads and writes of URLs use too
+        self.storage_options = storage_options if storage_options is not None else storage.current_options()
         self.worker_key = uuid.uuid4().hex  # its variants (with_options) share the worker state
         #: the driver's working directory: relative input paths are relative to it on every worker too
         self.cwd = os.getcwd()
@@ -122,6 +127,9 @@ class PartJob:
             state.close()
 
     def __call__(self, part: InputPart, progress: ProgressFn | None = None) -> dict[str, Any]:
+        storage.configure(self.storage_options)
+        if storage.is_url(self.work_dir):
+            return self._call_store(part, progress)
         final = self.work_dir / f"{part.index:05d}"
         if (final / self.RESULT).is_file():  # finished by an earlier attempt or build (--resume)
             return {**json.loads((final / self.RESULT).read_text()), "reused": True}
@@ -143,9 +151,30 @@ class PartJob:
             shutil.rmtree(tmp, ignore_errors=True)
         return result
 
+    def _call_store(self, part: InputPart, progress: ProgressFn | None) -> dict[str, Any]:
+        """A part of a build whose work directory is a prefix in an object store (no shared disk): run into a local
+        scratch directory, uploaded with its ``result.json`` last (``weightprep.stages.store_output``)."""
+        from weightprep.stages.store_output import read_result, upload_part
+
+        final = storage.join(self.work_dir, f"{part.index:05d}")
+        done = read_result(final)
+        if done is not None:  # finished by an earlier attempt or build (--resume)
+            return {**done, "reused": True}
+        scratch = Path(tempfile.mkdtemp(prefix=f"weightprep-part-{part.index:05d}-"))
+        try:
+            result = self._run(part, scratch, progress)
+            if result.get("error") is None:
+                (scratch / self.RESULT).write_text(json.dumps(result, sort_keys=True))
+                upload_part(scratch, final)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+        return result
+
     def discard_unfinished(self) -> None:
         """Remove what parts that did not finish left in ``work_dir`` (their workers were killed); the finished
-        ones stay, for ``--resume``."""
+        ones stay, for ``--resume``. (In a store, an unfinished part's objects are overwritten by its next run.)"""
+        if storage.is_url(self.work_dir):
+            return
         for partial in self.work_dir.glob("*.tmp-*"):
             shutil.rmtree(partial, ignore_errors=True)
 
@@ -230,6 +259,7 @@ class KeyPass:
 
     def __call__(self, job: PartJob, part: InputPart) -> dict[str, Any]:
         split_cfg = job.cfg.split
+        storage.configure(job.storage_options)
         chats = job.worker().chats if self.render else None
         record = InputFile(part.path)
         try:

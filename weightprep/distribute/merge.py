@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from weightprep import storage
 from weightprep.constants import TURNS_NAME
 from weightprep.distribute.plan import InputPart, line_bases
 from weightprep.stages.rejects import REJECTS_NAME
@@ -48,7 +49,7 @@ def _shift(lines: Any, key: str, base: int) -> Any:
 
 
 def merge_results(
-    parts: list[InputPart], results: list[dict[str, Any]], out_dir: Path, work_dir: Path, *, names: tuple[str, ...] | None,
+    parts: list[InputPart], results: list[dict[str, Any]], out_dir: Path, work_dir: Path | str, *, names: tuple[str, ...] | None,
     skip: bool,
 ) -> Merged:
     """Merge ``results`` (one per part, in part order) into ``out_dir``: rejects and turns files written there,
@@ -80,20 +81,20 @@ def merge_results(
     row_base = dict.fromkeys(sets, 0)
     try:
         for i, (part, result) in enumerate(zip(parts, results, strict=True)):
-            directory = work_dir / f"{part.index:05d}"
+            directory = storage.join(work_dir, f"{part.index:05d}")  # a local directory or a prefix in a store
             merged.rejected.update(result["rejected"])
             if rejects is not None and result["rejects_file"]:
-                with (directory / result["rejects_file"]).open(encoding="utf-8", newline="\n") as f:
+                with storage.open_text(storage.join(directory, result["rejects_file"])) as f:
                     rejects.writelines(_shift(f, "line", line_base[i]))
             for name in sets:
                 merged.counts[name].update(result["counts"][name])
                 written = result["written"][name]
-                merged.shards[name].extend((directory / rel, rows) for rel, rows in written["shards"])
+                merged.shards[name].extend((storage.join(directory, rel), rows) for rel, rows in written["shards"])
                 if written["turns"]:
                     if name not in turns:
                         (out_dir / name).mkdir(parents=True, exist_ok=True)
                         turns[name] = (out_dir / name / TURNS_NAME).open("w", encoding="utf-8")
-                    with (directory / written["turns"]).open(encoding="utf-8") as f:
+                    with storage.open_text(storage.join(directory, written["turns"])) as f:
                         turns[name].writelines(_shift(f, "row", row_base[name]))
                 row_base[name] += sum(rows for _, rows in written["shards"])
     finally:

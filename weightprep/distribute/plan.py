@@ -9,16 +9,19 @@ from the cut point to the next newline, nothing else, so planning a terabyte cos
 
 from __future__ import annotations
 
-import os
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from weightprep import storage
 from weightprep.errors import is_columnar, is_compressed
 
 __all__ = ["InputPart", "plan_parts", "line_bases"]
 
+#: Bytes read at a time looking for a cut's newline: 4 KiB first, doubled up to _SCAN (in a store each read is a
+#: range request: a cut costs a few kilobytes, not a megabyte)
 _SCAN = 1 << 20
+_FIRST_SCAN = 1 << 12
 
 
 @dataclass(frozen=True)
@@ -42,8 +45,10 @@ class InputPart:
 def _next_line_start(f, pos: int, size: int) -> int:  # type: ignore[no-untyped-def]
     """The offset just past the first newline at or after ``pos`` (``size`` if there is none)."""
     f.seek(pos)
+    step = _FIRST_SCAN
     while pos < size:
-        chunk = f.read(_SCAN)
+        chunk = f.read(step)
+        step = min(2 * step, _SCAN)
         if not chunk:
             break
         nl = chunk.find(b"\n")
@@ -55,11 +60,11 @@ def _next_line_start(f, pos: int, size: int) -> int:  # type: ignore[no-untyped-
 
 def file_cuts(path: str, part_bytes: int) -> list[int]:
     """The part boundaries of one plain file: ``[0, c1, ..., size]``."""
-    size = os.path.getsize(path)
+    size = storage.size(path)
     if is_compressed(path) or is_columnar(path) or size <= part_bytes:
         return [0, size]
     cuts = [0]
-    with open(path, "rb") as f:
+    with storage.open_input(path) as f:  # an object: a range request at each cut point, nothing else
         target = part_bytes
         while target < size:
             cut = _next_line_start(f, target - 1, size)

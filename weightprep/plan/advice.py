@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from weightprep import storage
 from weightprep.constants import MANIFEST_NAME
 from weightprep.errors import UsageError
 from weightprep.manifest import build_setting, read_manifest
@@ -211,7 +212,7 @@ def shards_settings(shards: str | Path) -> dict[str, Any]:
 
     Raises :class:`UsageError` if the manifest is missing or lacks the sequence length.
     """
-    path = Path(shards) / MANIFEST_NAME
+    path = storage.join(shards, MANIFEST_NAME)
     manifest = read_manifest(shards)
     cfg = manifest.get("config") or {}
     seq_len = build_setting(cfg, "seq_len", ("pack", "seq_len"))

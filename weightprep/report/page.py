@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from weightprep import storage
 from weightprep.constants import IGNORE_INDEX, INPUT_IDS, LABELS, WEIGHTS
 from weightprep.errors import record_position
 from weightprep.report.stats import SplitStats, document_turns, row_segments, split_stats
@@ -142,12 +143,12 @@ def _reasons_table(counts: dict[str, Any]) -> str:
     return f'<table class="reasons"><tr><th class="k">what</th><th class="k">reason</th><th>count</th><th></th></tr>{body}</table>'
 
 
-def _rejects_list(directory: Path, manifest: dict[str, Any]) -> str:
+def _rejects_list(directory: Path | str, manifest: dict[str, Any]) -> str:
     name = manifest.get("rejects_file")
-    if not name or not (directory / name).is_file():
+    if not name or not storage.isfile(storage.join(directory, name)):
         return ""
     rows, total = [], 0
-    with open(directory / name, encoding="utf-8") as f:
+    with storage.open_text(storage.join(directory, name)) as f:
         for line in f:
             total += 1
             if len(rows) < MAX_REJECTS_LISTED:
@@ -243,13 +244,13 @@ def _row_html(tok: Any, row: dict[str, Any], pad_id: int | None, max_tokens: int
     return "".join(out)
 
 
-def render_report(directory: Path, *, tokenizer: str | None = None, rows: int = 3, max_tokens: int = 2048) -> str:
+def render_report(directory: Path | str, *, tokenizer: str | None = None, rows: int = 3, max_tokens: int = 2048) -> str:
     """The page for the build in ``directory``, as a string."""
     from weightprep.commands.build import format_summary
     from weightprep.manifest import read_manifest, read_row, read_turns, split_shards
     from weightprep.tokenizer import load_tokenizer, tokenizer_fingerprint
 
-    directory = Path(directory)
+    directory = directory if storage.is_url(directory) else Path(directory)  # a URL: a build in a store
     manifest = read_manifest(directory)
     tok_info = manifest["tokenizer"]
     tok = load_tokenizer(tokenizer or tok_info["name_or_path"])
@@ -315,7 +316,7 @@ def render_report(directory: Path, *, tokenizer: str | None = None, rows: int = 
     return "\n".join(p for p in parts if p)
 
 
-def write_report(directory: Path, out: Path, **options: Any) -> Path:
+def write_report(directory: Path | str, out: Path, **options: Any) -> Path:
     """Render the page and write it to ``out`` atomically (a temporary file, then a rename)."""
     page = render_report(directory, **options)
     out = Path(out)

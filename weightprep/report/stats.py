@@ -72,7 +72,7 @@ def _matrix(column: Any, rows: int) -> np.ndarray:
     return np.asarray(column.flatten().to_numpy(zero_copy_only=False)).reshape(rows, -1)
 
 
-def split_stats(directory: Path, shards: list[dict[str, Any]], pad_id: int | None) -> SplitStats:
+def split_stats(directory: Path | str, shards: list[dict[str, Any]], pad_id: int | None) -> SplitStats:
     """Stream ``shards`` (manifest entries) of ``directory`` into a :class:`SplitStats`."""
     stats = SplitStats()
     for shard in shards:

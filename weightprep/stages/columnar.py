@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from weightprep import storage
 from weightprep.batches import Block
 from weightprep.errors import UsageError
 
@@ -50,35 +51,47 @@ def parse_columns(spec: str | None) -> dict[str, str]:
     return mapping
 
 
-def dataset_dir_files(directory: Path) -> list[str] | None:
-    """The Arrow files of a ``Dataset.save_to_disk`` directory in their order, or None if it is not one."""
-    state = directory / "state.json"
-    if (directory / "dataset_dict.json").is_file():
-        splits = json.loads((directory / "dataset_dict.json").read_text()).get("splits", [])
+def dataset_dir_files(directory: str | Path) -> list[str] | None:
+    """The Arrow files of a ``Dataset.save_to_disk`` directory (local or a URL) in their order, or None if it is
+    not one."""
+    state, listing = storage.join(directory, "state.json"), storage.join(directory, "dataset_dict.json")
+    if storage.isfile(listing):
+        splits = json.loads(storage.read_text(listing)).get("splits", [])
         raise UsageError(
-            f"{directory} is a DatasetDict ({', '.join(splits)}); give the split to read, e.g. {directory / 'train'}"
+            f"{directory} is a DatasetDict ({', '.join(splits)}); give the split to read, e.g. "
+            f"{storage.join(directory, 'train')}"
         )
-    if not state.is_file():
+    if not storage.isfile(state):
         return None
-    files = [f["filename"] for f in json.loads(state.read_text()).get("_data_files", [])]
-    return [str(directory / f) for f in files]
+    files = [f["filename"] for f in json.loads(storage.read_text(state)).get("_data_files", [])]
+    return [str(storage.join(directory, f)) for f in files]
 
 
 def _open_arrow(path: str) -> Any:
     import pyarrow as pa
 
-    source = pa.memory_map(path)
+    source = pa.PythonFile(storage.open_input(path), mode="r") if storage.is_url(path) else pa.memory_map(path)
     try:
         return pa.ipc.open_stream(source)
     except pa.ArrowInvalid:
+        source.seek(0)
         return pa.ipc.open_file(source)
 
 
-def _schema(path: str) -> Any:
+def _parquet(path: str) -> Any:
+    """A ``ParquetFile``; an object in a store through pyarrow's filesystem layer (footer, then row groups, by
+    range requests: ``storage.arrow_filesystem``)."""
     import pyarrow.parquet as pq
 
+    if storage.is_url(path):
+        fs, inner = storage.arrow_filesystem(path)
+        return pq.ParquetFile(inner, filesystem=fs)
+    return pq.ParquetFile(path)
+
+
+def _schema(path: str) -> Any:
     if path.endswith(".parquet"):
-        return pq.ParquetFile(path).schema_arrow
+        return _parquet(path).schema_arrow
     return _open_arrow(path).schema
 
 
@@ -119,10 +132,14 @@ def _json_default(value: Any) -> Any:
 
 def _batches(path: str, rows: int) -> Iterator[Any]:
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
     if path.endswith(".parquet"):
-        yield from pq.ParquetFile(path).iter_batches(batch_size=rows)
+        parquet = _parquet(path)
+        if storage.is_url(path):  # one row group at a time: pyarrow would otherwise fetch them all in one range
+            for group in range(parquet.num_row_groups):
+                yield from parquet.iter_batches(batch_size=rows, row_groups=[group])
+            return
+        yield from parquet.iter_batches(batch_size=rows)
         return
     reader = _open_arrow(path)
     if isinstance(reader, pa.ipc.RecordBatchFileReader):
@@ -146,8 +163,7 @@ def columnar_blocks(record: InputFile, rows: int, columns: dict[str, str]) -> It
         row += len(lines)
     record.lines = row
     digest = hashlib.sha256()
-    with open(record.path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-            record.size += len(chunk)
+    for chunk in storage.iter_chunks(record.path):
+        digest.update(chunk)
+        record.size += len(chunk)
     record.sha256 = digest.hexdigest()

@@ -9,7 +9,7 @@ a ``too_long`` block, which validate rejects. A UTF-8 byte order mark at the sta
 dropped; a missing final newline is supplied. The raw bytes of every file are hashed (SHA-256) and
 counted on the way, for the manifest; nothing is read twice.
 
-Inputs may be files, directories (their ``*.jsonl``, ``*.jsonl.gz``, ``*.jsonl.zst`` and ``*.parquet``
+Inputs may be local paths or URLs (``weightprep.storage``: an object is read by range requests), files, directories (their ``*.jsonl``, ``*.jsonl.gz``, ``*.jsonl.zst`` and ``*.parquet``
 files, not recursive, sorted by name; a ``datasets.save_to_disk`` directory: its Arrow files) or quoted globs; ``expand_inputs`` resolves them, and the same
 file given twice is an error (its records would be counted twice).
 """
@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from weightprep import storage
 from weightprep.batches import Block
 from weightprep.errors import InputError, UsageError, is_compressed
 from weightprep.stages.columnar import COLUMNAR_SUFFIXES, check_schema, columnar_blocks, dataset_dir_files
@@ -139,24 +140,27 @@ class _ZstdReader(io.RawIOBase):
 
 
 def expand_inputs(patterns: list[str] | tuple[str, ...]) -> list[str]:
-    """Files to read for ``patterns``: files as given, directories' JSONL files, quoted globs.
+    """Files to read for ``patterns``: files as given, directories' JSONL files, quoted globs; local paths or
+    URLs (``s3://bucket/data/*.jsonl.zst``, ``hf://datasets/ORG/NAME/``: ``weightprep.storage``).
 
     >>> expand_inputs(["data/"])  # doctest: +SKIP
     ['data/a.jsonl', 'data/b.jsonl.gz']
     """
     paths: list[str] = []
     for p in patterns:
-        if any(ch in p for ch in "*?[") and not Path(p).exists():
-            matches = sorted(m for m in glob.glob(p) if Path(m).is_file() or Path(m).is_dir())
+        if any(ch in p for ch in "*?[") and not storage.exists(p):
+            matches = storage.glob(p) if storage.is_url(p) else sorted(
+                m for m in glob.glob(p) if Path(m).is_file() or Path(m).is_dir()
+            )
             if not matches:
                 raise UsageError(f"no file matches {p!r}")
-            paths.extend(expand_inputs(matches) if any(Path(m).is_dir() for m in matches) else matches)
-        elif Path(p).is_dir() and (arrow := dataset_dir_files(Path(p))) is not None:
+            paths.extend(expand_inputs(matches) if any(storage.isdir(m) for m in matches) else matches)
+        elif storage.isdir(p) and (arrow := dataset_dir_files(p)) is not None:
             paths.extend(arrow)  # a datasets.save_to_disk directory: its Arrow files, in its order
-        elif Path(p).is_dir():
-            found = sorted(
-                str(c) for c in Path(p).iterdir() if c.is_file() and not c.name.startswith(".") and c.name.endswith(_DIR_SUFFIXES)
-            )
+        elif storage.isdir(p):
+            found = [
+                c for c in _files(p) if not c.rsplit("/", 1)[-1].startswith(".") and c.endswith(_DIR_SUFFIXES)
+            ]
             if not found:
                 raise UsageError(f"directory {p} holds no {', '.join('*' + s for s in _DIR_SUFFIXES)} files")
             paths.extend(found)
@@ -164,11 +168,18 @@ def expand_inputs(patterns: list[str] | tuple[str, ...]) -> list[str]:
             paths.append(p)
     seen: dict[str, str] = {}
     for p in paths:
-        key = os.path.realpath(p)
+        key = p.rstrip("/") if storage.is_url(p) else os.path.realpath(p)
         if key in seen:
             raise UsageError(f"input {p} is given twice (also as {seen[key]}); its records would be counted twice")
         seen[key] = p
     return paths
+
+
+def _files(directory: str) -> list[str]:
+    """The files directly in a local directory or under a URL prefix, sorted by name."""
+    if storage.is_url(directory):
+        return storage.listdir(directory)
+    return sorted(str(c) for c in Path(directory).iterdir() if c.is_file())
 
 
 def check_inputs(paths: list[str], columns: dict[str, str] | None = None) -> None:
@@ -177,10 +188,9 @@ def check_inputs(paths: list[str], columns: dict[str, str] | None = None) -> Non
     if not paths:
         raise UsageError("no input files given; usage: weightprep build FILE.jsonl [FILE.jsonl.gz ...] or a directory")
     for p in paths:
-        path = Path(p)
-        if not path.exists():
+        if not storage.exists(p):
             raise UsageError(f"input file not found: {p}")
-        if not path.is_file():
+        if not storage.isfile(p):
             raise UsageError(f"input is not a regular file: {p}")
         if not p.endswith(SUFFIXES):
             raise UsageError(
@@ -219,12 +229,13 @@ def read_blocks(
     if record.path.endswith(COLUMNAR_SUFFIXES):
         yield from columnar_blocks(record, max(64, block_bytes // 2048), columns or {})
         return
-    with open(record.path, "rb") as raw:
-        if start or end is not None:
-            if is_compressed(record.path):
-                raise ValueError(f"{record.path}: a compressed file is read whole")
-            raw.seek(start)
-            raw = _RangeReader(raw, (end if end is not None else os.fstat(raw.fileno()).st_size) - start)  # type: ignore[assignment]
+    ranged = bool(start or end is not None)
+    if ranged and is_compressed(record.path):
+        raise ValueError(f"{record.path}: a compressed file is read whole")
+    # an object in a store is read by range requests of its part only (weightprep.storage); a local file is cut here
+    with storage.open_input(record.path, start, end) as raw:
+        if ranged and not storage.is_url(record.path):
+            raw = _RangeReader(raw, (end if end is not None else os.fstat(raw.fileno()).st_size) - start)
         yield from _Lines(record, _open(record, raw), block_bytes, max_line_bytes, start=start).blocks()
     # hash only complete once the stream is drained (the compressed trailer included)
     record.sha256 = record._hash.hexdigest()

@@ -23,7 +23,8 @@ before doing anything else. Leftovers of builds whose process is gone are remove
 ``--overwrite`` replaces only a directory that holds a weightprep manifest (or nothing at all),
 and never one that holds an input. Every file is written at a fixed name inside the temporary
 directory: no input can make a path escape it.
-Shards are capped at ``max_shard_bytes``; a rerun with the same inputs, configuration and
+An output in an object store (``--out s3://...``) has no rename: ``weightprep.stages.store_output`` commits it
+instead, with the loadable files last. Shards are capped at ``max_shard_bytes``; a rerun with the same inputs, configuration and
 tokenizer writes byte-identical files (no timestamps, no random fingerprints).
 """
 
@@ -41,6 +42,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from weightprep import storage
 from weightprep.arrow import from_numpy
 from weightprep.batches import Rows, split_turn_code
 from weightprep.constants import (
@@ -57,7 +59,8 @@ from weightprep.constants import (
 )
 from weightprep.errors import UsageError
 
-__all__ = ["features", "arrow_schema", "ShardWriter", "Output", "prepare_output", "recover_stale"]
+__all__ = ["features", "arrow_schema", "ShardWriter", "Output", "prepare_output", "recover_stale", "loadable_files",
+           "shard_name", "open_output"]
 
 _DTYPES = {INPUT_IDS: "int32", LABELS: "int32", WEIGHTS: "float32", POSITION_IDS: "int32", ATTENTION_MASK: "int8"}
 
@@ -133,15 +136,32 @@ def recover_stale(out: Path, *, keep_resumable: bool = False) -> None:
             shutil.rmtree(p, ignore_errors=True)
 
 
-def prepare_output(out: str | Path, *, overwrite: bool, inputs: Sequence[str] = (), resume: bool = False) -> Path:
-    """Check that ``out`` can be written; return it as a Path. Fails before any work is done."""
+def open_output(out: str | Path, plan_key: str, *, resume: bool = False) -> Any:
+    """The build's output: ``Output`` for a local directory, ``weightprep.stages.store_output.StoreOutput`` for a
+    URL (an object store)."""
+    if storage.is_url(out):
+        from weightprep.stages.store_output import StoreOutput
+
+        return StoreOutput(str(out), plan_key, resume=resume)
+    return Output(Path(out), plan_key, resume=resume)
+
+
+def prepare_output(
+    out: str | Path, *, overwrite: bool, inputs: Sequence[str] = (), resume: bool = False
+) -> Path | str:
+    """Check that ``out`` can be written; return it as a Path (a URL: as a string, ``store_output``). Fails before
+    any work is done."""
+    if storage.is_url(out):
+        from weightprep.stages.store_output import prepare_store_output
+
+        return prepare_store_output(str(out), overwrite=overwrite, inputs=inputs, resume=resume)
     out = Path(out)
     if out.name in ("", ".", ".."):
         out = Path(os.path.abspath(out))
     recover_stale(out, keep_resumable=resume)
     resolved = out.resolve()
     for p in inputs:
-        if resolved in Path(p).resolve().parents:
+        if not storage.is_url(p) and resolved in Path(p).resolve().parents:
             raise UsageError(f"input {p} is inside the output path {out}; choose another --out")
     if out.exists() or out.is_symlink():
         if not overwrite:
@@ -334,6 +354,9 @@ class Output:
                         shutil.rmtree(candidate, ignore_errors=True)
         self.tmp.mkdir(parents=True, exist_ok=True)
         (self.tmp / self.PLAN).write_text(plan_key)
+        #: where the parts' jobs write (``weightprep.distribute.job.PartJob``)
+        self.work_dir = self.tmp.absolute() / "parts"
+        self.work_dir.mkdir(exist_ok=True)
 
     def publish(
         self,
@@ -348,7 +371,6 @@ class Output:
         """Move each split's shards (``sets``: ``""`` or ``train``/``validation`` -> shard files with their rows, in
         order) to ``data-i-of-n``, write the metadata files and the manifest, remove ``discard`` (what is left of
         the parts' work) and move the directory to ``out``."""
-        shards: list[dict[str, Any]] = []
         per_set = {}
         for name, parts in sets.items():
             directory = self.tmp / name if name else self.tmp
@@ -359,25 +381,17 @@ class Output:
             n = len(parts)
             entries = []
             for i, (path, rows) in enumerate(parts):
-                final = directory / f"data-{i:05d}-of-{n:05d}.arrow"
+                final = directory / shard_name(i, n)
                 path.rename(final)
                 entries.append({"filename": final.relative_to(self.tmp).as_posix(), "rows": rows, "bytes": final.stat().st_size})
             per_set[name] = entries
-            shards.extend({**e, "split": name} if name else e for e in entries)
-        manifest = {**manifest, "shards": shards, "turns_file": TURNS_NAME if turns else None}
-        manifest_text = json.dumps(manifest, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
-        digest = hashlib.sha256(manifest_text.encode()).hexdigest()
-        feats = features(seq_len, packed=packed)
-        for name, entries in per_set.items():
-            fingerprint = hashlib.sha256(f"{digest}/{name}".encode()).hexdigest()[:16] if name else digest[:16]
-            _write_metadata(self.tmp / name if name else self.tmp, entries, fingerprint, feats, name or None)
-        names = [n for n in sets if n]
-        if names:
-            (self.tmp / "dataset_dict.json").write_text(json.dumps({"splits": names}) + "\n")
+        manifest, files = loadable_files(per_set, manifest, seq_len=seq_len, packed=packed, turns=turns)
+        for rel, data in files[:-1]:  # the manifest is written last, below
+            (self.tmp / rel).write_bytes(data)
         (self.tmp / self.PLAN).unlink(missing_ok=True)
         if discard is not None:
             shutil.rmtree(discard, ignore_errors=True)
-        (self.tmp / MANIFEST_NAME).write_text(manifest_text, encoding="utf-8")
+        (self.tmp / MANIFEST_NAME).write_bytes(files[-1][1])
         if self.out.exists():
             old = self.out.parent / f".{self.out.name}.old-{os.getpid()}"
             self.out.rename(old)
@@ -392,9 +406,37 @@ class Output:
         shutil.rmtree(self.tmp, ignore_errors=True)
 
 
-def _write_metadata(
-    directory: Path, shards: list[dict[str, Any]], fingerprint: str, feats: dict[str, Any], split: str | None
-) -> None:
+def shard_name(i: int, n: int) -> str:
+    """The published name of shard ``i`` of ``n`` (``Dataset.save_to_disk``'s)."""
+    return f"data-{i:05d}-of-{n:05d}.arrow"
+
+
+def loadable_files(
+    per_set: dict[str, list[dict[str, Any]]], manifest: dict[str, Any], *, seq_len: int, packed: bool, turns: bool
+) -> tuple[dict[str, Any], list[tuple[str, bytes]]]:
+    """The final manifest and the files that make the output loadable, in the order they are written: each
+    split's ``state.json`` and ``dataset_info.json``, ``dataset_dict.json`` (with splits), the manifest last.
+    ``per_set``: each split's (``""``: the output's) shard entries, ``{"filename", "rows", "bytes"}``."""
+    shards = [{**e, "split": name} if name else e for name, entries in per_set.items() for e in entries]
+    manifest = {**manifest, "shards": shards, "turns_file": TURNS_NAME if turns else None}
+    manifest_text = json.dumps(manifest, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+    digest = hashlib.sha256(manifest_text.encode()).hexdigest()
+    feats = features(seq_len, packed=packed)
+    files = []
+    for name, entries in per_set.items():
+        fingerprint = hashlib.sha256(f"{digest}/{name}".encode()).hexdigest()[:16] if name else digest[:16]
+        prefix = f"{name}/" if name else ""
+        files.extend((prefix + f, text) for f, text in _metadata(entries, fingerprint, feats, name or None))
+    names = [n for n in per_set if n]
+    if names:
+        files.append(("dataset_dict.json", (json.dumps({"splits": names}) + "\n").encode()))
+    files.append((MANIFEST_NAME, manifest_text.encode("utf-8")))
+    return manifest, files
+
+
+def _metadata(
+    shards: list[dict[str, Any]], fingerprint: str, feats: dict[str, Any], split: str | None
+) -> list[tuple[str, bytes]]:
     """``state.json`` and ``dataset_info.json``, what ``datasets.load_from_disk`` reads."""
     state = {
         "_data_files": [{"filename": Path(s["filename"]).name} for s in shards],
@@ -412,5 +454,7 @@ def _write_metadata(
         "homepage": "",
         "license": "",
     }
-    (directory / "state.json").write_text(json.dumps(state, indent=2, sort_keys=True) + "\n")
-    (directory / "dataset_info.json").write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
+    return [
+        ("state.json", (json.dumps(state, indent=2, sort_keys=True) + "\n").encode()),
+        ("dataset_info.json", (json.dumps(info, indent=2, sort_keys=True) + "\n").encode()),
+    ]

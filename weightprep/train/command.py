@@ -18,6 +18,7 @@ import click
 from click.core import ParameterSource
 
 from weightprep.commands._errors import reports_errors
+from weightprep.commands._storage import Location, as_location, storage_options
 from weightprep.errors import ConfigError, UsageError
 
 __all__ = ["train", "run_training", "TrainOptions"]
@@ -26,7 +27,7 @@ TrainOptions = dict[str, Any]
 
 
 @click.command("train", context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
-@click.argument("shards", required=False, type=click.Path(file_okay=False, path_type=Path))
+@click.argument("shards", required=False, type=Location(exists=False))
 @click.option("--model", "model", help="Model directory or hub id (a transformers causal LM).")
 @click.option(
     "--output-dir",
@@ -132,7 +133,7 @@ TrainOptions = dict[str, Any]
 )
 @click.option(
     "--eval-shards",
-    type=click.Path(file_okay=False, path_type=Path),
+    type=Location(exists=False),
     default=None,
     help="Another build to evaluate on (its validation split, or its validation_NAME splits per source, if it has "
     "them, else all its rows) [default: the validation split(s) of SHARDS, when the build made them].",
@@ -163,6 +164,7 @@ TrainOptions = dict[str, Any]
     default=False,
     help="Start even if `weightprep plan` predicts the setup will not fit in GPU memory.",
 )
+@storage_options
 @click.pass_context
 @reports_errors
 def train(ctx: click.Context, **options: Any) -> None:
@@ -187,8 +189,8 @@ def resolve_options(ctx: click.Context, options: dict[str, Any]) -> TrainOptions
     ]
     if missing:
         raise UsageError(f"missing {', '.join(missing)}: give them on the command line or in --config")
-    for key in ("shards", "output_dir"):
-        merged[key] = Path(merged[key])
+    merged["shards"] = as_location(merged["shards"])  # a URL: a build in a store (weightprep.storage)
+    merged["output_dir"] = Path(merged["output_dir"])
     return merged
 
 

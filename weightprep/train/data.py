@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from weightprep import storage
 from weightprep.constants import (
     ATTENTION_MASK,
     INPUT_IDS,
@@ -42,7 +43,7 @@ class Shards:
     set, each tagged with its source (:func:`~weightprep.train.evaluate.tag_sources`), and ``validation_sources``
     the names in split order, so evaluation logs the pooled loss and each source's."""
 
-    path: Path
+    path: Path | str
     dataset: Any  # datasets.Dataset
     manifest: dict[str, Any]
     seq_len: int
@@ -71,10 +72,12 @@ def load_shards(
     """
     import datasets
 
-    path = Path(path)
+    path = path if storage.is_url(path) else Path(path)
     manifest = read_manifest(path)
+    # a URL (a build in a store): datasets downloads the shards to a local temporary directory and maps them there
+    options = {"storage_options": storage.options_for(storage.protocol(path))} if storage.is_url(path) else {}
     try:
-        dataset = datasets.load_from_disk(str(path))
+        dataset = datasets.load_from_disk(str(path), **options)
     except Exception as exc:  # datasets raises FileNotFoundError/ValueError/... with useful text
         raise UsageError(f"{path}: datasets.load_from_disk failed ({exc}); {REBUILD}") from exc
     held_out: dict[str, Any] = {}  # split name -> rows
@@ -162,7 +165,7 @@ def check_model_compatibility(shards: Shards, model_config: Any, tokenizer: Any 
         )
 
 
-def _held_out_splits(path: Path, splits: Any) -> dict[str, Any]:
+def _held_out_splits(path: Path | str, splits: Any) -> dict[str, Any]:
     """The held-out splits of a build's DatasetDict by split name: ``validation``, or one ``validation_<name>`` per
     source (never both: which would ``eval_loss`` be?)."""
     from weightprep.train.evaluate import SOURCE_NAME
@@ -183,7 +186,7 @@ def _held_out_splits(path: Path, splits: Any) -> dict[str, Any]:
     return {name: splits[name] for name in names}
 
 
-def _row_length(path: Path, dataset: Any, config: dict[str, Any]) -> int:
+def _row_length(path: Path | str, dataset: Any, config: dict[str, Any]) -> int:
     """The one row length of every token column: the fixed list size, checked against the manifest."""
     lengths: dict[str, int] = {}
     for name in (INPUT_IDS, LABELS, WEIGHTS, POSITION_IDS, ATTENTION_MASK):

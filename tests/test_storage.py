@@ -1,0 +1,304 @@
+"""The URL plumbing of ``weightprep.storage`` on fsspec's ``memory://`` filesystem (fast, no server): inputs by URL
+(JSONL, globs, directories, Parquet by row group), outputs by URL with their commit order, retries, missing
+extras, ``hf://`` through the same path (the Hub itself cannot be reached from the test machines)."""
+
+from __future__ import annotations
+
+import io
+import random
+
+import fsspec
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+from conftest import SAMPLE_RAW
+from fsspec.implementations.memory import MemoryFileSystem
+
+from weightprep import storage
+from weightprep.cli import main
+from weightprep.config import config_from_dict
+from weightprep.errors import UsageError
+from weightprep.pipeline import build
+from weightprep.stages import store_output
+from weightprep.stages.read import expand_inputs
+
+DATA = SAMPLE_RAW.read_bytes()[: SAMPLE_RAW.read_bytes().index(b"\n", 60_000) + 1]
+
+
+def _cfg(**read):
+    return config_from_dict({"pack": {"seq_len": 128}, "read": {"part_bytes": 20_000, "block_bytes": 8192, **read}})
+
+
+@pytest.fixture
+def mem(monkeypatch):
+    fs = fsspec.filesystem("memory")
+    fs.store.clear()
+    fs.pseudo_dirs.clear()
+    fs.pseudo_dirs.append("")
+    monkeypatch.setenv("WEIGHTPREP_STORAGE_BACKOFF", "0")
+    yield fs
+    fs.store.clear()
+    storage.configure(None)
+
+
+def _tree(fs, prefix: str) -> dict[str, bytes]:
+    return {k[len(prefix) + 1 :]: fs.cat_file(k) for k in fs.find(prefix)}
+
+
+@pytest.fixture
+def local_reference(tmp_path):
+    (tmp_path / "raw.jsonl").write_bytes(DATA)
+    out = tmp_path / "ref"
+    build([str(tmp_path / "raw.jsonl")], out, _cfg())
+    return {p.relative_to(out).as_posix(): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+
+
+def test_memory_to_memory_build_has_the_local_shards(mem, local_reference):
+    mem.pipe_file("/in/raw.jsonl", DATA)
+    manifest = build(["memory://in/raw.jsonl"], "memory://out/shards", _cfg())
+    got = _tree(mem, "/out/shards")
+    assert sorted(got) == sorted(local_reference)
+    assert {n: b for n, b in got.items() if n.endswith(".arrow")} == {
+        n: b for n, b in local_reference.items() if n.endswith(".arrow")
+    }
+    assert manifest["inputs"][0]["path"] == "memory://in/raw.jsonl" and len(manifest["inputs"][0]["parts"]) > 1
+    assert not mem.glob("/out/.shards.tmp-*")
+
+
+def test_globs_directories_and_save_to_disk_dirs_by_url(mem):
+    for name in ("b.jsonl", "a.jsonl.gz", ".hidden.jsonl", "notes.txt"):
+        mem.pipe_file(f"/d/{name}", b"{}\n")
+    assert expand_inputs(["memory://d"]) == ["memory://d/a.jsonl.gz", "memory://d/b.jsonl"]
+    assert expand_inputs(["memory://d/*.jsonl"]) == ["memory://d/b.jsonl"]
+    mem.pipe_file("/ds/state.json", b'{"_data_files": [{"filename": "data-00000-of-00001.arrow"}]}')
+    assert expand_inputs(["memory://ds"]) == ["memory://ds/data-00000-of-00001.arrow"]
+    with pytest.raises(UsageError, match="given twice"):
+        expand_inputs(["memory://d/b.jsonl", "memory://d/b.jsonl/"])
+    with pytest.raises(UsageError, match="no file matches"):
+        expand_inputs(["memory://d/*.parquet"])
+
+
+def test_parquet_by_url_reads_row_groups_through_pyarrow(mem, tmp_path, monkeypatch):
+    rng = random.Random(0)  # incompressible text: six row groups of ~40 kB, beyond pyarrow's 64 kB footer read
+    table = pa.table({"text": [" ".join(f"{rng.getrandbits(64):x}" for _ in range(50)) for _ in range(300)]})
+    buf = io.BytesIO()
+    pq.write_table(table, buf, row_group_size=50)
+    mem.pipe_file("/pq/train.parquet", buf.getvalue())
+    (tmp_path / "train.parquet").write_bytes(buf.getvalue())
+    reads, fetch = [], storage._RangeFile._fetch
+
+    def record(self, n):
+        reads.append((self._pos, n))
+        return fetch(self, n)
+
+    monkeypatch.setattr(storage._RangeFile, "_fetch", record)
+    remote = build(["memory://pq/train.parquet"], "memory://pq-out/s", _cfg())
+    size = len(buf.getvalue())
+    row_groups = {pos for pos, n in reads if n < size // 3}  # the footer, then each row group on its own
+    assert len(row_groups) >= 4, reads
+    assert reads.count((0, size)) == 1  # the whole file once: its hash, as for a local file
+    local = build([str(tmp_path / "train.parquet")], tmp_path / "s", _cfg())
+    assert remote["counts"] == local["counts"] and remote["inputs"][0]["sha256"] == local["inputs"][0]["sha256"]
+    assert _tree(mem, "/pq-out/s")["data-00000-of-00001.arrow"] == (tmp_path / "s" / "data-00000-of-00001.arrow").read_bytes()
+
+
+def test_the_commit_writes_the_loadable_files_last(mem, monkeypatch):
+    mem.pipe_file("/in/raw.jsonl", DATA)
+    writes: list[str] = []
+    for name in ("copy", "put_file", "write_bytes"):
+        real = getattr(storage, name)
+
+        def record(*args, _real=real, _name=name):
+            writes.append(str(args[1] if _name != "write_bytes" else args[0]))
+            return _real(*args)
+
+        monkeypatch.setattr(storage, name, record)
+    build(["memory://in/raw.jsonl"], "memory://out/shards", _cfg())
+    published = [w.rsplit("/", 1)[-1] for w in writes if w.startswith("memory://out/shards/")]
+    assert published[-3:] == ["state.json", "dataset_info.json", "weightprep_manifest.json"]
+    assert all(n.startswith("data-") for n in published[:-3])
+
+
+def test_a_failed_commit_leaves_nothing_and_a_killed_one_is_cleared(mem, monkeypatch):
+    mem.pipe_file("/in/raw.jsonl", DATA)
+    real = storage.write_bytes
+
+    def fail_on_manifest(url, data):
+        if url.endswith("weightprep_manifest.json"):
+            raise storage.StorageError(f"{url}: writing it failed (denied)")
+        return real(url, data)
+
+    monkeypatch.setattr(storage, "write_bytes", fail_on_manifest)
+    with pytest.raises(UsageError, match="memory://out/shards/weightprep_manifest.json: writing it failed"):
+        build(["memory://in/raw.jsonl"], "memory://out/shards", _cfg())
+    assert mem.find("/out") == []  # state.json was written, and removed again
+    # a build killed during its commit: shards and state.json there, no manifest, the publishing marker left
+    mem.pipe_file("/out/shards/data-00007-of-00009.arrow", b"partial")
+    mem.pipe_file("/out/shards/state.json", b"{}")
+    mem.pipe_file("/out/.shards.tmp-0123456789abcdef/publishing", b"")
+    monkeypatch.setattr(storage, "write_bytes", real)
+    build(["memory://in/raw.jsonl"], "memory://out/shards", _cfg())  # no --overwrite needed: it was never loadable
+    assert "data-00007-of-00009.arrow" not in _tree(mem, "/out/shards")
+
+
+def test_resume_reuses_the_finished_parts_in_the_store(mem, monkeypatch):
+    from weightprep.distribute.job import PartJob
+
+    mem.pipe_file("/in/raw.jsonl", DATA)
+    real, runs, resumed = PartJob._run, [], False
+
+    def interrupted(self, part, tmp, progress):
+        nonlocal resumed
+        runs.append(part.index)
+        if part.index == 1 and not resumed:
+            raise KeyboardInterrupt
+        return real(self, part, tmp, progress)
+
+    monkeypatch.setattr(PartJob, "_run", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        build(["memory://in/raw.jsonl"], "memory://out/shards", _cfg())
+    assert len(mem.glob("/out/.shards.tmp-*/parts/*/result.json")) == 1  # part 0 finished
+    runs.clear()
+    resumed = True
+    build(["memory://in/raw.jsonl"], "memory://out/shards", _cfg(), resume=True)
+    assert runs == [1]  # part 0 was reused
+
+
+def test_an_output_in_a_store_is_refused_unless_overwrite(mem):
+    mem.pipe_file("/in/raw.jsonl", DATA)
+    mem.pipe_file("/area/taken/file.txt", b"x")
+    with pytest.raises(UsageError, match="already exists; pass --overwrite"):
+        build(["memory://in/raw.jsonl"], "memory://area/taken", _cfg())
+    with pytest.raises(UsageError, match="not a weightprep output"):
+        build(["memory://in/raw.jsonl"], "memory://area/taken", _cfg(), overwrite=True)
+    with pytest.raises(UsageError, match="read-only"):
+        build(["memory://in/raw.jsonl"], "https://example.com/out", _cfg())
+    with pytest.raises(UsageError, match="inside the output path"):
+        build(["memory://in/raw.jsonl"], "memory://in/raw.jsonl", _cfg(), overwrite=True)
+
+
+class _Flaky(MemoryFileSystem):
+    """A memory filesystem whose reads fail ``failures`` times (a dropped connection), then work."""
+
+    protocol = "flaky"
+    failures = 0
+
+    @classmethod
+    def _strip_protocol(cls, path):
+        return "/" + path.removeprefix("flaky://").lstrip("/")
+
+    def cat_file(self, path, start=None, end=None, **kwargs):
+        if _Flaky.failures:
+            _Flaky.failures -= 1
+            raise ConnectionResetError("connection reset by peer")
+        return super().cat_file(path, start, end, **kwargs)
+
+    def _open(self, path, mode="rb", **kwargs):
+        f = super()._open(path, mode, **kwargs)
+        if "r" in mode:
+            read = f.read
+
+            def flaky_read(n=-1):
+                if _Flaky.failures:
+                    _Flaky.failures -= 1
+                    raise ConnectionResetError("connection reset by peer")
+                return read(n)
+
+            f.read = flaky_read
+        return f
+
+
+def test_transient_read_errors_are_retried_then_name_the_object(mem, monkeypatch):
+    fsspec.register_implementation("flaky", _Flaky, clobber=True)
+    mem.pipe_file("/f/raw.jsonl", DATA)
+    _Flaky.failures = 3
+    with storage.open_input("flaky://f/raw.jsonl", 100, 5000) as f:
+        assert f.read() == DATA[100:5000]
+    assert _Flaky.failures == 0
+    _Flaky.failures = 10**6
+    monkeypatch.setenv("WEIGHTPREP_STORAGE_RETRIES", "2")
+    with pytest.raises(storage.StorageError, match=r"flaky://f/raw.jsonl: reading bytes 0\.\.4900 failed after 3 tries"):
+        storage.open_input("flaky://f/raw.jsonl", 0, 4900).read()
+    _Flaky.failures = 0
+
+
+def test_missing_extra_names_the_pip_line(monkeypatch):
+    def missing(protocol):
+        raise ImportError(f"Install gcsfs to access {protocol}")
+
+    monkeypatch.setattr(fsspec, "get_filesystem_class", missing)
+    with pytest.raises(UsageError, match=r"pip install 'weightprep\[gcs\]'"):
+        storage.filesystem("gs://bucket/data.jsonl")
+    with pytest.raises(UsageError, match=r"pip install 'weightprep\[s3\]'"):
+        expand_inputs(["s3://bucket/data.jsonl"])
+
+
+def test_hf_urls_go_through_the_same_fsspec_path(mem, monkeypatch, local_reference):
+    """The Hub cannot be reached from the test machines: ``hf://`` resolves to huggingface_hub's filesystem, and a
+    build from an ``hf://datasets/...`` URL runs through it (here a stand-in on memory for the network)."""
+    from huggingface_hub import HfFileSystem
+
+    fs, path = storage.filesystem("hf://datasets/org/name/data/raw.jsonl")
+    assert isinstance(fs, HfFileSystem) and path == "datasets/org/name/data/raw.jsonl"
+
+    class Hub(MemoryFileSystem):
+        protocol = "hf"
+
+        @classmethod
+        def _strip_protocol(cls, path):
+            return "/" + path.removeprefix("hf://").lstrip("/")
+
+    fsspec.register_implementation("hf", Hub, clobber=True)
+    try:
+        mem.pipe_file("/datasets/org/name/data/raw.jsonl", DATA)
+        out = build(["hf://datasets/org/name/data/raw.jsonl"], "memory://hf-out/s", _cfg())
+    finally:
+        fsspec.register_implementation("hf", HfFileSystem, clobber=True)
+    assert out["inputs"][0]["path"] == "hf://datasets/org/name/data/raw.jsonl"
+    assert _tree(mem, "/hf-out/s")["data-00000-of-00002.arrow"] == local_reference["data-00000-of-00002.arrow"]
+
+
+def test_storage_options_per_protocol_and_the_cli_flag():
+    storage.configure('{"anon": true, "s3": {"endpoint_url": "http://x"}, "hf": {"token": "t"}}')
+    try:
+        assert storage.options_for("s3") == {"anon": True, "endpoint_url": "http://x"}
+        assert storage.options_for("hf") == {"anon": True, "token": "t"}
+    finally:
+        storage.configure(None)
+    result = CliRunner().invoke(main, ["inspect", "memory://nothing", "--storage-options", "{not json"])
+    assert result.exit_code == 2 and "not valid JSON" in result.output
+    assert storage.join("s3://b/p/", "x", "y.json") == "s3://b/p/x/y.json"
+    assert store_output._split("s3://b/p/out") == ("s3://b/p", "out")
+    with pytest.raises(UsageError, match="not its root"):
+        store_output._split("s3://bucket")
+
+
+def test_compressed_and_save_to_disk_inputs_by_url(mem, tmp_path, local_reference):
+    import gzip
+
+    import datasets
+    import zstandard
+
+    mem.pipe_file("/c/raw.jsonl.gz", gzip.compress(DATA, mtime=0))
+    mem.pipe_file("/c/raw.jsonl.zst", zstandard.ZstdCompressor().compress(DATA))
+    for name in ("raw.jsonl.gz", "raw.jsonl.zst"):
+        manifest = build([f"memory://c/{name}"], f"memory://c-out/{name}", _cfg())
+        assert manifest["inputs"][0]["lines"] == DATA.count(b"\n")
+        shards = {n: b for n, b in _tree(mem, f"/c-out/{name}").items() if n.endswith(".arrow")}
+        assert len(shards) == 1  # a compressed file is one part: its rows pack differently from the split JSONL
+    local = tmp_path / "ds"
+    datasets.Dataset.from_dict({"text": ["a b c " * 30, "d e f " * 20]}).save_to_disk(str(local))
+    for f in local.iterdir():
+        mem.pipe_file(f"/ds/{f.name}", f.read_bytes())
+    remote = build(["memory://ds"], "memory://ds-out/s", _cfg())
+    here = build([str(local)], tmp_path / "ds-out", _cfg())
+    assert remote["counts"] == here["counts"] and remote["counts"]["records"] == 2
+
+
+def test_inspect_html_report_of_a_url(mem, tmp_path):
+    mem.pipe_file("/in/raw.jsonl", DATA)
+    build(["memory://in/raw.jsonl"], "memory://out/shards", _cfg())
+    result = CliRunner().invoke(main, ["inspect", "memory://out/shards", "--html", str(tmp_path / "r.html")])
+    assert result.exit_code == 0, result.output
+    assert "memory://out/shards" in (tmp_path / "r.html").read_text()

@@ -1,0 +1,389 @@
+"""Where data lives: local paths and fsspec URLs (``s3://``, ``gs://``, ``az://``, ``hf://``, ``https://``,
+``memory://``), behind one small set of file operations that the rest of weightprep calls.
+
+A local path goes to ``os``/``open`` exactly as before; a URL goes to the fsspec filesystem of its protocol,
+made with the options of ``--storage-options`` (``configure``) on top of the usual credentials (environment,
+profiles, ``AWS_ENDPOINT_URL``...). A protocol whose package is missing is a ``UsageError`` that names the
+``pip install 'weightprep[EXTRA]'`` line.
+
+Reads are ranged: ``open_input(url, start, end)`` reads bytes ``start .. end`` of an object with range requests
+(``cache_type="none"``: no read-ahead past ``end``), in ``CHUNK`` bytes at most per request, so a worker fetches
+its part of an input and nothing else. Every store operation is retried on transient errors (connection dropped,
+timeouts, 5xx: anything but not-found, permission and bad-argument errors) ``retries()`` times with exponential
+backoff (``WEIGHTPREP_STORAGE_RETRIES``, default 5; ``WEIGHTPREP_STORAGE_BACKOFF`` seconds, default 1, doubled
+at each try); a read resumes at the byte it had reached, so the bytes are the same. Then ``StorageError`` names
+the object and the operation.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import re
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+from weightprep.errors import UsageError, WeightprepError
+
+__all__ = [
+    "StorageError", "is_url", "configure", "current_options", "options_for", "filesystem", "join", "size",
+    "exists", "isfile", "isdir", "glob", "listdir", "read_text", "open_input", "open_text", "stat_key", "put_file",
+    "write_bytes", "copy", "remove", "find", "arrow_filesystem", "retry", "protocol",
+]
+
+_URL = re.compile(r"^(?P<protocol>[A-Za-z][A-Za-z0-9+.-]+)://")
+#: The extra that installs each protocol's filesystem (``pip install 'weightprep[EXTRA]'``).
+EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs", "hf": "hf", "az": "azure", "abfs": "azure",
+          "abfss": "azure", "http": "http", "https": "http"}
+#: Protocols that can be read but not written.
+READ_ONLY = ("http", "https")
+#: The most bytes one ranged read asks for.
+CHUNK = 8 << 20
+
+T = TypeVar("T")
+
+
+class StorageError(UsageError):
+    """A store operation failed for good: after the retries of a transient error, or at once for a persistent one."""
+
+
+_OPTIONS: dict[str, Any] = {}
+
+
+def is_url(path: object) -> bool:
+    """Whether ``path`` is a URL (``scheme://...``) rather than a local path."""
+    return isinstance(path, str) and _URL.match(path) is not None
+
+
+def protocol(url: str) -> str:
+    m = _URL.match(url)
+    return m["protocol"].lower() if m else "file"
+
+
+def configure(options: dict[str, Any] | str | None) -> None:
+    """Set this process's storage options (``--storage-options``: a JSON object). Keys that name a protocol
+    (``{"s3": {...}, "hf": {...}}``) apply to that protocol only; every other key applies to every URL."""
+    global _OPTIONS
+    if isinstance(options, str):
+        try:
+            options = json.loads(options)
+        except ValueError as exc:
+            raise UsageError(f"--storage-options: not valid JSON ({exc}); e.g. '{{\"endpoint_url\": \"http://...\"}}'") from None
+    if options is not None and not isinstance(options, dict):
+        raise UsageError(f"--storage-options: expected a JSON object, got {type(options).__name__}")
+    _OPTIONS = dict(options or {})
+
+
+def current_options() -> dict[str, Any]:
+    return dict(_OPTIONS)
+
+
+def options_for(proto: str) -> dict[str, Any]:
+    """The options a filesystem of ``proto`` is made with (``configure``)."""
+    import fsspec
+
+    names = set(fsspec.available_protocols())
+    common = {k: v for k, v in _OPTIONS.items() if not (k in names and isinstance(v, dict))}
+    specific = _OPTIONS.get(proto)
+    return {**common, **(specific if isinstance(specific, dict) else {})}
+
+
+def _missing(url: str, proto: str, exc: Exception) -> UsageError:
+    extra = EXTRAS.get(proto)
+    fix = f"pip install 'weightprep[{extra}]'" if extra else "install the fsspec filesystem package of this protocol"
+    return UsageError(f"{url}: {proto}:// needs a package that is not installed ({exc}): {fix}")
+
+
+def filesystem(url: str) -> tuple[Any, str]:
+    """The fsspec filesystem of ``url`` and the path in it."""
+    import fsspec
+
+    proto = protocol(url)
+    try:
+        fsspec.get_filesystem_class(proto)
+    except ImportError as exc:
+        raise _missing(url, proto, exc) from None
+    except ValueError:
+        raise UsageError(f"{url}: unknown protocol {proto}:// (known: s3, gs, az, hf, https, memory, ...)") from None
+    try:
+        return fsspec.core.url_to_fs(url, **options_for(proto))  # type: ignore[no-any-return]
+    except ImportError as exc:
+        raise _missing(url, proto, exc) from None
+
+
+def join(base: str | Path, *names: str) -> Any:
+    """``base/names...``: a Path for a local ``base`` (Path or str), a URL string for a URL."""
+    if is_url(base):
+        return "/".join([str(base).rstrip("/"), *(n.strip("/") for n in names)])
+    return Path(base).joinpath(*names)
+
+
+def _url(fs: Any, path: str, like: str) -> str:
+    """``path`` of ``fs`` as a URL spelled like ``like`` (``memory://a`` stays ``memory://a``, not ``memory:///a``)."""
+    proto = protocol(like)
+    return f"{proto}://{path.lstrip('/') if like[len(proto) + 3 :][:1] != '/' else path}"
+
+
+# ---- retries ---------------------------------------------------------------------------------------------------
+
+_PERSISTENT = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError, FileExistsError,
+               ValueError, TypeError, KeyError, WeightprepError)
+_TRANSIENT_MODULES = ("aiohttp", "botocore", "urllib3", "requests", "http", "google", "huggingface_hub", "azure",
+                      "fsspec", "s3fs", "gcsfs", "adlfs", "ssl", "socket", "asyncio")
+
+
+def _transient(exc: BaseException) -> bool:
+    if isinstance(exc, _PERSISTENT):
+        return False
+    if isinstance(exc, (OSError, ConnectionError, TimeoutError, EOFError)):
+        return True  # s3fs/gcsfs turn a 5xx or a dropped connection into an OSError
+    return type(exc).__module__.split(".")[0] in _TRANSIENT_MODULES
+
+
+def retries() -> int:
+    return max(0, int(os.environ.get("WEIGHTPREP_STORAGE_RETRIES", "5")))
+
+
+def _backoff(attempt: int) -> float:
+    return float(os.environ.get("WEIGHTPREP_STORAGE_BACKOFF", "1")) * 2**attempt
+
+
+def _failed(url: str, what: str, exc: BaseException, attempts: int) -> StorageError:
+    tries = f" after {attempts} tries with backoff" if attempts > 1 else ""
+    return StorageError(
+        f"{url}: {what} failed{tries} ({type(exc).__name__}: {exc}); check the store, the object and the "
+        "credentials (--storage-options), then build again (--resume keeps the finished parts)"
+    )
+
+
+def retry(fn: Callable[[], T], url: str, what: str) -> T:
+    """``fn()``, tried again on transient errors with exponential backoff; then ``StorageError`` naming ``url``."""
+    attempt = 0
+    while True:
+        try:
+            return fn()
+        except BaseException as exc:
+            if not isinstance(exc, Exception) or isinstance(exc, StorageError):
+                raise
+            if isinstance(exc, FileNotFoundError):
+                raise StorageError(f"{url}: not found ({what})") from None
+            if not _transient(exc) or attempt >= retries():
+                raise _failed(url, what, exc, attempt + 1) from None
+            time.sleep(_backoff(attempt))
+            attempt += 1
+
+
+# ---- metadata -------------------------------------------------------------------------------------------------
+
+
+def _info(url: str) -> dict[str, Any]:
+    fs, path = filesystem(url)
+    return retry(lambda: fs.info(path), url, "reading its metadata")  # type: ignore[no-any-return]
+
+
+def size(path: str | Path) -> int:
+    if not is_url(path):
+        return os.path.getsize(path)
+    return int(_info(str(path))["size"])
+
+
+def exists(path: str | Path) -> bool:
+    if not is_url(path):
+        return os.path.exists(path)
+    fs, p = filesystem(str(path))
+    return bool(retry(lambda: fs.exists(p), str(path), "checking that it exists"))
+
+
+def isfile(path: str | Path) -> bool:
+    if not is_url(path):
+        return os.path.isfile(path)
+    fs, p = filesystem(str(path))
+    return bool(retry(lambda: fs.isfile(p), str(path), "checking that it is a file"))
+
+
+def isdir(path: str | Path) -> bool:
+    if not is_url(path):
+        return os.path.isdir(path)
+    fs, p = filesystem(str(path))
+    return bool(retry(lambda: fs.isdir(p), str(path), "checking that it is a directory"))
+
+
+def stat_key(path: str) -> list[Any]:
+    """What tells an unchanged input (``--resume``): its size and its version (ETag, generation or mtime)."""
+    if not is_url(path):
+        st = os.stat(path)
+        return [os.path.abspath(path), st.st_size, st.st_mtime_ns]
+    info = _info(path)
+    version = next((str(info[k]) for k in ("ETag", "etag", "generation", "VersionId", "mtime", "LastModified",
+                                           "last_modified", "created") if info.get(k) is not None), None)
+    return [path, int(info["size"]), version]
+
+
+def glob(pattern: str) -> list[str]:
+    """The URLs matching a glob URL, sorted; as a shell's glob, ``*`` does not match a name starting with a dot."""
+    fs, p = filesystem(pattern)
+    hidden = pattern.rstrip("/").rsplit("/", 1)[-1].startswith(".")
+    found = retry(lambda: fs.glob(p), pattern, "listing the glob")
+    return sorted(_url(fs, m, pattern) for m in found if hidden or not m.rstrip("/").rsplit("/", 1)[-1].startswith("."))
+
+
+def listdir(url: str) -> list[str]:
+    """The URLs of the files directly under ``url``, sorted."""
+    fs, p = filesystem(url)
+    entries = retry(lambda: fs.ls(p, detail=True), url, "listing it")
+    return sorted(_url(fs, e["name"], url) for e in entries if e.get("type") == "file")
+
+
+def find(url: str) -> dict[str, int]:
+    """Every object under the prefix ``url`` (recursively): URL -> size."""
+    fs, p = filesystem(url)
+    if not retry(lambda: fs.exists(p), url, "checking that it exists"):
+        return {}
+    found = retry(lambda: fs.find(p, detail=True), url, "listing it")
+    return {_url(fs, name, url): int(info.get("size") or 0) for name, info in sorted(found.items())}
+
+
+# ---- reading --------------------------------------------------------------------------------------------------
+
+
+class _RangeFile(io.RawIOBase):
+    """Bytes ``start .. end`` of an object, read with range requests of at most ``chunk`` bytes and never past
+    ``end``; a failed read is retried from the byte it had reached (``retry``), on a file opened anew."""
+
+    def __init__(self, url: str, start: int = 0, end: int | None = None, chunk: int = CHUNK) -> None:
+        self.url, self._start, self._pos, self._chunk = url, start, start, chunk
+        self._fs, self._path = filesystem(url)
+        self._end = end if end is not None else size(url)
+        self._f: Any = None
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos - self._start
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        base = {0: self._start, 1: self._pos, 2: self._end}[whence]
+        self._pos = max(self._start, base + offset)
+        return self.tell()
+
+    def _fetch(self, n: int) -> bytes:
+        if self._f is None:
+            self._f = self._fs.open(self._path, "rb", cache_type="none")
+        self._f.seek(self._pos)
+        data = self._f.read(n)
+        if len(data) < n and self._pos + len(data) < self._end:
+            raise EOFError(f"short read: {len(data)} of {n} bytes at {self._pos}")
+        return data  # type: ignore[no-any-return]
+
+    def _reset(self) -> None:
+        if self._f is not None:
+            with contextlib.suppress(Exception):  # the connection is being replaced anyway
+                self._f.close()
+            self._f = None
+
+    def readinto(self, buffer: Any) -> int:
+        n = min(len(buffer), self._end - self._pos, self._chunk)
+        if n <= 0:
+            return 0
+
+        def attempt() -> bytes:
+            try:
+                return self._fetch(n)
+            except BaseException:
+                self._reset()
+                raise
+
+        data = retry(attempt, self.url, f"reading bytes {self._pos}..{self._pos + n}")
+        buffer[: len(data)] = data
+        self._pos += len(data)
+        return len(data)
+
+    def close(self) -> None:
+        self._reset()
+        super().close()
+
+
+def open_input(path: str | Path, start: int = 0, end: int | None = None) -> Any:
+    """A binary stream of bytes ``start .. end`` of ``path`` (a local file, or an object read by range requests)."""
+    if not is_url(path):
+        f = open(path, "rb")  # noqa: SIM115 - the caller closes it
+        f.seek(start)
+        return f
+    return _RangeFile(str(path), start, end)
+
+
+def open_text(path: str | Path) -> Any:
+    """A text stream (UTF-8, newlines kept as they are) of a whole file or object."""
+    if not is_url(path):
+        return open(path, encoding="utf-8", newline="\n")  # noqa: SIM115 - the caller closes it
+    return io.TextIOWrapper(io.BufferedReader(_RangeFile(str(path)), 1 << 20), encoding="utf-8", newline="\n")
+
+
+def read_text(path: str | Path) -> str:
+    with open_text(path) as f:
+        return f.read()  # type: ignore[no-any-return]
+
+
+def iter_chunks(path: str | Path, chunk: int = 1 << 20) -> Iterator[bytes]:
+    with open_input(path) as f:
+        yield from iter(lambda: f.read(chunk), b"")
+
+
+def arrow_filesystem(url: str) -> tuple[Any, str]:
+    """A pyarrow filesystem for ``url`` (fsspec's, through ``pyarrow.fs.FSSpecHandler``) whose input files read
+    by ranges with retries; and the path in it. Parquet files are read by row group through it."""
+    import pyarrow as pa
+    from pyarrow.fs import FSSpecHandler, PyFileSystem
+
+    fs, path = filesystem(url)
+
+    class Handler(FSSpecHandler):  # type: ignore[misc]
+        def open_input_file(self, p: str) -> Any:
+            return pa.PythonFile(_RangeFile(_url(fs, p, url), chunk=1 << 62), mode="r")
+
+    return PyFileSystem(Handler(fs)), path
+
+
+# ---- writing --------------------------------------------------------------------------------------------------
+
+
+def _writable(url: str) -> tuple[Any, str]:
+    if protocol(url) in READ_ONLY:
+        raise UsageError(f"{url}: {protocol(url)}:// is read-only; write the output to a store (s3://, gs://, ...) or disk")
+    return filesystem(url)
+
+
+def put_file(local: str | Path, url: str) -> None:
+    fs, p = _writable(url)
+    retry(lambda: fs.put_file(str(local), p), url, f"uploading {local}")
+
+
+def write_bytes(url: str, data: bytes) -> None:
+    fs, p = _writable(url)
+    retry(lambda: fs.pipe_file(p, data), url, "writing it")
+
+
+def copy(src: str, dst: str) -> None:
+    """Copy an object within its store (server-side where the store can)."""
+    fs, p = _writable(dst)
+    _, q = filesystem(src)
+    retry(lambda: fs.copy(q, p), dst, f"copying {src} to it")
+
+
+def remove(url: str, *, recursive: bool = False) -> None:
+    """Remove an object (or, ``recursive``, every object under a prefix); a missing one is not an error."""
+    fs, p = _writable(url)
+
+    def rm() -> None:
+        with contextlib.suppress(FileNotFoundError):
+            fs.rm(p, recursive=recursive)
+
+    retry(rm, url, "removing it")
