@@ -110,11 +110,17 @@ def count_rows(rows: Rows, counts: Counter[str]) -> None:
 class Chats:
     """The chat stage of a build: a renderer made at the first conversation (a pieces-only build needs no template)."""
 
-    def __init__(self, tokenizer: Any, cfg: BuildConfig, tokenize: PieceTokenizer) -> None:
+    def __init__(
+        self, tokenizer: Any, cfg: BuildConfig, tokenize: PieceTokenizer, *, roles: list[str] | None = None,
+        scale: float = 1.0,
+    ) -> None:
         self.tokenizer, self.cfg, self.tokenize = tokenizer, cfg, tokenize
         self._renderer: ChatRenderer | None = None
-        #: the conversations' role names, by turn code (``batches.turn_code``), for the writer's turns file
-        self.roles: list[str] = []
+        #: the conversations' role names, by turn code (``batches.turn_code``), for the writer's turns file (one
+        #: list for the chat stages of every source of a build: their codes share the turns file)
+        self.roles: list[str] = roles if roles is not None else []
+        #: the source's weight (``weightprep.sources``), applied to message weights before their float32 cast
+        self.scale = scale
 
     @property
     def template_sha256(self) -> str | None:
@@ -131,7 +137,7 @@ class Chats:
             renderer = ChatRenderer(
                 tok, chosen.template, weights, self.roles, self.tokenize, chosen.path, history=history,
                 original=chosen.original, training=chosen.training,
-                sanitize_control_tokens=self.cfg.chat.sanitize_control_tokens,
+                sanitize_control_tokens=self.cfg.chat.sanitize_control_tokens, scale=self.scale,
             )  # fmt: skip
             renderer.check()
             self._renderer = renderer

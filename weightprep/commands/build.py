@@ -10,7 +10,9 @@ from typing import Any
 import click
 
 from weightprep.commands._errors import reports_errors
-from weightprep.config import load_config
+from weightprep.config import load_config, load_sources
+from weightprep.errors import UsageError
+from weightprep.sources import Source, check_source_names, parse_source_option
 from weightprep.stages.read import expand_inputs
 from weightprep.tokenizer import SAMPLE_TOKENIZER_DIR, set_tokenizer_threads
 
@@ -48,14 +50,49 @@ def format_summary(manifest: dict[str, Any], out: str) -> str:
             for name, split in (manifest.get("splits") or {}).items()
             for sc in (split["counts"],)
         ),
+        *(
+            f"  source {src['name']} (weight {src['weight']:g}, epochs {src['epochs']:g}): {src['records']:,} records, "
+            f"{src['documents']:,} documents + {src['repeats']:,} repeated records, {src['tokens']:,} tokens "
+            f"(supervised {src['supervised_tokens']:,}), {100 * src['weight_share']:.1f}% of the train weight"
+            for src in manifest.get("sources") or []
+        ),
         f"  tokenizer {manifest['tokenizer']['name_or_path']} (fingerprint {manifest['tokenizer']['fingerprint'][:12]}, "
         f"tokenized by {manifest['tokenizer'].get('backend', 'hf')})",
     ]
     return "\n".join(lines)
 
 
+def _sources(inputs: tuple[str, ...], specs: tuple[str, ...], pipeline_file: str | None) -> list[Source] | None:
+    """The build's sources (``--source`` or the pipeline file's ``sources:``), None for a plain build of INPUTS;
+    every problem before any work."""
+    declared = load_sources(pipeline_file)
+    if specs and declared is not None:
+        raise UsageError(f"sources are given both by --source and in {pipeline_file}'s sources:; give them in one place")
+    sources = [parse_source_option(spec) for spec in specs] if specs else declared
+    if sources is None:
+        if not inputs:
+            raise UsageError("no input given; usage: weightprep build INPUT... or weightprep build --source NAME=PATH ...")
+        return None
+    if inputs:
+        raise UsageError(
+            f"INPUTS ({' '.join(inputs)}) and sources are both given: declare every input as a source "
+            "(--source NAME=PATH) or give INPUTS alone"
+        )
+    check_source_names(sources)
+    return sources
+
+
 @click.command("build")
-@click.argument("inputs", nargs=-1, required=True)
+@click.argument("inputs", nargs=-1)
+@click.option(
+    "--source",
+    "source_specs",
+    multiple=True,
+    metavar="NAME=PATH[,weight=W][,epochs=E]",
+    help="A named source (repeatable, instead of INPUTS): PATH a file, directory or quoted glob; its token weights "
+    "times W (default 1), its records repeated E times (a float > 0, default 1). Sources are mixed before packing; "
+    "with a validation split each gets its own, validation_NAME. Also a pipeline file's sources: list.",
+)
 @click.option("--out", "-o", default="shards", show_default=True, help="Output directory for the shards.")
 @click.option("--pipeline", "pipeline_file", type=click.Path(dir_okay=False), help="Pipeline YAML (pipelines/*.yaml).")
 @click.option("--tokenizer", help="Tokenizer directory or hub id (default: the bundled sample tokenizer).")
@@ -154,6 +191,7 @@ def build(
     workers: int | None,
     ray_address: str | None,
     resume: bool,
+    source_specs: tuple[str, ...],
     **flags: Any,
 ) -> None:
     """Tokenize, weight, mask, pack and write INPUTS as Arrow shards.
@@ -166,6 +204,7 @@ def build(
     set_tokenizer_threads(num_proc)
     from weightprep.distribute.executors import make_executor
     from weightprep.pipeline import build as run_build
+    from weightprep.pipeline import source_files
 
     overrides = {
         "tokenizer.name": flags["tokenizer"],
@@ -198,7 +237,8 @@ def build(
         cfg = load_config(pipeline_file, overrides)
     for note in dict.fromkeys(str(w.message) for w in deprecated if issubclass(w.category, FutureWarning)):
         click.echo(f"note: {note}", err=True)
-    paths = expand_inputs(inputs)
+    sources = _sources(inputs, source_specs, pipeline_file)
+    paths = expand_inputs(inputs) if sources is None else [p for files in source_files(sources, cfg) for p in files]
     err = Console(stderr=True)
     if cfg.tokenizer.name is None:
         click.echo(
@@ -224,7 +264,7 @@ def build(
             bar.update(task, completed=consumed, records=counts["accepted"])
 
         manifest = run_build(
-            paths, out, cfg, overwrite=overwrite, progress=progress, notify=lambda m: click.echo(f"note: {m}", err=True),
-            executor=make_executor(executor, workers, ray_address), resume=resume,
+            paths if sources is None else [], out, cfg, overwrite=overwrite, progress=progress, notify=lambda m: click.echo(f"note: {m}", err=True),
+            executor=make_executor(executor, workers, ray_address), resume=resume, sources=sources,
         )
     click.echo(format_summary(manifest, out.rstrip("/")))

@@ -27,7 +27,8 @@ from typing import Any
 from weightprep.batches import Documents
 from weightprep.blocks import Chats, count_rows, document_batch, parsed_blocks
 from weightprep.config import BuildConfig
-from weightprep.distribute.plan import InputPart
+from weightprep.distribute.mixed import mixed_keys, run_mixed, segment_of
+from weightprep.distribute.plan import InputPart, MixedPart
 from weightprep.errors import BackendMismatch, InputError
 from weightprep.overlap import BackgroundSink, background
 from weightprep.stages.pack import Packer
@@ -57,6 +58,17 @@ class Worker:
         self.notes: list[str] = []
         self.tokenize = PieceTokenizer(tok, cfg.tokenizer.batch_size, cfg.tokenizer.backend, self.notes.append, prefetched=prefetch)
         self.chats = Chats(tok, cfg, self.tokenize)
+        #: role names of every chat stage's turn codes (the plain one's and each source's share one list)
+        self.roles = self.chats.roles
+        self._source_chats: list[Chats] | None = None
+
+    def source_chats(self, cfgs: list[BuildConfig], sources: list[Any]) -> list[Chats]:
+        """The chat stage of each source (``weightprep.distribute.mixed``): its role weights, its weight."""
+        if self._source_chats is None:
+            self._source_chats = [
+                Chats(self.tok, c, self.tokenize, roles=self.roles, scale=s.weight) for c, s in zip(cfgs, sources, strict=True)
+            ]
+        return self._source_chats
 
     def close(self) -> None:
         self.tokenize.close()
@@ -86,9 +98,12 @@ class PartJob:
     RESULT = "result.json"
 
     def __init__(
-        self, cfg: BuildConfig, tokenizer: Any, work_dir: Path, cut: int | None = None, *, threads: int | None = None,
+        self, cfg: BuildConfig, tokenizer: Any, work_dir: Path, cut: Any = None, *, threads: int | None = None,
+        sources: list[Any] | None = None,
     ) -> None:
         self.cfg, self.tokenizer, self.work_dir, self.cut, self.threads = cfg, tokenizer, work_dir, cut, threads
+        #: the build's sources (``weightprep.sources``; its parts are then ``MixedPart``s and ``cut`` one per source)
+        self.sources = sources
         self.worker_key = uuid.uuid4().hex  # its variants (with_options) share the worker state
         #: the driver's working directory: relative input paths are relative to it on every worker too
         self.cwd = os.getcwd()
@@ -121,7 +136,7 @@ class PartJob:
         if state is not None:
             state.close()
 
-    def __call__(self, part: InputPart, progress: ProgressFn | None = None) -> dict[str, Any]:
+    def __call__(self, part: InputPart | MixedPart, progress: ProgressFn | None = None) -> dict[str, Any]:
         final = self.work_dir / f"{part.index:05d}"
         if (final / self.RESULT).is_file():  # finished by an earlier attempt or build (--resume)
             return {**json.loads((final / self.RESULT).read_text()), "reused": True}
@@ -149,7 +164,12 @@ class PartJob:
         for partial in self.work_dir.glob("*.tmp-*"):
             shutil.rmtree(partial, ignore_errors=True)
 
-    def _run(self, part: InputPart, tmp: Path, progress: ProgressFn | None) -> dict[str, Any]:
+    def _run(self, part: InputPart | MixedPart, tmp: Path, progress: ProgressFn | None) -> dict[str, Any]:
+        if isinstance(part, MixedPart):
+            try:
+                return run_mixed(self, part, tmp, progress)
+            except (InputError, BackendMismatch) as exc:
+                return {"index": part.index, "error": {**_located_error(exc), "segment": segment_of(part, exc.path)}}
         cfg, state = self.cfg, self.worker()
         seq_len, packed = cfg.pack.seq_len, cfg.pack.enabled
         names = (TRAIN, VALIDATION) if self.cut is not None else None
@@ -228,7 +248,12 @@ class KeyPass:
 
     render: bool = False
 
-    def __call__(self, job: PartJob, part: InputPart) -> dict[str, Any]:
+    def __call__(self, job: PartJob, part: InputPart | MixedPart) -> dict[str, Any]:
+        if isinstance(part, MixedPart):
+            try:
+                return mixed_keys(job, part, self.render)
+            except (InputError, BackendMismatch) as exc:
+                return {"index": part.index, "error": {**_located_error(exc), "segment": segment_of(part, exc.path)}}
         split_cfg = job.cfg.split
         chats = job.worker().chats if self.render else None
         record = InputFile(part.path)
