@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 from collections import Counter
 from collections.abc import Callable
@@ -31,9 +32,9 @@ from weightprep.accounting import check_accounting, final_counts
 from weightprep.config import BuildConfig, config_to_dict
 from weightprep.constants import FORMAT_NAME, FORMAT_VERSION, PACKED_COLUMNS, UNPACKED_COLUMNS
 from weightprep.distribute.executors import Executor, SerialExecutor, run_parts
-from weightprep.distribute.job import ADD_BOS, KeyPass, PartJob, ProgressFn
+from weightprep.distribute.job import ADD_BOS, EpochPass, KeyPass, PartJob, ProgressFn
 from weightprep.distribute.merge import merge_results
-from weightprep.distribute.mixed import split_names
+from weightprep.distribute.mixed import epoch_cuts_from, split_names
 from weightprep.distribute.plan import plan_mixed, plan_parts
 from weightprep.errors import InputError, UsageError, is_columnar
 from weightprep.sources import Source, check_source_names, manifest_sources
@@ -124,7 +125,8 @@ def build(
     try:
         with executor.start(job, len(parts)):  # one pool (or Ray cluster) for both passes
             cut = _validation_cut(cfg, parts, executor, sources)
-            results = run_parts(executor, parts, progress, cut=cut)
+            epochs = {"epoch_cuts": _epoch_cuts(sources, parts, executor, cut)} if sources is not None else {}
+            results = run_parts(executor, parts, progress, cut=cut, **epochs)
         for note in dict.fromkeys(n for r in results for n in r.get("notes", [])):
             if notify is not None:
                 notify(note)
@@ -243,6 +245,21 @@ def _validation_cut(
     return cut_from_keys(
         sum(r["records"] for r in results), [k for r in results for k in r["keys"]], split.validation_records
     )
+
+
+def _epoch_cuts(sources: list[Source], parts: list[Any], executor: Executor, cut: Any) -> list[int | None] | None:
+    """Each source's epoch cut (``distribute.mixed.epoch_cuts_from``): a pass over the parts where a source has
+    fractional epochs, and a second, exact one for a source whose parts kept too few keys in the first."""
+    if all(float(s.epochs).is_integer() for s in sources):
+        return None
+    first = run_parts(executor, parts, None, task=EpochPass(cut))
+    cuts, again = epoch_cuts_from(sources, first)
+    if again:  # each part's smallest round(f * N) keys: enough whatever their spread
+        n = [math.floor((src.epochs % 1) * sum(r["records"][s] for r in first) + 0.5) if s in again else 0
+             for s, src in enumerate(sources)]  # fmt: skip
+        exact, _ = epoch_cuts_from(sources, run_parts(executor, parts, None, task=EpochPass(cut, n)))
+        cuts = [exact[s] if s in again else c for s, c in enumerate(cuts)]
+    return cuts
 
 
 #: The files of a tokenizer directory that decide its ids or its chat template (``resume_key``).

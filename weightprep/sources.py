@@ -193,17 +193,14 @@ def epoch_keys(split_keys: np.ndarray) -> np.ndarray:
     return z ^ (z >> np.uint64(31))
 
 
-def extra_cut(epochs: float) -> int:
-    """Records whose epoch key is below this get ``floor(E) + 1`` copies."""
-    return min(_FULL, int((epochs - math.floor(epochs)) * _FULL))
-
-
-def copies(split_keys: np.ndarray, epochs: float) -> np.ndarray:
-    """int64: how many times each record appears in the train split (``floor(E)`` or ``floor(E) + 1``)."""
+def copies(split_keys: np.ndarray, epochs: float, cut: int) -> np.ndarray:
+    """int64: how many times each record appears in the train split: ``floor(E)``, plus one where its epoch key
+    (``epoch_keys``) is below ``cut`` (the source's, ``distribute.mixed.epoch_cuts_from``)."""
     base = np.full(len(split_keys), math.floor(epochs), dtype=np.int64)
-    cut = extra_cut(epochs)
     if cut == 0:
         return base
+    if cut >= _FULL:
+        return base + 1
     return base + (epoch_keys(split_keys) < np.uint64(cut))
 
 

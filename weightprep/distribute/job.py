@@ -27,7 +27,7 @@ from typing import Any
 from weightprep.batches import Documents
 from weightprep.blocks import Chats, count_rows, document_batch, parsed_blocks
 from weightprep.config import BuildConfig
-from weightprep.distribute.mixed import mixed_keys, run_mixed, segment_of
+from weightprep.distribute.mixed import mixed_keys, part_epoch_keys, run_mixed, segment_of
 from weightprep.distribute.plan import InputPart, MixedPart
 from weightprep.errors import BackendMismatch, InputError
 from weightprep.overlap import BackgroundSink, background
@@ -39,7 +39,7 @@ from weightprep.stages.tokenize import FastokensPrefetch, PieceTokenizer
 from weightprep.stages.write import ShardWriter
 from weightprep.tokenizer import load_tokenizer, set_tokenizer_threads, special_tokens
 
-__all__ = ["PartJob", "KeyPass", "Worker", "ProgressFn", "ADD_BOS"]
+__all__ = ["PartJob", "KeyPass", "EpochPass", "Worker", "ProgressFn", "ADD_BOS"]
 
 #: Called after each block with (bytes of input consumed so far, counts so far).
 ProgressFn = Callable[[int, Counter], None]
@@ -104,6 +104,8 @@ class PartJob:
         self.cfg, self.tokenizer, self.work_dir, self.cut, self.threads = cfg, tokenizer, work_dir, cut, threads
         #: the build's sources (``weightprep.sources``; its parts are then ``MixedPart``s and ``cut`` one per source)
         self.sources = sources
+        #: per source, the epoch cut of its fractional epochs (None: whole epochs; ``EpochPass``)
+        self.epoch_cuts: list[int | None] | None = None
         self.worker_key = uuid.uuid4().hex  # its variants (with_options) share the worker state
         #: the driver's working directory: relative input paths are relative to it on every worker too
         self.cwd = os.getcwd()
@@ -263,3 +265,19 @@ class KeyPass:
         except (InputError, BackendMismatch) as exc:
             return {"index": part.index, "error": _located_error(exc)}
         return {"index": part.index, "records": total, "keys": keys.tolist(), "input": {"lines": record.lines}}
+
+
+@dataclass(frozen=True)
+class EpochPass:
+    """The pass of a build with sources of fractional epochs, run before the build's (``Executor.map(task=...)``):
+    ``EpochPass(cut, n)(job, part)`` returns, per source, the part's count of training records and its smallest
+    epoch keys (``weightprep.distribute.mixed.part_epoch_keys``); a bad line as the result's ``error``."""
+
+    cut: Any = None
+    n: Any = None
+
+    def __call__(self, job: PartJob, part: MixedPart) -> dict[str, Any]:
+        try:
+            return part_epoch_keys(job, part, self.cut, self.n)
+        except (InputError, BackendMismatch) as exc:
+            return {"index": part.index, "error": {**_located_error(exc), "segment": segment_of(part, exc.path)}}

@@ -40,14 +40,15 @@ from weightprep.constants import IGNORE_INDEX
 from weightprep.distribute.plan import MixedPart
 from weightprep.errors import InputError
 from weightprep.overlap import BackgroundSink, background
-from weightprep.sources import Source, copies, overflowing, scaled_weights
+from weightprep.sources import Source, copies, epoch_keys, overflowing, scaled_weights
 from weightprep.stages.pack import Packer
 from weightprep.stages.read import InputFile
 from weightprep.stages.rejects import RejectsWriter
 from weightprep.stages.split import TRAIN, record_keys, smallest_keys
 from weightprep.stages.write import ShardWriter
 
-__all__ = ["source_config", "validation_name", "split_names", "run_mixed", "mixed_keys", "segment_of"]
+__all__ = ["source_config", "validation_name", "split_names", "run_mixed", "mixed_keys", "segment_of", "part_epoch_keys",
+           "epoch_cuts_from"]
 
 
 def validation_name(source: Source) -> str:
@@ -269,11 +270,11 @@ def run_mixed(job: Any, part: MixedPart, tmp: Path, progress: Any) -> dict[str, 
                     if len(docs):
                         sink.put(((name, 0), docs))
                     continue
-                if float(source.epochs).is_integer():
+                if job.epoch_cuts is None or job.epoch_cuts[s] is None:  # whole epochs
                     record_copies = np.full(len(subset), int(source.epochs), dtype=np.int64)
                 else:
                     k = subset_keys if subset_keys is not None else record_keys(subset, cfg.split.seed)
-                    record_copies = copies(k, source.epochs)
+                    record_copies = copies(k, source.epochs, job.epoch_cuts[s])
                 times = record_copies[at]
                 _count_written(docs, times, per_source[s][name or ""])
                 if source.epochs != 1:
@@ -349,3 +350,74 @@ def mixed_keys(job: Any, part: MixedPart, render: bool) -> dict[str, Any]:
         keys.append(smallest.tolist())
     return {"index": part.index, "records": totals, "keys": keys,
             "inputs": [{"lines": files[j].lines} for j in range(len(part.segments))]}  # fmt: skip
+
+
+def _train_records(records: Records, cut: int | None, seed: int) -> tuple[Records, np.ndarray]:
+    """The records of ``records`` that the validation split (``cut``; None: none) leaves to train, with their keys."""
+    keys = record_keys(records, seed)
+    if cut is None:
+        return records, keys
+    train = keys >= np.uint64(cut) if cut < (1 << 64) else np.zeros(len(records), dtype=bool)
+    return records.where(train), keys[train]
+
+
+def _kept(count: int, fraction: float) -> int:
+    """How many of a part's smallest epoch keys it returns: the share it would give if its keys were spread evenly,
+    with a margin of six standard deviations (the driver checks that it was enough, ``epoch_cuts_from``)."""
+    return min(count, math.ceil(fraction * count + 6 * math.sqrt(count) + 16))
+
+
+def part_epoch_keys(job: Any, part: MixedPart, cut: Any, n: Any = None) -> dict[str, Any]:
+    """The epoch pass over a mixed part: for each source of fractional epochs, its training records' count and
+    their smallest epoch keys (``n[s]`` of them; None: ``_kept``), for the driver's ``epoch_cuts_from``."""
+    cfg, sources = job.cfg, job.sources
+    cfgs = [source_config(cfg, s) for s in sources]
+    files: dict[int, InputFile] = {}
+    counts, kept = [], []
+    for s, source in enumerate(sources):
+        fraction = source.epochs - math.floor(source.epochs)
+        if fraction == 0:
+            counts.append(0)
+            kept.append([])
+            continue
+        keys = [
+            epoch_keys(_train_records(records, None if cut is None else cut[s], cfg.split.seed)[1])
+            for _, records, _, _ in _source_blocks(part, s, files, cfgs[s], None)
+        ]
+        every = np.concatenate(keys) if keys else np.zeros(0, np.uint64)
+        take = _kept(len(every), fraction) if n is None else min(n[s], len(every))
+        smallest = np.sort(np.partition(every, take - 1)[:take]) if 0 < take < len(every) else np.sort(every)[:take]
+        counts.append(len(every))
+        kept.append(smallest.tolist())
+    return {"index": part.index, "records": counts, "keys": kept,
+            "inputs": [{"lines": files[j].lines if j in files else 0} for j in range(len(part.segments))]}  # fmt: skip
+
+
+def epoch_cuts_from(sources: list[Source], results: list[dict[str, Any]]) -> tuple[list[int | None], list[int]]:
+    """Each source's epoch cut (records whose epoch key is below it get their extra copy: the ``round(f * N)`` of
+    smallest key, ``f`` the fractional part of its epochs, ``N`` its training records), and the sources whose
+    parts did not return enough keys to know it (the pass is then run again for them, asking for that many)."""
+    cuts: list[int | None] = []
+    again: list[int] = []
+    for s, source in enumerate(sources):
+        fraction = source.epochs - math.floor(source.epochs)
+        if fraction == 0:
+            cuts.append(None)
+            continue
+        total = sum(r["records"][s] for r in results)
+        k = math.floor(fraction * total + 0.5)
+        if k == 0:
+            cuts.append(0)
+            continue
+        union = np.sort(np.fromiter((key for r in results for key in r["keys"][s]), dtype=np.uint64))
+        kth = int(union[k - 1]) if len(union) >= k else None
+        # a part that kept fewer keys than it has holds unseen keys above its largest kept one only
+        enough = kth is not None and all(
+            len(r["keys"][s]) == r["records"][s] or (r["keys"][s] and r["keys"][s][-1] >= kth) for r in results
+        )
+        if not enough:
+            cuts.append(None)
+            again.append(s)
+            continue
+        cuts.append(kth + 1)
+    return cuts, again
