@@ -12,8 +12,9 @@ and weight written are what was accepted minus what each step removed::
                           - weight dropped (by reason) - weight cut by truncation (+ repeated)
 
 The terms in parentheses are those of a build with sources (``weightprep.sources``): a source's epochs write
-a document more than once, and its extra copies are counted as repeated documents, tokens and weight (their
-records as ``repeats``). Such a build checks the identity for each source too (``source_counts``: no rows, which
+a document more than once (or, below one epoch, not at all), and the copies beyond one per document are counted
+as repeated documents, tokens and weight, net (negative where records are left out; the records as ``repeats``
+and ``omitted``). Such a build checks the identity for each source too (``source_counts``: no rows, which
 hold several sources).
 
 A conversation built as per-turn documents (``chat.history``) is ``chat_history_documents`` documents, not
@@ -92,6 +93,7 @@ def final_counts(counts: Counter[str], rejected: Counter[str], seq_len: int, *, 
     }
     if repeats:
         final["repeats"] = counts["repeats"]
+        final["omitted"] = counts["omitted"]
         final["documents_repeated"] = counts["documents_repeated"]
         final["accounting"]["tokens"]["repeated"] = counts["tokens_repeated"]
         final["accounting"]["weight"]["repeated"] = counts["weight_repeated"]

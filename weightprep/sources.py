@@ -238,7 +238,9 @@ def manifest_sources(
     train_weight = sum(r[train]["total_weight"] for r in raw)
     entries = []
     for source, paths, by_split, source_rejected in zip(sources, files, raw, rejected, strict=True):
-        total = sum(by_split.values(), Counter())
+        total = Counter()
+        for c in by_split.values():
+            total.update(c)  # not Counter's +, which drops the negative (net) repeats of epochs < 1
         counts = source_counts(total, source_rejected)
         check_accounting(counts)
         entries.append({
@@ -248,6 +250,7 @@ def manifest_sources(
             "rejected": counts["rejected"],
             "documents": counts["documents"],
             "repeats": counts["repeats"],
+            "omitted": counts["omitted"],
             "tokens": counts["tokens"],
             "supervised_tokens": counts["supervised_tokens"],
             "total_weight": counts["total_weight"],

@@ -159,9 +159,11 @@ def _count_written(docs: Documents, times: np.ndarray, counts: Counter) -> None:
 
 
 def _count_repeats(docs: Documents, times: np.ndarray, record_copies: np.ndarray, counts: Counter) -> None:
-    """The extra copies of epochs: records, documents, tokens and weight (the identity adds them)."""
+    """The copies of epochs beyond one per document: records repeated and left out (epochs < 1), and the net
+    documents, tokens and weight they add (the identity adds them; negative where records are left out)."""
     extra = times - 1
-    counts["repeats"] += int((record_copies - 1).sum())
+    counts["repeats"] += int(np.maximum(record_copies - 1, 0).sum())
+    counts["omitted"] += int((record_copies == 0).sum())
     counts["documents_repeated"] += int(extra.sum())
     counts["tokens_repeated"] += int((docs.lengths * extra).sum())
     counts["weight_repeated"] += float((_doc_weights(docs) * extra).sum())
