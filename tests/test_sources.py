@@ -131,3 +131,271 @@ def test_every_token_weighs_its_sources_weight_times_its_own_and_epochs_repeat_r
             total = sum(seen[(s, r)] for r in range(n))
             assert abs(total - e * n) <= 1
             assert entry["repeats"] - entry["omitted"] == total - n  # copies beyond one, records left out (E < 1)
+
+
+# ---- three sources: the same bytes for every executor ---------------------------------------------------------
+
+_SAMPLE = SAMPLE_RAW.read_text(encoding="utf-8").splitlines(keepends=True)
+
+
+@pytest.fixture
+def three(tmp_path) -> list[Source]:
+    """The sample data cut into three sources of unequal sizes, with weights and fractional epochs."""
+    cuts = [0, 130, 300, len(_SAMPLE)]
+    paths = []
+    for i, (a, b) in enumerate(zip(cuts, cuts[1:], strict=False)):
+        path = tmp_path / f"src{i}.jsonl"
+        path.write_text("".join(_SAMPLE[a:b]), encoding="utf-8")
+        paths.append(path)
+    return [Source("math", (str(paths[0]),), 2.0, 1.0), Source("code", (str(paths[1]),), 1.0, 1.5),
+            Source("chat", (str(paths[2]),), 0.5, 2.3)]  # fmt: skip
+
+
+def _three_cfg(**split):
+    return config_from_dict({"pack": {"seq_len": 512}, "read": {"part_bytes": 150_000, "block_bytes": 32768},
+                             "split": {"validation_fraction": 0.1, **split}})  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    yield ray
+    ray.shutdown()
+
+
+@pytest.mark.parametrize("kind", ["local", "ray"])
+def test_three_sources_write_the_same_bytes_for_every_executor(kind, tmp_path, three, sample_tok, request):
+    if kind == "ray":
+        request.getfixturevalue("ray_session")
+    reference = build([], tmp_path / "serial", _three_cfg(), tokenizer=sample_tok, sources=three,
+                      executor=SerialExecutor())  # fmt: skip
+    assert len(plan_mixed([list(s.paths) for s in three], 150_000)) > 2  # several mixed parts
+    other = LocalExecutor(2) if kind == "local" else RayExecutor(2)
+    manifest = build([], tmp_path / kind, _three_cfg(), sources=three, executor=other)
+    assert _digests(tmp_path / kind) == _digests(tmp_path / "serial")
+    assert manifest["sources"] == reference["sources"]
+
+
+def test_sources_are_mixed_in_every_row_window_not_in_blocks(tmp_path, three, sample_tok):
+    cfg = config_from_dict({"pack": {"seq_len": 2048}, "read": {"block_bytes": 16384}})
+    flat = [Source(s.name, s.paths) for s in three]  # weights 1, one epoch: the same records as a plain build
+    build([], tmp_path / "out", cfg, tokenizer=sample_tok, sources=flat, executor=SerialExecutor())
+    origin = {}
+    for s, source in enumerate(flat):
+        for line in Path(source.paths[0]).read_text(encoding="utf-8").splitlines():
+            text = "".join(p["text"] for p in json.loads(line)["pieces"])
+            origin[tuple(sample_tok(text, add_special_tokens=False)["input_ids"][:12])] = s
+    rows = _rows(tmp_path / "out")
+    mixed = 0
+    for row in rows:
+        found = {origin.get(tuple(ids[1:13])) for _, ids, _ in _documents([row], sample_tok.bos_token_id)}
+        mixed += len(found - {None}) > 1
+    assert mixed >= len(rows) // 2, f"only {mixed} of {len(rows)} rows hold more than one source"
+
+
+# ---- validation per source ------------------------------------------------------------------------------------
+
+
+def test_each_source_holds_out_its_own_validation_split_that_datasets_loads(tmp_path, three, sample_tok):
+    import datasets
+
+    manifest = build([], tmp_path / "out", _three_cfg(), tokenizer=sample_tok, sources=three)
+    dd = datasets.load_from_disk(str(tmp_path / "out"))
+    assert sorted(dd) == ["train", "validation_chat", "validation_code", "validation_math"]
+    assert "validation" not in manifest["splits"]
+    for s, source in enumerate(three):
+        split = manifest["splits"][f"validation_{source.name}"]["counts"]
+        assert dd[f"validation_{source.name}"].num_rows == split["rows"] > 0
+        by_source = manifest["sources"][s]["splits"][f"validation_{source.name}"]
+        assert by_source["tokens"] == split["tokens"] and by_source["documents_written"] == split["documents_written"]
+        others = [m["splits"].get(f"validation_{source.name}") for i, m in enumerate(manifest["sources"]) if i != s]
+        assert all(o is None or o["tokens"] == 0 for o in others)  # never mixed
+        assert split["documents_written"] == split["documents"] - sum(split["dropped"].values())  # never repeated
+
+
+def test_validation_records_holds_out_n_records_of_each_source(tmp_path, three, sample_tok):
+    manifest = build([], tmp_path / "out", _three_cfg(validation_fraction=None, validation_records=7),
+                     tokenizer=sample_tok, sources=three)  # fmt: skip
+    for source in three:
+        assert manifest["splits"][f"validation_{source.name}"]["counts"]["records"] == 7
+
+
+def test_a_plain_build_keeps_its_validation_split(tmp_path, sample_tok):
+    manifest = build([str(SAMPLE_RAW)], tmp_path / "out", _three_cfg(), tokenizer=sample_tok)
+    assert sorted(manifest["splits"]) == ["train", "validation"] and "sources" not in manifest
+
+
+# ---- numbers per source ---------------------------------------------------------------------------------------
+
+
+def test_per_source_numbers_balance_and_sum_to_the_builds(tmp_path, three, sample_tok):
+    manifest = build([], tmp_path / "out", _three_cfg(), tokenizer=sample_tok, sources=three)
+    entries = manifest["sources"]
+    assert [e["name"] for e in entries] == ["math", "code", "chat"]
+    for entry in entries:
+        check_accounting(entry["counts"])
+    for key in ("records", "documents", "tokens", "supervised_tokens"):
+        assert sum(e[key] for e in entries) == manifest["counts"][key]
+    assert math.isclose(sum(e["total_weight"] for e in entries), manifest["counts"]["total_weight"], rel_tol=1e-9)
+    assert math.isclose(sum(e["weight_share"] for e in entries), 1.0, abs_tol=1e-5)
+    train = manifest["splits"]["train"]["counts"]
+    for entry, source in zip(entries, three, strict=True):
+        assert math.isclose(entry["weight_share"], entry["splits"]["train"]["total_weight"] / train["total_weight"],
+                            abs_tol=1e-6)  # fmt: skip
+        held = entry["splits"][f"validation_{source.name}"]["records"]
+        train_records = entry["splits"]["train"]["records"]
+        assert entry["repeats"] == math.floor((source.epochs % 1) * train_records + 0.5) + (
+            math.floor(source.epochs) - 1) * train_records  # fmt: skip
+        assert train_records + held == entry["records"]
+    broken = {**entries[1]["counts"], "documents_repeated": entries[1]["counts"]["documents_repeated"] + 1}
+    with pytest.raises(AccountingError):
+        check_accounting(broken)
+
+
+def test_a_weight_zero_source_is_counted_and_writes_nothing(tmp_path, three, sample_tok):
+    sources = [three[0], Source("zero", three[1].paths, 0.0, 1.0)]
+    manifest = build([], tmp_path / "out", _three_cfg(validation_fraction=None), tokenizer=sample_tok, sources=sources)
+    zero = manifest["sources"][1]
+    assert zero["records"] == 170
+    assert zero["tokens"] == 0 and zero["total_weight"] == 0 and zero["weight_share"] == 0
+    assert sum(zero["counts"]["dropped"].values()) == zero["documents"] and zero["counts"]["dropped"]["unsupervised"] > 0
+
+
+# ---- line numbers ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["serial", "local"])
+def test_a_bad_line_is_named_by_its_line_in_its_own_file(kind, tmp_path, three, sample_tok):
+    lines = Path(three[1].paths[0]).read_text(encoding="utf-8").splitlines(keepends=True)
+    lines[150] = '{"pieces": [{"text": "x", "weight": -1}]}\n'  # line 151, in the file's last part
+    Path(three[1].paths[0]).write_text("".join(lines), encoding="utf-8")
+    executor = SerialExecutor() if kind == "serial" else LocalExecutor(2)
+    with pytest.raises(InputError) as caught:
+        build([], tmp_path / "out", _three_cfg(), tokenizer=sample_tok if kind == "serial" else None, sources=three,
+              executor=executor)  # fmt: skip
+    assert caught.value.path == three[1].paths[0] and caught.value.line == 151
+    cfg = config_from_dict({"pack": {"seq_len": 512}, "read": {"part_bytes": 150_000}, "validate": {"on_invalid": "skip"}})
+    manifest = build([], tmp_path / "skip", cfg, tokenizer=sample_tok, sources=three)
+    rejects = [json.loads(x) for x in (tmp_path / "skip" / "rejects.jsonl").read_text().splitlines()]
+    assert [(r["source"], r["line"]) for r in rejects] == [(three[1].paths[0], 151)]
+    assert manifest["sources"][1]["rejected"] == {"bad_weight": 1} and manifest["sources"][0]["rejected"] == {}
+
+
+# ---- chat sources ---------------------------------------------------------------------------------------------
+
+
+def test_a_chat_sources_message_weights_are_scaled_by_its_weight(tmp_path):
+    from chat_support import chat_tokenizer
+
+    tok = chat_tokenizer("chatml")
+    chats = [{"messages": [{"role": "user", "content": f"question {i}"}, {"role": "assistant", "content": f"answer {i}"},
+                           {"role": "user", "content": "more"}, {"role": "assistant", "content": "yes", "weight": 0.25}]}
+             for i in range(6)]  # fmt: skip
+    path = _write(tmp_path / "chat.jsonl", chats)
+    cfg = config_from_dict({"pack": {"seq_len": 256}})
+    plain = build([str(path)], tmp_path / "plain", cfg, tokenizer=tok)
+    build([], tmp_path / "src", cfg, tokenizer=tok, sources=[Source("c", (str(path),), 3.0, 1.0, role_weights="assistant=0.5")])
+    base = {ids: w for _, ids, w in _docs_unpacked_or_packed(tmp_path / "plain", tok)}
+    scaled = {ids: w for _, ids, w in _docs_unpacked_or_packed(tmp_path / "src", tok)}
+    assert base.keys() == scaled.keys() and plain["counts"]["documents_written"] == 6
+    for ids, w in base.items():
+        # the plain build's weights are 1 and 0.25 (exact in float32); the source's: 3 * 0.5 and 3 * 0.25
+        want = np.where(w == np.float32(1.0), np.float32(3.0 * 0.5), np.where(w == 0, 0, np.float32(3.0 * 0.25)))
+        assert np.array_equal(scaled[ids], want.astype(np.float32))
+
+
+def _docs_unpacked_or_packed(out: Path, tok) -> list:
+    rows = _rows(out)
+    docs = []
+    for r, row in enumerate(rows):
+        start = 0
+        for n in row["seq_lengths"]:
+            ids = tuple(row["input_ids"][start : start + n])
+            if any(x != -100 for x in row["labels"][start : start + n]):
+                docs.append((r, ids, np.asarray(row["weights"][start : start + n], dtype=np.float32)))
+            start += n
+    return docs
+
+
+# ---- declarations: every problem is exit 2 before any work ----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--source", "a=A,foo=1"], "unknown option 'foo=1'"),
+        (["--source", "a=A,weight=-1"], "weight: must be a finite number >= 0, got -1.0"),
+        (["--source", "a=A,weight=nan"], "weight: must be a finite number >= 0, got nan"),
+        (["--source", "a=A,weight=1e39"], "beyond float32's largest"),
+        (["--source", "a=A,epochs=0"], "epochs: must be a finite number > 0, got 0.0"),
+        (["--source", "a=A,epochs=inf"], "epochs: must be a finite number > 0, got inf"),
+        (["--source", "a=A,epochs=two"], "epochs: expected a number, got 'two'"),
+        (["--source", "a=A", "--source", "a=B"], "source 'a' is declared twice"),
+        (["--source", "a.b=A"], "expected a name of letters, digits, '_' and '-'"),
+        (["--source", "A"], "expected NAME=PATH"),
+        (["--source", "a=nothing-*.jsonl"], "source a: no file matches 'nothing-*.jsonl'"),
+        (["--source", "a=missing.jsonl"], "source a: input file not found: missing.jsonl"),
+        (["--source", "a=A", "--source", "b=A"], "is given twice"),
+        (["--source", "a=A", "B"], "INPUTS (B) and sources are both given"),
+    ],
+)
+def test_a_bad_source_declaration_is_exit_2_before_any_work(args, message, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for name in ("A", "B"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "x.jsonl").write_text('{"text": "hi"}\n')
+    result = CliRunner().invoke(main, ["build", *args, "--out", "out", "--executor", "serial"])
+    assert result.exit_code == 2, result.output
+    assert message in result.output
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    ("sources", "message"),
+    [
+        ([{"name": "a", "path": "A", "colour": 1}], "sources[0].colour: unknown key"),
+        ([{"name": "a", "path": "A", "weight": -0.5}], "sources[0].weight: must be a finite number >= 0"),
+        ([{"name": "a", "path": "A", "epochs": -1}], "sources[0].epochs: must be a finite number > 0"),
+        ([{"name": "a", "path": "A", "role_weights": "assistant"}], "sources[0].chat.role_weights"),
+        ([{"name": "a", "path": "A", "columns": "prompt=q"}], "source a's columns renames the columns"),
+        ([{"name": "a"}], "sources[0].path: expected a file"),
+        ([], "sources: expected a non-empty list"),
+    ],
+)
+def test_a_bad_sources_list_in_a_pipeline_file_is_exit_2(sources, message, tmp_path, monkeypatch):
+    import yaml
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "A").mkdir()
+    (tmp_path / "A" / "x.jsonl").write_text('{"text": "hi"}\n')
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump({"pack": {"seq_len": 64}, "sources": sources}))
+    result = CliRunner().invoke(main, ["build", "--pipeline", "p.yaml", "--out", "out", "--executor", "serial"])
+    assert result.exit_code == 2, result.output
+    assert message in result.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_pipeline_files_sources_build_like_the_same_source_options(tmp_path, monkeypatch):
+    import yaml
+
+    monkeypatch.chdir(tmp_path)
+    for name, (a, b) in {"a": (0, 200), "b": (200, len(_SAMPLE))}.items():
+        (tmp_path / f"{name}.jsonl").write_text("".join(_SAMPLE[a:b]), encoding="utf-8")
+    sources = [{"name": "a", "path": "a.jsonl", "weight": 2, "epochs": 1.5}, {"name": "b", "path": ["b.jsonl"]}]
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump({"pack": {"seq_len": 512}, "sources": sources}))
+    run = CliRunner().invoke(main, ["build", "--pipeline", "p.yaml", "--out", "yaml", "--executor", "serial"])
+    assert run.exit_code == 0, run.output
+    assert "source a (weight 2, epochs 1.5)" in run.output
+    run = CliRunner().invoke(main, ["build", "--seq-len", "512", "--source", "a=a.jsonl,weight=2,epochs=1.5",
+                                    "--source", "b=b.jsonl", "--out", "cli", "--executor", "serial"])  # fmt: skip
+    assert run.exit_code == 0, run.output
+    assert {k: v for k, v in _digests(tmp_path / "yaml").items() if k.endswith(".arrow")} == {
+        k: v for k, v in _digests(tmp_path / "cli").items() if k.endswith(".arrow")
+    }
+
+
+def test_epoch_keys_are_independent_of_the_split_keys():
+    keys = np.arange(0, 1 << 20, dtype=np.uint64) << np.uint64(40)  # small split keys: all held out by a cut
+    below = epoch_keys(keys) < np.uint64(1 << 63)
+    assert 0.45 < below.mean() < 0.55

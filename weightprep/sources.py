@@ -58,22 +58,22 @@ class Source:
                 "columns": self.columns, "role_weights": self.role_weights}  # fmt: skip
 
 
-def _number(where: str, key: str, value: Any, problems: list[str]) -> float:
-    """``value`` as a float, or a problem naming ``where.key``."""
+def _number(where: str, key: str, value: Any, problems: list[str]) -> float | None:
+    """``value`` as a float, or None and a problem naming ``where.key``."""
     if isinstance(value, str):
         try:
             value = float(value)
         except ValueError:
             problems.append(f"{where}.{key}: expected a number, got {value!r}")
-            return math.nan
+            return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         problems.append(f"{where}.{key}: expected a number, got {type(value).__name__} {value!r}")
-        return math.nan
+        return None
     try:
         return float(value)
     except OverflowError:
         problems.append(f"{where}.{key}: {value} is too large")
-        return math.nan
+        return None
 
 
 def _source(where: str, data: dict[str, Any], problems: list[str]) -> Source | None:
@@ -93,10 +93,10 @@ def _source(where: str, data: dict[str, Any], problems: list[str]) -> Source | N
         problems.append(f"{where}.path: expected a file, directory or glob (or a list of them), got {path!r}")
         ok = False
     weight = _number(where, "weight", data.get("weight", 1.0), problems)
-    if not math.isnan(weight) and not is_valid_weight(weight):
+    if weight is not None and not is_valid_weight(weight):
         problems.append(f"{where}.weight: must be a finite number >= 0, got {weight}{weight_overflow_note(weight)}")
     epochs = _number(where, "epochs", data.get("epochs", 1.0), problems)
-    if not math.isnan(epochs) and not (math.isfinite(epochs) and epochs > 0):
+    if epochs is not None and not (math.isfinite(epochs) and epochs > 0):
         problems.append(f"{where}.epochs: must be a finite number > 0, got {epochs}")
     for key in ("columns", "role_weights"):
         if data.get(key) is not None and not isinstance(data[key], str):
