@@ -399,3 +399,25 @@ def test_epoch_keys_are_independent_of_the_split_keys():
     keys = np.arange(0, 1 << 20, dtype=np.uint64) << np.uint64(40)  # small split keys: all held out by a cut
     below = epoch_keys(keys) < np.uint64(1 << 63)
     assert 0.45 < below.mean() < 0.55
+
+
+# ---- the composition in inspect and the report ----------------------------------------------------------------
+
+
+def test_inspect_and_the_report_show_the_composition(tmp_path, three, sample_tok):
+    import re
+
+    manifest = build([], tmp_path / "out", _three_cfg(), tokenizer=sample_tok, sources=three)
+    result = CliRunner().invoke(main, ["inspect", str(tmp_path / "out"), "--no-color"])
+    assert result.exit_code == 0, result.output
+    for src in manifest["sources"]:
+        line = next(x for x in result.output.splitlines() if x.split()[:1] == [src["name"]])
+        assert f"{100 * src['weight_share']:.1f}%" in line and f"{src['tokens']:,}" in line
+        assert line.count("█") == round(30 * src["weight_share"])
+    result = CliRunner().invoke(main, ["inspect", str(tmp_path / "out"), "--html", str(tmp_path / "r.html")])
+    assert result.exit_code == 0, result.output
+    page = (tmp_path / "r.html").read_text(encoding="utf-8")
+    bars = dict(re.findall(r'class="source"[^>]*data-source="([^"]+)" data-share="([0-9.]+)"', page))
+    assert {k: float(v) for k, v in bars.items()} == pytest.approx({s["name"]: s["weight_share"] for s in manifest["sources"]})
+    for src in manifest["sources"]:
+        assert f'data-source="{src["name"]}" data-key="tokens">{src["tokens"]:,}<' in page

@@ -16,7 +16,28 @@ from weightprep.sources import Source, check_source_names, parse_source_option
 from weightprep.stages.read import expand_inputs
 from weightprep.tokenizer import SAMPLE_TOKENIZER_DIR, set_tokenizer_threads
 
-__all__ = ["build", "format_summary"]
+__all__ = ["build", "format_summary", "composition_lines"]
+
+
+#: Width of the composition bar of the summary, in characters.
+_BAR = 30
+
+
+def composition_lines(sources: list[dict[str, Any]]) -> list[str]:
+    """The sources of a build as a table with a bar of each one's share of the train split's weight."""
+    if not sources:
+        return []
+    name_w = max(6, *(len(s["name"]) for s in sources))
+    lines = [f"  sources: {'name':<{name_w}} {'weight':>7} {'epochs':>6} {'records':>9} {'repeated':>9} {'tokens':>12} "
+             f"{'supervised':>12} {'weight share':>12}"]  # fmt: skip
+    for src in sources:
+        bar = "█" * round(_BAR * src["weight_share"])
+        lines.append(
+            f"           {src['name']:<{name_w}} {src['weight']:>7g} {src['epochs']:>6g} {src['records']:>9,} "
+            f"{src['repeats']:>9,} {src['tokens']:>12,} {src['supervised_tokens']:>12,} "
+            f"{100 * src['weight_share']:>11.1f}% {bar}"
+        )
+    return lines
 
 
 def format_summary(manifest: dict[str, Any], out: str) -> str:
@@ -50,12 +71,7 @@ def format_summary(manifest: dict[str, Any], out: str) -> str:
             for name, split in (manifest.get("splits") or {}).items()
             for sc in (split["counts"],)
         ),
-        *(
-            f"  source {src['name']} (weight {src['weight']:g}, epochs {src['epochs']:g}): {src['records']:,} records, "
-            f"{src['documents']:,} documents + {src['repeats']:,} repeated records, {src['tokens']:,} tokens "
-            f"(supervised {src['supervised_tokens']:,}), {100 * src['weight_share']:.1f}% of the train weight"
-            for src in manifest.get("sources") or []
-        ),
+        *composition_lines(manifest.get("sources") or []),
         f"  tokenizer {manifest['tokenizer']['name_or_path']} (fingerprint {manifest['tokenizer']['fingerprint'][:12]}, "
         f"tokenized by {manifest['tokenizer'].get('backend', 'hf')})",
     ]
