@@ -421,3 +421,15 @@ def test_inspect_and_the_report_show_the_composition(tmp_path, three, sample_tok
     assert {k: float(v) for k, v in bars.items()} == pytest.approx({s["name"]: s["weight_share"] for s in manifest["sources"]})
     for src in manifest["sources"]:
         assert f'data-source="{src["name"]}" data-key="tokens">{src["tokens"]:,}<' in page
+
+
+def test_the_example_pipeline_declares_valid_sources():
+    from conftest import REPO
+
+    from weightprep.config import load_config, load_sources
+
+    path = REPO / "pipelines" / "sources.yaml"
+    sources = load_sources(path)
+    assert [s.name for s in sources] == ["math", "chat", "expert", "qa"]
+    assert sources[3] == Source("qa", ("data/qa.parquet",), 0.5, 1.5, "prompt=question,completion=answer")
+    assert load_config(path).split.validation_fraction == 0.02
