@@ -88,9 +88,9 @@ def _source_blocks(
         if source != s:
             continue
         record = files[j] = InputFile(seg.path)
-        for records, rejects, consumed in parsed_blocks(seg, record, cfg, chats):
-            yield j, records, rejects, done + consumed
-        done += seg.size if seg.whole else record.size
+        for records, rejects, consumed in parsed_blocks(seg, record, cfg, chats, exact=True):
+            yield j, records, rejects, done + min(consumed, seg.size)
+        done += seg.size
 
 
 def _interleaved_reads(
