@@ -11,7 +11,9 @@ a first pass over the parts finds the validation cut (``_validation_cut``); ``re
 ``--resume``d build must share with the build it resumes.
 Invalid lines stop the build (``validate.on_invalid: error``, the default)
 or go to rejects.jsonl (``skip``). Before publishing, the counts must satisfy the accounting
-identity (``weightprep.accounting``). With a validation split (``weightprep.stages.split``) each split is
+identity (``weightprep.accounting``). With sources (``weightprep.sources``) the parts are mixed parts
+(``plan.plan_mixed``, ``distribute.mixed``), fractional epochs add a pass (``_epoch_cuts``), each source's held-out
+records are its own split and the identity is checked per source too (``sources.manifest_sources``). With a validation split (``weightprep.stages.split``) each split is
 tokenized, packed and written on its own and the identity holds per split and in total. On any error the partial
 output is removed and the error re-raised; the output path is left as it was. An interrupted build (Ctrl-C,
 SIGKILL) leaves its finished parts in its temporary directory for ``--resume``.

@@ -13,8 +13,9 @@ A source is declared on the command line (``--source NAME=PATH[,weight=W][,epoch
   gets ``float32(W * w)``, the product taken in float64 (``scaled``). W = 0 is allowed: its documents are then
   unsupervised, dropped and counted as such, as any document without a supervised token.
 - ``epochs`` E (a number > 0, default 1): each training record of the source appears ``floor(E)`` times, and once
-  more when its epoch key is below ``(E - floor(E)) * 2**64`` (``copies``): a hash of its content and the build's
-  ``split.seed``, never its position. Held-out (validation) records appear once.
+  more for the ``round((E - floor(E)) * N)`` of its N training records with the smallest epoch keys (``epoch_keys``:
+  a mix of the record's content hash with the build's ``split.seed``, never its position; the cut is found by a
+  pass over the input, ``distribute.mixed.epoch_cuts_from``; ``copies``). Held-out (validation) records appear once.
 - ``columns`` and ``role_weights``: the source's own ``read.columns`` and ``chat.role_weights``.
 
 Every problem (an unknown key, a bad number, a name used twice or not usable in a split name, a path that matches

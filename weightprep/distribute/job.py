@@ -9,6 +9,9 @@ variants (``with_options``) and by ``KeyPass``, the key-only first pass of ``--v
 
 Within a part three threads overlap: read+validate (background), tokenize+assemble+mask+filter,
 pack+write (background); see ``weightprep.overlap``. The rows do not depend on their timing.
+
+A build with sources (``weightprep.sources``) runs ``MixedPart``s instead: their job is
+``weightprep.distribute.mixed.run_mixed``, and ``EpochPass`` is the pass that finds each source's epoch cut.
 """
 
 from __future__ import annotations

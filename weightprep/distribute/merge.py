@@ -6,6 +6,8 @@
   rejects in part order.
 - Shards are taken in (part, shard) order, so the published ``data-i-of-n`` follow the input; the row numbers
   of ``chat_turns.jsonl`` are shifted by the rows of the earlier parts.
+- A mixed part (a build with sources) reads several byte ranges, its segments: rejects and input statistics are
+  the segments', each numbered in its own file (``_ranges``); counts, shards and turns are the part's.
 - Each input's entry sums its parts' bytes and lines; its ``sha256`` is that of the whole file when it is one
   part, else each part's range is listed with its own ``sha256`` (a file is never read twice).
 """
