@@ -436,3 +436,25 @@ def test_the_example_pipeline_declares_valid_sources():
     assert [s.name for s in sources] == ["math", "chat", "expert", "qa"]
     assert sources[3] == Source("qa", ("data/qa.parquet",), 0.5, 1.5, "prompt=question,completion=answer")
     assert load_config(path).split.validation_fraction == 0.02
+
+
+def test_a_parquet_source_renames_its_own_columns_beside_a_jsonl_source(tmp_path, three, sample_tok):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    qa = tmp_path / "qa.parquet"
+    pq.write_table(pa.table({"question": [f"q{i}? " for i in range(20)], "answer": [f"a{i}." for i in range(20)]}), qa)
+    sources = [three[0], Source("qa", (str(qa),), 0.5, 2.0, columns="prompt=question,completion=answer")]
+    manifest = build([], tmp_path / "out", config_from_dict({"pack": {"seq_len": 512}}), tokenizer=sample_tok,
+                     sources=sources)  # fmt: skip
+    entry = manifest["sources"][1]
+    assert entry["records"] == 20 and entry["repeats"] == 20
+    weights = {w for row in _rows(tmp_path / "out") for w in row["weights"]}
+    assert np.float32(0.5 * 1.0) in weights and np.float32(2.0 * 1.0) in weights  # completion and EOS, each source's
+
+
+def test_validation_records_larger_than_a_source_names_it(tmp_path, three, sample_tok):
+    with pytest.raises(Exception, match="source math: --validation-records 500 would leave no training records"):
+        build([], tmp_path / "out", _three_cfg(validation_fraction=None, validation_records=500), tokenizer=sample_tok,
+              sources=three)  # fmt: skip
+    assert not (tmp_path / "out").exists()
