@@ -458,3 +458,19 @@ def test_validation_records_larger_than_a_source_names_it(tmp_path, three, sampl
         build([], tmp_path / "out", _three_cfg(validation_fraction=None, validation_records=500), tokenizer=sample_tok,
               sources=three)  # fmt: skip
     assert not (tmp_path / "out").exists()
+
+
+def test_a_killed_build_with_sources_resumes_to_the_same_bytes(tmp_path, three, sample_tok):
+    import os
+
+    from split_support import Delaying
+    from test_distribute import _Killed, _KilledAfter
+
+    reference = build([], tmp_path / "ref", _three_cfg(), tokenizer=sample_tok, sources=three)
+    with pytest.raises(_Killed):
+        build([], tmp_path / "out", _three_cfg(), tokenizer=sample_tok, sources=three, executor=_KilledAfter(2))
+    (tmp_path / f".out.tmp-{os.getpid()}").rename(tmp_path / ".out.tmp-999999999")  # as a dead process leaves it
+    resumed = Delaying(SerialExecutor(), {})
+    manifest = build([], tmp_path / "out", _three_cfg(), tokenizer=sample_tok, sources=three, executor=resumed, resume=True)
+    assert resumed.reused == [0, 1]
+    assert _digests(tmp_path / "out") == _digests(tmp_path / "ref") and manifest["sources"] == reference["sources"]
