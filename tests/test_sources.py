@@ -341,6 +341,7 @@ def _docs_unpacked_or_packed(out: Path, tok) -> list:
         (["--source", "a=missing.jsonl"], "source a: input file not found: missing.jsonl"),
         (["--source", "a=A", "--source", "b=A"], "is given twice"),
         (["--source", "a=A", "B"], "INPUTS (B) and sources are both given"),
+        (["--source", "a=A,weight=1e38", "--eos-weight", "10"], "times the EOS weight 10.0 is beyond float32's largest"),
     ],
 )
 def test_a_bad_source_declaration_is_exit_2_before_any_work(args, message, tmp_path, monkeypatch):

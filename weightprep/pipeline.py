@@ -56,6 +56,7 @@ from weightprep.tokenizer import (
     tokenizer_summary,
     transformers_tokenizer,
 )
+from weightprep.weights import is_valid_weight
 
 __all__ = ["build", "resume_key", "source_files"]
 
@@ -203,6 +204,11 @@ def source_files(sources: list[Source], cfg: BuildConfig) -> list[list[str]]:
     check_source_names(sources)
     files = []
     for source in sources:
+        if not is_valid_weight(source.weight * cfg.assemble.eos_weight):
+            raise UsageError(
+                f"source {source.name}: its weight {source.weight} times the EOS weight {cfg.assemble.eos_weight} is "
+                "beyond float32's largest (the shards store weights as float32): lower one of them"
+            )
         try:
             paths = expand_inputs(source.paths)
             columns = source.columns if source.columns is not None else cfg.read.columns
