@@ -146,15 +146,21 @@ def _doc_weights(docs: Documents) -> np.ndarray:
     """float64 sum of each document's weights."""
     if not len(docs):
         return np.zeros(0)
-    return np.add.reduceat(docs.weights.astype(np.float64), docs.offsets[:-1])
+    return np.add.reduceat(docs.weights, docs.offsets[:-1], dtype=np.float64)
 
 
 def _count_written(docs: Documents, times: np.ndarray, counts: Counter) -> None:
     """The written side of one source's identity, from its documents (each written ``times`` times)."""
-    supervised = np.add.reduceat((docs.labels != IGNORE_INDEX).astype(np.int64), docs.offsets[:-1]) if len(docs) else times
+    supervised = docs.labels != IGNORE_INDEX
     counts["documents_written"] += int(times.sum())
+    if (times == 1).all():  # one epoch: totals, without a per-document sum
+        counts["tokens"] += len(docs.input_ids)
+        counts["supervised_tokens"] += int(np.count_nonzero(supervised))
+        counts["total_weight"] += float(docs.weights.sum(dtype=np.float64))
+        return
+    per_doc = np.add.reduceat(supervised, docs.offsets[:-1], dtype=np.int64) if len(docs) else times
     counts["tokens"] += int((docs.lengths * times).sum())
-    counts["supervised_tokens"] += int((supervised * times).sum())
+    counts["supervised_tokens"] += int((per_doc * times).sum())
     counts["total_weight"] += float((_doc_weights(docs) * times).sum())
 
 
@@ -169,8 +175,26 @@ def _count_repeats(docs: Documents, times: np.ndarray, record_copies: np.ndarray
     counts["weight_repeated"] += float((_doc_weights(docs) * extra).sum())
 
 
+def _split(docs: Documents, n: int) -> tuple[Documents, Documents]:
+    """The first ``n`` documents and the rest, as views (no copy)."""
+    cut = int(docs.offsets[n])
+
+    def part(lo: int, hi: int | None, offsets: np.ndarray) -> Documents:
+        tokens = slice(lo, None if hi is None else hi)
+        return Documents(
+            input_ids=docs.input_ids[tokens], weights=docs.weights[tokens], offsets=offsets,
+            lines=docs.lines[:n] if hi is not None else docs.lines[n:],
+            labels=None if docs.labels is None else docs.labels[tokens],
+            turns=None if docs.turns is None else docs.turns[tokens],
+        )  # fmt: skip
+
+    return part(0, cut, docs.offsets[: n + 1]), part(cut, None, docs.offsets[n:] - cut)
+
+
 class _Interleave:
-    """Step 2 of the module docstring: training documents held until every source has read past them."""
+    """Step 2 of the module docstring: training documents held until every source has read past them. Each block's
+    documents wait as they came (their ``t`` ascending); a release cuts every block at the bound (views), joins
+    what is ready and orders it: each document is copied once here."""
 
     def __init__(self, sources: list[int]) -> None:
         self.frontier = dict.fromkeys(sources, 0.0)
@@ -186,20 +210,29 @@ class _Interleave:
     def release(self, s: int, share: float) -> tuple[Documents, np.ndarray] | None:
         """The documents no source can precede any more, in order, now that source ``s`` has read ``share``."""
         self.frontier[s] = share
-        if not self.pending:
-            return None
         bound = min(self.frontier.values())
-        t = np.concatenate([p[0] for p in self.pending])
-        tie = np.concatenate([p[1] for p in self.pending])
-        docs = Documents.concat([p[2] for p in self.pending])
-        times = np.concatenate([p[3] for p in self.pending])
-        order = np.lexsort((tie, t))
-        ready = order[t[order] < bound]
-        if not len(ready):
+        ready, keep = [], []
+        for t, tie, docs, times in self.pending:
+            n = int(np.searchsorted(t, bound, side="left"))  # t < bound: ready
+            if n == len(t):
+                ready.append((t, tie, docs, times))
+            elif n == 0:
+                keep.append((t, tie, docs, times))
+            else:
+                head, tail = _split(docs, n)
+                ready.append((t[:n], tie[:n], head, times[:n]))
+                keep.append((t[n:], tie[n:], tail, times[n:]))
+        self.pending = keep
+        if not ready:
             return None
-        rest = np.sort(order[t[order] >= bound])  # kept in their arrival order: the sort above is total
-        self.pending = [(t[rest], tie[rest], docs.take(rest), times[rest])] if len(rest) else []
-        return docs.take(ready), times[ready]
+        t = np.concatenate([r[0] for r in ready])
+        tie = np.concatenate([r[1] for r in ready])
+        times = np.concatenate([r[3] for r in ready])
+        order = np.lexsort((tie, t))
+        docs = Documents.concat([r[2] for r in ready])
+        if len(ready) > 1 and (order[1:] < order[:-1]).any():
+            docs, times = docs.take(order), times[order]
+        return docs, times
 
 
 def run_mixed(job: Any, part: MixedPart, tmp: Path, progress: Any) -> dict[str, Any]:
