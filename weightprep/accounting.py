@@ -6,10 +6,16 @@ and weight written are what was accepted minus what each step removed::
 
     records             = accepted + sum(rejected)
     documents           = accepted - chat_history_conversations + chat_history_documents
-    documents_written   = documents - sum(dropped) - chunked + chunks
-    tokens written      = tokens accepted - tokens dropped (by reason) - tokens cut by truncation
+    documents_written   = documents - sum(dropped) - chunked + chunks (+ documents_repeated)
+    tokens written      = tokens accepted - tokens dropped (by reason) - tokens cut by truncation (+ repeated)
     weight written      = weight accepted - weight unlabeled (first tokens, chunks' first tokens)
-                          - weight dropped (by reason) - weight cut by truncation
+                          - weight dropped (by reason) - weight cut by truncation (+ repeated)
+
+The terms in parentheses are those of a build with sources (``weightprep.sources``): a source's epochs write
+a document more than once (or, below one epoch, not at all), and the copies beyond one per document are counted
+as repeated documents, tokens and weight, net (negative where records are left out; the records as ``repeats``
+and ``omitted``). Such a build checks the identity for each source too (``source_counts``: no rows, which
+hold several sources).
 
 A conversation built as per-turn documents (``chat.history``) is ``chat_history_documents`` documents, not
 one; their tokens beyond the conversation's last document are ``chat_history_extra_tokens`` (a cost, already
@@ -29,20 +35,22 @@ from typing import Any
 
 from weightprep.errors import AccountingError
 
-__all__ = ["final_counts", "check_accounting", "DROP_REASONS"]
+__all__ = ["final_counts", "source_counts", "check_accounting", "DROP_REASONS"]
 
 DROP_REASONS = ("overlong", "unsupervised")
+#: The terms of the token and weight identities that are not removed from the accepted ones (repeated: added).
+_ADDED = ("accepted", "written", "repeated")
 #: Relative tolerance of the weight identity: float32 weights summed in float64, in different orders.
 _WEIGHT_RTOL = 1e-9
 
 
-def final_counts(counts: Counter[str], rejected: Counter[str], seq_len: int) -> dict[str, Any]:
-    """The manifest's ``counts`` from the build's raw counters."""
+def final_counts(counts: Counter[str], rejected: Counter[str], seq_len: int, *, repeats: bool = False) -> dict[str, Any]:
+    """The manifest's ``counts`` from the build's raw counters (``repeats``: with the terms of epochs)."""
     rows = counts["rows"]
     accepted = counts["accepted"]
     tokens_removed = {f"dropped_{r}": counts[f"tokens_dropped_{r}"] for r in DROP_REASONS}
     weight_removed = {f"dropped_{r}": counts[f"weight_dropped_{r}"] for r in DROP_REASONS}
-    return {
+    final: dict[str, Any] = {
         "records": accepted + sum(rejected.values()),
         "accepted": accepted,
         "rejected": dict(sorted(rejected.items())),
@@ -83,6 +91,21 @@ def final_counts(counts: Counter[str], rejected: Counter[str], seq_len: int) -> 
             },
         },
     }
+    if repeats:
+        final["repeats"] = counts["repeats"]
+        final["omitted"] = counts["omitted"]
+        final["documents_repeated"] = counts["documents_repeated"]
+        final["accounting"]["tokens"]["repeated"] = counts["tokens_repeated"]
+        final["accounting"]["weight"]["repeated"] = counts["weight_repeated"]
+    return final
+
+
+def source_counts(counts: Counter[str], rejected: Counter[str]) -> dict[str, Any]:
+    """One source's counts (``final_counts`` with its repeats, without rows: a row holds several sources)."""
+    final = final_counts(counts, rejected, 1, repeats=True)
+    for key in ("rows", "pad_tokens", "fill_ratio"):
+        del final[key]
+    return final
 
 
 def check_accounting(counts: dict[str, Any]) -> None:
@@ -98,21 +121,23 @@ def check_accounting(counts: dict[str, Any]) -> None:
             f"documents {c['documents']} != accepted records {c['accepted']} - conversations built per turn "
             f"{conversations} + their documents {per_turn}"
         )
-    expected_docs = c["documents"] - sum(c["dropped"].values()) - c["chunked"] + c["chunks"]
+    repeated = c.get("documents_repeated", 0)
+    expected_docs = c["documents"] - sum(c["dropped"].values()) - c["chunked"] + c["chunks"] + repeated
     if c["documents_written"] != expected_docs:
         problems.append(
             f"documents written {c['documents_written']} != documents {c['documents']} - dropped "
-            f"{sum(c['dropped'].values())} - chunked {c['chunked']} + chunks {c['chunks']} = {expected_docs}"
+            f"{sum(c['dropped'].values())} - chunked {c['chunked']} + chunks {c['chunks']} + repeated {repeated} "
+            f"= {expected_docs}"
         )
     t = c["accounting"]["tokens"]
-    expected_tokens = t["accepted"] - sum(v for k, v in t.items() if k not in ("accepted", "written"))
+    expected_tokens = t["accepted"] - sum(v for k, v in t.items() if k not in _ADDED) + t.get("repeated", 0)
     if t["written"] != expected_tokens or c["tokens"] != t["written"]:
         problems.append(f"tokens written {t['written']} != accepted {t['accepted']} - removed = {expected_tokens} ({t})")
     w = c["accounting"]["weight"]
-    expected_weight = w["accepted"] - sum(v for k, v in w.items() if k not in ("accepted", "written"))
+    expected_weight = w["accepted"] - sum(v for k, v in w.items() if k not in _ADDED) + w.get("repeated", 0)
     if not math.isclose(w["written"], expected_weight, rel_tol=_WEIGHT_RTOL, abs_tol=1e-6):
         problems.append(f"weight written {w['written']!r} != accepted {w['accepted']!r} - removed = {expected_weight!r} ({w})")
-    if c["pad_tokens"] < 0:
+    if c.get("pad_tokens", 0) < 0:
         problems.append(f"pad tokens {c['pad_tokens']} < 0")
     if problems:
         raise AccountingError(problems)

@@ -21,6 +21,7 @@ from weightprep.batches import Documents, Records, Reject, Rows
 from weightprep.config import BuildConfig
 from weightprep.constants import IGNORE_INDEX
 from weightprep.distribute.plan import InputPart
+from weightprep.errors import is_columnar, is_compressed
 from weightprep.stages.assemble import assemble
 from weightprep.stages.chat import ChatRenderer, parse_role_weights, render_chats
 from weightprep.stages.chat_templates import resolve_templates, template_sha256
@@ -110,11 +111,17 @@ def count_rows(rows: Rows, counts: Counter[str]) -> None:
 class Chats:
     """The chat stage of a build: a renderer made at the first conversation (a pieces-only build needs no template)."""
 
-    def __init__(self, tokenizer: Any, cfg: BuildConfig, tokenize: PieceTokenizer) -> None:
+    def __init__(
+        self, tokenizer: Any, cfg: BuildConfig, tokenize: PieceTokenizer, *, roles: list[str] | None = None,
+        scale: float = 1.0,
+    ) -> None:
         self.tokenizer, self.cfg, self.tokenize = tokenizer, cfg, tokenize
         self._renderer: ChatRenderer | None = None
-        #: the conversations' role names, by turn code (``batches.turn_code``), for the writer's turns file
-        self.roles: list[str] = []
+        #: the conversations' role names, by turn code (``batches.turn_code``), for the writer's turns file (one
+        #: list for the chat stages of every source of a build: their codes share the turns file)
+        self.roles: list[str] = roles if roles is not None else []
+        #: the source's weight (``weightprep.sources``), applied to message weights before their float32 cast
+        self.scale = scale
 
     @property
     def template_sha256(self) -> str | None:
@@ -131,7 +138,7 @@ class Chats:
             renderer = ChatRenderer(
                 tok, chosen.template, weights, self.roles, self.tokenize, chosen.path, history=history,
                 original=chosen.original, training=chosen.training,
-                sanitize_control_tokens=self.cfg.chat.sanitize_control_tokens,
+                sanitize_control_tokens=self.cfg.chat.sanitize_control_tokens, scale=self.scale,
             )  # fmt: skip
             renderer.check()
             self._renderer = renderer
@@ -139,15 +146,21 @@ class Chats:
 
 
 def parsed_blocks(
-    part: InputPart, record: InputFile, cfg: BuildConfig, chats: Chats | None
+    part: InputPart, record: InputFile, cfg: BuildConfig, chats: Chats | None, *, exact: bool = False
 ) -> Iterator[tuple[Records, list[Reject], int]]:
     """Validated records (conversations rendered by ``chats``; None: left as they are) and, when skipping, rejects
-    of every block of ``part``, with the input bytes consumed so far. In strict mode the first bad line of the
-    block, in input order, is raised."""
+    of every block of ``part``, with the input bytes consumed so far (``exact``: of a plain file, the bytes of the
+    part up to the block's end, rather than what the buffered reader has read ahead). In strict mode the first bad
+    line of the block, in input order, is raised."""
     skip = cfg.validate.on_invalid == "skip"
     columns = parse_columns(cfg.read.columns)
     window = {} if part.whole else {"start": part.start, "end": part.end}
+    plain = exact and not (is_compressed(part.path) or is_columnar(part.path))
     for block in read_blocks(record, cfg.read.block_bytes, cfg.read.max_line_bytes, columns, **window):
+        # a block ends where its last line does (a too-long line: past its newline); a supplied final newline
+        # is not in the file
+        end = block.offset + (block.too_long + 1 if block.too_long else len(block.data))
+        consumed = min(end, part.end) - part.start if plain else record.size
         rejects: list[Reject] = []
         records = parse_block(block, rejects)
         if chats is not None:
@@ -156,5 +169,5 @@ def parsed_blocks(
             rejects.sort(key=lambda r: r.line)
             if not skip:
                 raise rejects[0].error()
-        yield records, rejects, record.size
+        yield records, rejects, consumed
 

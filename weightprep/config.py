@@ -45,6 +45,7 @@ __all__ = [
     "ChatConfig",
     "BuildConfig",
     "load_config",
+    "load_sources",
     "config_from_dict",
     "config_to_dict",
 ]
@@ -338,7 +339,8 @@ def config_from_dict(
         data = {}
     if not isinstance(data, dict):
         raise ConfigError([f"<top level>: expected a mapping of sections, got {_describe(data)}"], source)
-    merged = {k: dict(v) if isinstance(v, dict) else v for k, v in data.items()}
+    # the sources (``weightprep.sources``) are not a stage's configuration: ``load_sources`` reads them
+    merged = {k: dict(v) if isinstance(v, dict) else v for k, v in data.items() if k != "sources"}
     for dotted, value in _renamed(merged, overrides or {}, problems).items():
         if value is not None:
             _set_dotted(merged, dotted, value)
@@ -363,6 +365,21 @@ def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None
     except yaml.YAMLError as exc:
         raise ConfigError([f"not valid YAML: {exc}"], str(path)) from None
     return config_from_dict(data, overrides, source=str(path))
+
+
+def load_sources(path: str | Path | None) -> list[Any] | None:
+    """The ``sources:`` list of a pipeline file (``weightprep.sources``), None where it declares none."""
+    if path is None:
+        return None
+    from weightprep.sources import sources_from_data
+
+    try:
+        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except (FileNotFoundError, yaml.YAMLError):
+        return None  # load_config reports it
+    if not isinstance(data, dict) or "sources" not in data:
+        return None
+    return sources_from_data(data["sources"], str(path))
 
 
 def config_to_dict(cfg: BuildConfig) -> dict[str, Any]:

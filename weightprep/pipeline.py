@@ -11,7 +11,9 @@ a first pass over the parts finds the validation cut (``_validation_cut``); ``re
 ``--resume``d build must share with the build it resumes.
 Invalid lines stop the build (``validate.on_invalid: error``, the default)
 or go to rejects.jsonl (``skip``). Before publishing, the counts must satisfy the accounting
-identity (``weightprep.accounting``). With a validation split (``weightprep.stages.split``) each split is
+identity (``weightprep.accounting``). With sources (``weightprep.sources``) the parts are mixed parts
+(``plan.plan_mixed``, ``distribute.mixed``), fractional epochs add a pass (``_epoch_cuts``), each source's held-out
+records are its own split and the identity is checked per source too (``sources.manifest_sources``). With a validation split (``weightprep.stages.split``) each split is
 tokenized, packed and written on its own and the identity holds per split and in total. On any error the partial
 output is removed and the error re-raised; the output path is left as it was. An interrupted build (Ctrl-C,
 SIGKILL) leaves its finished parts in its temporary directory for ``--resume``.
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -31,10 +34,12 @@ from weightprep.accounting import check_accounting, final_counts
 from weightprep.config import BuildConfig, config_to_dict
 from weightprep.constants import FORMAT_NAME, FORMAT_VERSION, PACKED_COLUMNS, UNPACKED_COLUMNS
 from weightprep.distribute.executors import Executor, SerialExecutor, run_parts
-from weightprep.distribute.job import ADD_BOS, KeyPass, PartJob, ProgressFn
+from weightprep.distribute.job import ADD_BOS, EpochPass, KeyPass, PartJob, ProgressFn
 from weightprep.distribute.merge import merge_results
-from weightprep.distribute.plan import InputPart, plan_parts
+from weightprep.distribute.mixed import epoch_cuts_from, split_names
+from weightprep.distribute.plan import plan_mixed, plan_parts
 from weightprep.errors import InputError, UsageError, is_columnar
+from weightprep.sources import Source, check_source_names, manifest_sources
 from weightprep.stages.chat import CHAT_REASONS
 from weightprep.stages.chat_templates import TRAINING, manifest_chat, tokenizer_template
 from weightprep.stages.columnar import parse_columns
@@ -51,8 +56,9 @@ from weightprep.tokenizer import (
     tokenizer_summary,
     transformers_tokenizer,
 )
+from weightprep.weights import is_valid_weight
 
-__all__ = ["build", "resume_key"]
+__all__ = ["build", "resume_key", "source_files"]
 
 
 def build(
@@ -66,8 +72,13 @@ def build(
     notify: Callable[[str], None] | None = None,
     executor: Executor | None = None,
     resume: bool = False,
+    sources: list[Source] | None = None,
 ) -> dict[str, Any]:
     """Run the whole pipeline from JSONL ``inputs`` to shards at ``out``; return the manifest.
+
+    ``sources`` (``weightprep.sources``; ``inputs`` then empty): several named sources, each with a weight and a
+    number of epochs, mixed into one build (``plan.plan_mixed``, ``weightprep.distribute.mixed``), with a
+    ``validation_NAME`` split per source and the manifest's ``sources`` numbers.
 
     The inputs are cut into parts (``weightprep.distribute.plan``, by ``read.part_bytes``); ``executor``
     (default: in this process) runs each part through the stages into its own shards, and the driver merges
@@ -80,16 +91,19 @@ def build(
     """
     from weightprep import __version__
 
-    inputs = expand_inputs(inputs)
-    check_inputs(inputs, parse_columns(cfg.read.columns))
-    if cfg.read.columns and (jsonl := [p for p in inputs if not is_columnar(p)]):
-        raise UsageError(
-            f"--columns renames the columns of Parquet/Arrow inputs; {jsonl[0]} is JSONL: give its records the "
-            "field names pieces/messages/text/prompt+completion"
-        )
+    if sources is not None:
+        if inputs:
+            raise UsageError("give the inputs as sources (--source NAME=PATH) or as INPUTS, not both")
+        by_source = source_files(sources, cfg)
+        inputs = [p for files in by_source for p in files]
+    else:
+        inputs = expand_inputs(inputs)
+        _check_files(inputs, cfg.read.columns, "--columns")
     out_path = prepare_output(out, overwrite=overwrite, inputs=inputs, resume=resume)
     executor = executor if executor is not None else SerialExecutor()
-    parts = plan_parts(inputs, cfg.read.part_bytes)
+    parts: list[Any] = plan_parts(inputs, cfg.read.part_bytes) if sources is None else plan_mixed(
+        by_source, cfg.read.part_bytes
+    )
     in_process = executor.in_process(len(parts))
     prefetch = None
     if in_process and tokenizer is None and cfg.tokenizer.backend != "hf" and not cfg.tokenizer.trust_remote_code:
@@ -107,24 +121,29 @@ def build(
     specials = special_tokens(tok, add_bos=ADD_BOS[cfg.tokenizer.add_bos])
     # the output's work directory: here, once (a part makes only its own directory in it); a prefix in a store for
     # a URL --out, which every worker writes its parts to (weightprep.stages.store_output)
-    output = open_output(out_path, resume_key(cfg, inputs, tok, summary, __version__), resume=resume)
-    job = PartJob(cfg, tokenizer, output.work_dir)  # workers load it themselves if None
+    output = open_output(out_path, resume_key(cfg, inputs, tok, summary, __version__, sources), resume=resume)
+    job = PartJob(cfg, tokenizer, output.work_dir, sources=sources)  # workers load it themselves if None
     if in_process:  # this process is the worker: it keeps the tokenizer it loaded (and the early fastokens load)
         job.adopt(tok, prefetch)
     try:
         with executor.start(job, len(parts)):  # one pool (or Ray cluster) for both passes
-            cut = _validation_cut(cfg, parts, executor)
-            results = run_parts(executor, parts, progress, cut=cut)
+            cut = _validation_cut(cfg, parts, executor, sources)
+            epochs = {"epoch_cuts": _epoch_cuts(sources, parts, executor, cut)} if sources is not None else {}
+            results = run_parts(executor, parts, progress, cut=cut, **epochs)
         for note in dict.fromkeys(n for r in results for n in r.get("notes", [])):
             if notify is not None:
                 notify(note)
+        if sources is not None:
+            names = split_names(sources, cut is not None)
+        else:
+            names = (TRAIN, VALIDATION) if cut is not None else None
         merged = merge_results(
-            parts, results, output.tmp, job.work_dir, names=(TRAIN, VALIDATION) if cut is not None else None,
-            skip=cfg.validate.on_invalid == "skip",
+            parts, results, output.tmp, job.work_dir, names=names, skip=cfg.validate.on_invalid == "skip",
         )
         seq_len, packed = cfg.pack.seq_len, cfg.pack.enabled
-        per_split = {name: final_counts(c, Counter(), seq_len) for name, c in merged.counts.items() if name}
-        counts = final_counts(merged.total, merged.rejected, seq_len)
+        repeats = sources is not None
+        per_split = {name: final_counts(c, Counter(), seq_len, repeats=repeats) for name, c in merged.counts.items() if name}
+        counts = final_counts(merged.total, merged.rejected, seq_len, repeats=repeats)
         if counts["records"] == 0:
             raise UsageError(f"the input holds no records ({', '.join(inputs)}: empty or blank lines only)")
         check_accounting(counts)
@@ -149,6 +168,8 @@ def build(
             "counts": counts,
             **({"splits": {name: {"counts": c} for name, c in per_split.items()}} if per_split else {}),
         }
+        if sources is not None:
+            manifest["sources"] = manifest_sources(sources, by_source, results, merged.counts)
         if counts["chat_documents"] or any(reason in CHAT_REASONS for reason in counts["rejected"]):
             turns = counts["chat_training_template_turns"]
             manifest["chat"] = manifest_chat(transformers_tokenizer(tok), cfg.chat.template, cfg.chat.history, turns)
@@ -166,11 +187,48 @@ def build(
             job.release()
 
 
-def _validation_cut(cfg: BuildConfig, parts: list[InputPart], executor: Executor) -> int | None:
-    """The key cut of the configured validation split (a first pass over the records for ``validation_records``)."""
+def _check_files(files: list[str], columns: str | None, option: str) -> None:
+    """The inputs' checks before any work (``check_inputs``), and renamed columns only where there are columns."""
+    check_inputs(files, parse_columns(columns))
+    if columns and (jsonl := [p for p in files if not is_columnar(p)]):
+        raise UsageError(
+            f"{option} renames the columns of Parquet/Arrow inputs; {jsonl[0]} is JSONL: give its records the "
+            "field names pieces/messages/text/prompt+completion"
+        )
+
+
+def source_files(sources: list[Source], cfg: BuildConfig) -> list[list[str]]:
+    """Each source's files, checked before any work; a file in two sources is an error (read twice)."""
+    if not sources:
+        raise UsageError("no source given")
+    check_source_names(sources)
+    files = []
+    for source in sources:
+        if not is_valid_weight(source.weight * cfg.assemble.eos_weight):
+            raise UsageError(
+                f"source {source.name}: its weight {source.weight} times the EOS weight {cfg.assemble.eos_weight} is "
+                "beyond float32's largest (the shards store weights as float32): lower one of them"
+            )
+        try:
+            paths = expand_inputs(source.paths)
+            columns = source.columns if source.columns is not None else cfg.read.columns
+            _check_files(paths, columns, f"source {source.name}'s columns" if source.columns else "--columns")
+        except UsageError as exc:
+            raise UsageError(f"source {source.name}: {exc}") from None
+        files.append(paths)
+    expand_inputs([p for paths in files for p in paths])  # the same file in two sources
+    return files
+
+
+def _validation_cut(
+    cfg: BuildConfig, parts: list[Any], executor: Executor, sources: list[Source] | None = None
+) -> Any:
+    """The key cut of the configured validation split (a first pass over the records for ``validation_records``);
+    with sources, one per source (``N`` records held out of each)."""
     split = cfg.split
     if split.validation_fraction is not None:
-        return fraction_cut(split.validation_fraction)
+        cut = fraction_cut(split.validation_fraction)
+        return cut if sources is None else tuple(cut for _ in sources)
     if split.validation_records is None:
         return None
     try:
@@ -181,9 +239,35 @@ def _validation_cut(cfg: BuildConfig, parts: list[InputPart], executor: Executor
             # a pass that renders them (it raises the earliest bad line; parts after it are not run to their end)
             run_parts(executor, parts, None, task=KeyPass(render=True))
         raise
+    if sources is not None:
+        cuts = []
+        for i, source in enumerate(sources):
+            try:
+                cuts.append(cut_from_keys(
+                    sum(r["records"][i] for r in results), [k for r in results for k in r["keys"][i]],
+                    split.validation_records,
+                ))  # fmt: skip
+            except UsageError as exc:
+                raise UsageError(f"source {source.name}: {exc} (N records are held out of each source)") from None
+        return tuple(cuts)
     return cut_from_keys(
         sum(r["records"] for r in results), [k for r in results for k in r["keys"]], split.validation_records
     )
+
+
+def _epoch_cuts(sources: list[Source], parts: list[Any], executor: Executor, cut: Any) -> list[int | None] | None:
+    """Each source's epoch cut (``distribute.mixed.epoch_cuts_from``): a pass over the parts where a source has
+    fractional epochs, and a second, exact one for a source whose parts kept too few keys in the first."""
+    if all(float(s.epochs).is_integer() for s in sources):
+        return None
+    first = run_parts(executor, parts, None, task=EpochPass(cut))
+    cuts, again = epoch_cuts_from(sources, first)
+    if again:  # each part's smallest round(f * N) keys: enough whatever their spread
+        n = [math.floor((src.epochs % 1) * sum(r["records"][s] for r in first) + 0.5) if s in again else 0
+             for s, src in enumerate(sources)]  # fmt: skip
+        exact, _ = epoch_cuts_from(sources, run_parts(executor, parts, None, task=EpochPass(cut, n)))
+        cuts = [exact[s] if s in again else c for s, c in enumerate(cuts)]
+    return cuts
 
 
 #: The files of a tokenizer directory that decide its ids or its chat template (``resume_key``).
@@ -203,7 +287,10 @@ def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()  # small files (hashlib.file_digest needs Python 3.11)
 
 
-def resume_key(cfg: BuildConfig, inputs: list[str], tok: Any, summary: dict[str, Any], version: str) -> str:
+def resume_key(
+    cfg: BuildConfig, inputs: list[str], tok: Any, summary: dict[str, Any], version: str,
+    sources: list[Source] | None = None,
+) -> str:
     """What a resumed build must share with the build it resumes, all that decides the bytes of a part: the
     configuration, the chat template's text (the ``chat.template`` file's, else the tokenizer's own), the tokenizer
     (its fingerprint, and the bytes of the files of its directory that decide its ids or its template),
@@ -224,6 +311,7 @@ def resume_key(cfg: BuildConfig, inputs: list[str], tok: Any, summary: dict[str,
             "tokenizer_files": files,
             "version": version,
             "inputs": stats,
+            **({"sources": [s.as_manifest() for s in sources]} if sources is not None else {}),
         },
         sort_keys=True,
     )

@@ -11,11 +11,34 @@ import click
 from weightprep import storage
 from weightprep.commands._errors import reports_errors
 from weightprep.commands._storage import storage_options
-from weightprep.config import load_config
+from weightprep.config import load_config, load_sources
+from weightprep.errors import UsageError
+from weightprep.sources import Source, check_source_names, parse_source_option
 from weightprep.stages.read import expand_inputs
 from weightprep.tokenizer import SAMPLE_TOKENIZER_DIR, set_tokenizer_threads
 
-__all__ = ["build", "format_summary"]
+__all__ = ["build", "format_summary", "composition_lines"]
+
+
+#: Width of the composition bar of the summary, in characters.
+_BAR = 30
+
+
+def composition_lines(sources: list[dict[str, Any]]) -> list[str]:
+    """The sources of a build as a table with a bar of each one's share of the train split's weight."""
+    if not sources:
+        return []
+    name_w = max(6, *(len(s["name"]) for s in sources))
+    lines = [f"  sources: {'name':<{name_w}} {'weight':>7} {'epochs':>6} {'records':>9} {'repeated':>9} {'tokens':>12} "
+             f"{'supervised':>12} {'weight share':>12}"]  # fmt: skip
+    for src in sources:
+        bar = "█" * round(_BAR * src["weight_share"])
+        lines.append(
+            f"           {src['name']:<{name_w}} {src['weight']:>7g} {src['epochs']:>6g} {src['records']:>9,} "
+            f"{src['repeats']:>9,} {src['tokens']:>12,} {src['supervised_tokens']:>12,} "
+            f"{100 * src['weight_share']:>11.1f}% {bar}"
+        )
+    return lines
 
 
 def format_summary(manifest: dict[str, Any], out: str) -> str:
@@ -49,14 +72,44 @@ def format_summary(manifest: dict[str, Any], out: str) -> str:
             for name, split in (manifest.get("splits") or {}).items()
             for sc in (split["counts"],)
         ),
+        *composition_lines(manifest.get("sources") or []),
         f"  tokenizer {manifest['tokenizer']['name_or_path']} (fingerprint {manifest['tokenizer']['fingerprint'][:12]}, "
         f"tokenized by {manifest['tokenizer'].get('backend', 'hf')})",
     ]
     return "\n".join(lines)
 
 
+def _sources(inputs: tuple[str, ...], specs: tuple[str, ...], pipeline_file: str | None) -> list[Source] | None:
+    """The build's sources (``--source`` or the pipeline file's ``sources:``), None for a plain build of INPUTS;
+    every problem before any work."""
+    declared = load_sources(pipeline_file)
+    if specs and declared is not None:
+        raise UsageError(f"sources are given both by --source and in {pipeline_file}'s sources:; give them in one place")
+    sources = [parse_source_option(spec) for spec in specs] if specs else declared
+    if sources is None:
+        if not inputs:
+            raise UsageError("no input given; usage: weightprep build INPUT... or weightprep build --source NAME=PATH ...")
+        return None
+    if inputs:
+        raise UsageError(
+            f"INPUTS ({' '.join(inputs)}) and sources are both given: declare every input as a source "
+            "(--source NAME=PATH) or give INPUTS alone"
+        )
+    check_source_names(sources)
+    return sources
+
+
 @click.command("build")
-@click.argument("inputs", nargs=-1, required=True)
+@click.argument("inputs", nargs=-1)
+@click.option(
+    "--source",
+    "source_specs",
+    multiple=True,
+    metavar="NAME=PATH[,weight=W][,epochs=E]",
+    help="A named source (repeatable, instead of INPUTS): PATH a file, directory, quoted glob or URL; its token "
+    "weights times W (default 1), its records repeated E times (a float > 0, default 1). Sources are mixed before "
+    "packing; with a validation split each gets its own, validation_NAME. Also a pipeline file's sources: list.",
+)
 @click.option(
     "--out", "-o", default="shards", show_default=True,
     help="Output directory for the shards, or a URL (s3://bucket/prefix, gs://..., memory://...).",
@@ -159,6 +212,7 @@ def build(
     workers: int | None,
     ray_address: str | None,
     resume: bool,
+    source_specs: tuple[str, ...],
     **flags: Any,
 ) -> None:
     """Tokenize, weight, mask, pack and write INPUTS as Arrow shards.
@@ -172,6 +226,7 @@ def build(
     set_tokenizer_threads(num_proc)
     from weightprep.distribute.executors import make_executor
     from weightprep.pipeline import build as run_build
+    from weightprep.pipeline import source_files
 
     overrides = {
         "tokenizer.name": flags["tokenizer"],
@@ -204,7 +259,8 @@ def build(
         cfg = load_config(pipeline_file, overrides)
     for note in dict.fromkeys(str(w.message) for w in deprecated if issubclass(w.category, FutureWarning)):
         click.echo(f"note: {note}", err=True)
-    paths = expand_inputs(inputs)
+    sources = _sources(inputs, source_specs, pipeline_file)
+    paths = expand_inputs(inputs) if sources is None else [p for files in source_files(sources, cfg) for p in files]
     err = Console(stderr=True)
     if cfg.tokenizer.name is None:
         click.echo(
@@ -230,7 +286,7 @@ def build(
             bar.update(task, completed=consumed, records=counts["accepted"])
 
         manifest = run_build(
-            paths, out, cfg, overwrite=overwrite, progress=progress, notify=lambda m: click.echo(f"note: {m}", err=True),
-            executor=make_executor(executor, workers, ray_address), resume=resume,
+            paths if sources is None else [], out, cfg, overwrite=overwrite, progress=progress, notify=lambda m: click.echo(f"note: {m}", err=True),
+            executor=make_executor(executor, workers, ray_address), resume=resume, sources=sources,
         )
     click.echo(format_summary(manifest, out.rstrip("/")))

@@ -29,7 +29,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from weightprep.distribute.plan import InputPart, line_bases
+from weightprep.distribute.plan import InputPart, line_bases, segment_line_bases
 from weightprep.errors import BackendMismatch, InputError, UsageError
 
 __all__ = ["Executor", "SerialExecutor", "LocalExecutor", "RayExecutor", "make_executor", "run_parts", "RETRIES"]
@@ -356,8 +356,13 @@ def run_parts(
                 progress(finished_bytes, Counter(accepted=finished_records))
     if first_error is not None:
         e = results[first_error]["error"]
-        earlier = [results[s.index]["input"]["lines"] for s in parts[:first_error]]
-        line = e["line"] + line_bases(parts[: first_error + 1], [*earlier, 0])[first_error]
+        if "segment" in e:  # a mixed part (a build with sources): numbered within its segment's file
+            seen = [[i["lines"] for i in results[s.index]["inputs"]] for s in parts[:first_error]]
+            here = [0] * len(parts[first_error].segments)
+            line = e["line"] + segment_line_bases(parts[: first_error + 1], [*seen, here])[first_error][e["segment"]]
+        else:
+            earlier = [results[s.index]["input"]["lines"] for s in parts[:first_error]]
+            line = e["line"] + line_bases(parts[: first_error + 1], [*earlier, 0])[first_error]
         if e["type"] == "backend_mismatch":
             raise BackendMismatch(e["path"], line, e["field"], e["problem"])
         raise InputError(e["path"], line, e["field"], e["problem"], reason=e["reason"], offset=e["offset"])

@@ -9,6 +9,9 @@ variants (``with_options``) and by ``KeyPass``, the key-only first pass of ``--v
 
 Within a part three threads overlap: read+validate (background), tokenize+assemble+mask+filter,
 pack+write (background); see ``weightprep.overlap``. The rows do not depend on their timing.
+
+A build with sources (``weightprep.sources``) runs ``MixedPart``s instead: their job is
+``weightprep.distribute.mixed.run_mixed``, and ``EpochPass`` is the pass that finds each source's epoch cut.
 """
 
 from __future__ import annotations
@@ -29,7 +32,8 @@ from weightprep import storage
 from weightprep.batches import Documents
 from weightprep.blocks import Chats, count_rows, document_batch, parsed_blocks
 from weightprep.config import BuildConfig
-from weightprep.distribute.plan import InputPart
+from weightprep.distribute.mixed import mixed_keys, part_epoch_keys, run_mixed, segment_of
+from weightprep.distribute.plan import InputPart, MixedPart
 from weightprep.errors import BackendMismatch, InputError
 from weightprep.overlap import BackgroundSink, background
 from weightprep.stages.pack import Packer
@@ -40,7 +44,7 @@ from weightprep.stages.tokenize import FastokensPrefetch, PieceTokenizer
 from weightprep.stages.write import ShardWriter
 from weightprep.tokenizer import load_tokenizer, set_tokenizer_threads, special_tokens
 
-__all__ = ["PartJob", "KeyPass", "Worker", "ProgressFn", "ADD_BOS"]
+__all__ = ["PartJob", "KeyPass", "EpochPass", "Worker", "ProgressFn", "ADD_BOS"]
 
 #: Called after each block with (bytes of input consumed so far, counts so far).
 ProgressFn = Callable[[int, Counter], None]
@@ -59,6 +63,17 @@ class Worker:
         self.notes: list[str] = []
         self.tokenize = PieceTokenizer(tok, cfg.tokenizer.batch_size, cfg.tokenizer.backend, self.notes.append, prefetched=prefetch)
         self.chats = Chats(tok, cfg, self.tokenize)
+        #: role names of every chat stage's turn codes (the plain one's and each source's share one list)
+        self.roles = self.chats.roles
+        self._source_chats: list[Chats] | None = None
+
+    def source_chats(self, cfgs: list[BuildConfig], sources: list[Any]) -> list[Chats]:
+        """The chat stage of each source (``weightprep.distribute.mixed``): its role weights, its weight."""
+        if self._source_chats is None:
+            self._source_chats = [
+                Chats(self.tok, c, self.tokenize, roles=self.roles, scale=s.weight) for c, s in zip(cfgs, sources, strict=True)
+            ]
+        return self._source_chats
 
     def close(self) -> None:
         self.tokenize.close()
@@ -88,12 +103,16 @@ class PartJob:
     RESULT = "result.json"
 
     def __init__(
-        self, cfg: BuildConfig, tokenizer: Any, work_dir: Path | str, cut: int | None = None, *,
-        threads: int | None = None, storage_options: dict[str, Any] | None = None,
+        self, cfg: BuildConfig, tokenizer: Any, work_dir: Path | str, cut: Any = None, *,
+        threads: int | None = None, storage_options: dict[str, Any] | None = None, sources: list[Any] | None = None,
     ) -> None:
         self.cfg, self.tokenizer, self.work_dir, self.cut, self.threads = cfg, tokenizer, work_dir, cut, threads
         #: the driver's --storage-options, which the workers' reads and writes of URLs use too
         self.storage_options = storage_options if storage_options is not None else storage.current_options()
+        #: the build's sources (``weightprep.sources``; its parts are then ``MixedPart``s and ``cut`` one per source)
+        self.sources = sources
+        #: per source, the epoch cut of its fractional epochs (None: whole epochs; ``EpochPass``)
+        self.epoch_cuts: list[int | None] | None = None
         self.worker_key = uuid.uuid4().hex  # its variants (with_options) share the worker state
         #: the driver's working directory: relative input paths are relative to it on every worker too
         self.cwd = os.getcwd()
@@ -126,7 +145,7 @@ class PartJob:
         if state is not None:
             state.close()
 
-    def __call__(self, part: InputPart, progress: ProgressFn | None = None) -> dict[str, Any]:
+    def __call__(self, part: InputPart | MixedPart, progress: ProgressFn | None = None) -> dict[str, Any]:
         storage.configure(self.storage_options)
         if storage.is_url(self.work_dir):
             return self._call_store(part, progress)
@@ -151,7 +170,7 @@ class PartJob:
             shutil.rmtree(tmp, ignore_errors=True)
         return result
 
-    def _call_store(self, part: InputPart, progress: ProgressFn | None) -> dict[str, Any]:
+    def _call_store(self, part: InputPart | MixedPart, progress: ProgressFn | None) -> dict[str, Any]:
         """A part of a build whose work directory is a prefix in an object store (no shared disk): run into a local
         scratch directory, uploaded with its ``result.json`` last (``weightprep.stages.store_output``)."""
         from weightprep.stages.store_output import read_result, upload_part
@@ -178,7 +197,12 @@ class PartJob:
         for partial in self.work_dir.glob("*.tmp-*"):
             shutil.rmtree(partial, ignore_errors=True)
 
-    def _run(self, part: InputPart, tmp: Path, progress: ProgressFn | None) -> dict[str, Any]:
+    def _run(self, part: InputPart | MixedPart, tmp: Path, progress: ProgressFn | None) -> dict[str, Any]:
+        if isinstance(part, MixedPart):
+            try:
+                return run_mixed(self, part, tmp, progress)
+            except (InputError, BackendMismatch) as exc:
+                return {"index": part.index, "error": {**_located_error(exc), "segment": segment_of(part, exc.path)}}
         cfg, state = self.cfg, self.worker()
         seq_len, packed = cfg.pack.seq_len, cfg.pack.enabled
         names = (TRAIN, VALIDATION) if self.cut is not None else None
@@ -257,9 +281,14 @@ class KeyPass:
 
     render: bool = False
 
-    def __call__(self, job: PartJob, part: InputPart) -> dict[str, Any]:
-        split_cfg = job.cfg.split
+    def __call__(self, job: PartJob, part: InputPart | MixedPart) -> dict[str, Any]:
         storage.configure(job.storage_options)
+        if isinstance(part, MixedPart):
+            try:
+                return mixed_keys(job, part, self.render)
+            except (InputError, BackendMismatch) as exc:
+                return {"index": part.index, "error": {**_located_error(exc), "segment": segment_of(part, exc.path)}}
+        split_cfg = job.cfg.split
         chats = job.worker().chats if self.render else None
         record = InputFile(part.path)
         try:
@@ -268,3 +297,20 @@ class KeyPass:
         except (InputError, BackendMismatch) as exc:
             return {"index": part.index, "error": _located_error(exc)}
         return {"index": part.index, "records": total, "keys": keys.tolist(), "input": {"lines": record.lines}}
+
+
+@dataclass(frozen=True)
+class EpochPass:
+    """The pass of a build with sources of fractional epochs, run before the build's (``Executor.map(task=...)``):
+    ``EpochPass(cut, n)(job, part)`` returns, per source, the part's count of training records and its smallest
+    epoch keys (``weightprep.distribute.mixed.part_epoch_keys``); a bad line as the result's ``error``."""
+
+    cut: Any = None
+    n: Any = None
+
+    def __call__(self, job: PartJob, part: MixedPart) -> dict[str, Any]:
+        storage.configure(job.storage_options)
+        try:
+            return part_epoch_keys(job, part, self.cut, self.n)
+        except (InputError, BackendMismatch) as exc:
+            return {"index": part.index, "error": {**_located_error(exc), "segment": segment_of(part, exc.path)}}

@@ -6,6 +6,8 @@
   rejects in part order.
 - Shards are taken in (part, shard) order, so the published ``data-i-of-n`` follow the input; the row numbers
   of ``chat_turns.jsonl`` are shifted by the rows of the earlier parts.
+- A mixed part (a build with sources) reads several byte ranges, its segments: rejects and input statistics are
+  the segments', each numbered in its own file (``_ranges``); counts, shards and turns are the part's.
 - Each input's entry sums its parts' bytes and lines; its ``sha256`` is that of the whole file when it is one
   part, else each part's range is listed with its own ``sha256`` (a file is never read twice).
 """
@@ -20,7 +22,7 @@ from typing import Any
 
 from weightprep import storage
 from weightprep.constants import TURNS_NAME
-from weightprep.distribute.plan import InputPart, line_bases
+from weightprep.distribute.plan import InputPart, MixedPart, line_bases
 from weightprep.stages.rejects import REJECTS_NAME
 
 __all__ = ["Merged", "merge_results"]
@@ -48,6 +50,18 @@ def _shift(lines: Any, key: str, base: int) -> Any:
         yield line
 
 
+def _ranges(parts: list[Any], results: list[dict[str, Any]]) -> list[tuple[InputPart, dict[str, Any], int, str | None]]:
+    """(byte range, its input statistics, its part's index, its rejects file) of every range read, in plan order."""
+    out = []
+    for part, result in zip(parts, results, strict=True):
+        if isinstance(part, MixedPart):
+            index = [part.index] * len(part.segments)
+            out.extend(zip(part.segments, result["inputs"], index, result["rejects_files"], strict=True))
+        else:
+            out.append((part, result["input"], part.index, result["rejects_file"]))
+    return out
+
+
 def merge_results(
     parts: list[InputPart], results: list[dict[str, Any]], out_dir: Path, work_dir: Path | str, *, names: tuple[str, ...] | None,
     skip: bool,
@@ -58,34 +72,39 @@ def merge_results(
     sets = list(names) if names else [""]
     merged.shards = {name: [] for name in sets}
     merged.counts = {name: Counter() for name in sets}
-    line_base = line_bases(parts, [r["input"]["lines"] for r in results])
+    # the byte ranges read, each with what it read and its rejects file: a plain part is one, a mixed part several
+    ranges = _ranges(parts, results)
+    line_base = iter(line_bases([p for p, _, _, _ in ranges], [i["lines"] for _, i, _, _ in ranges]))
     files: dict[int, list[tuple[InputPart, dict[str, Any]]]] = {}
-    for part, result in zip(parts, results, strict=True):
-        files.setdefault(part.file, []).append((part, result))
-    for file_parts in files.values():
+    for segment, read, _, _ in ranges:
+        files.setdefault(segment.file, []).append((segment, read))
+    for file_index in sorted(files):
+        file_parts = sorted(files[file_index], key=lambda pr: pr[0].start)
         first = file_parts[0][0]
         entry: dict[str, Any] = {
             "path": first.path,
-            "bytes": sum(r["input"]["bytes"] for _, r in file_parts),
-            "sha256": file_parts[0][1]["input"]["sha256"] if first.whole else None,
-            "lines": sum(r["input"]["lines"] for _, r in file_parts),
+            "bytes": sum(r["bytes"] for _, r in file_parts),
+            "sha256": file_parts[0][1]["sha256"] if first.whole else None,
+            "lines": sum(r["lines"] for _, r in file_parts),
         }
         if not first.whole:
             entry["parts"] = [
-                {"start": s.start, "bytes": r["input"]["bytes"], "lines": r["input"]["lines"], "sha256": r["input"]["sha256"]}
-                for s, r in file_parts
+                {"start": s.start, "bytes": r["bytes"], "lines": r["lines"], "sha256": r["sha256"]} for s, r in file_parts
             ]
         merged.inputs.append(entry)
     rejects = (out_dir / REJECTS_NAME).open("w", encoding="utf-8", newline="\n") if skip else None
     turns: dict[str, Any] = {}
     row_base = dict.fromkeys(sets, 0)
     try:
-        for i, (part, result) in enumerate(zip(parts, results, strict=True)):
-            directory = storage.join(work_dir, f"{part.index:05d}")  # a local directory or a prefix in a store
+        for _, _, part_index, rejects_file in ranges:
+            base = next(line_base)
+            if rejects is not None and rejects_file:
+                # a local directory or a prefix in a store
+                with storage.open_text(storage.join(work_dir, f"{part_index:05d}", rejects_file)) as f:
+                    rejects.writelines(_shift(f, "line", base))
+        for part, result in zip(parts, results, strict=True):
+            directory = storage.join(work_dir, f"{part.index:05d}")
             merged.rejected.update(result["rejected"])
-            if rejects is not None and result["rejects_file"]:
-                with storage.open_text(storage.join(directory, result["rejects_file"])) as f:
-                    rejects.writelines(_shift(f, "line", line_base[i]))
             for name in sets:
                 merged.counts[name].update(result["counts"][name])
                 written = result["written"][name]

@@ -5,10 +5,19 @@ just after the first newline at or past byte ``k * part_bytes - 1``; a part owns
 A line longer than a part makes the next cut fall after it (no part is empty unless its file is). A compressed
 file, a Parquet or Arrow file, and a file no larger than ``part_bytes`` are one part each. Finding a cut reads
 from the cut point to the next newline, nothing else, so planning a terabyte costs a few thousand short reads.
+
+With several sources (``weightprep.sources``) the plan is ``K`` mixed parts (``plan_mixed``), ``K`` from the
+total input size and ``part_bytes`` alone: each source's files, taken as one stream of bytes, are cut near
+``k / K`` of its size for k = 1 .. K-1 (just after a newline, as above), and mixed part ``k`` reads the k-th of
+these ranges of every source, so every part holds a ``1/K`` slice of each source and the job interleaves them
+(``weightprep.distribute.job``). A compressed or columnar file is not cut: it goes whole to the part where it
+starts. Its pieces (``InputPart``s, numbered over the whole plan) are its segments.
 """
 
 from __future__ import annotations
 
+import bisect
+import math
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -16,7 +25,7 @@ from dataclasses import dataclass
 from weightprep import storage
 from weightprep.errors import is_columnar, is_compressed
 
-__all__ = ["InputPart", "plan_parts", "line_bases"]
+__all__ = ["InputPart", "MixedPart", "plan_parts", "plan_mixed", "line_bases", "segment_line_bases"]
 
 #: Bytes read at a time looking for a cut's newline: 4 KiB first, doubled up to _SCAN (in a store each read is a
 #: range request: a cut costs a few kilobytes, not a megabyte)
@@ -97,3 +106,72 @@ def line_bases(parts: Sequence[InputPart], lines: Sequence[int]) -> list[int]:
         bases.append(seen[part.file])
         seen[part.file] += n
     return bases
+
+
+@dataclass(frozen=True)
+class MixedPart:
+    """Mixed part ``index`` of a build with sources: ``segments`` (byte ranges of the sources' files, each an
+    ``InputPart`` whose ``file`` is its index among all the sources' files), ``sources[j]`` the source of
+    ``segments[j]``; segments in source order, then file order."""
+
+    index: int
+    segments: tuple[InputPart, ...]
+    sources: tuple[int, ...]
+
+    @property
+    def size(self) -> int:
+        return sum(s.size for s in self.segments)
+
+
+def _cuts_at(path: str, size: int, targets: list[int]) -> list[int]:
+    """The line starts just at or after each offset of ``targets`` (ascending, inside the file), deduplicated."""
+    cuts: list[int] = []
+    with storage.open_input(path) as f:  # an object: a range request at each cut point, nothing else
+        for target in targets:
+            if cuts and cuts[-1] >= target:
+                continue  # a long line already took the cut past this target
+            cut = _next_line_start(f, target - 1, size)
+            if 0 < cut < size and (not cuts or cut > cuts[-1]):
+                cuts.append(cut)
+    return cuts
+
+
+def plan_mixed(sources: list[list[str]], part_bytes: int) -> list[MixedPart]:
+    """The mixed parts of the sources' files (``sources[s]``: source ``s``'s files, in order); see the module
+    docstring. Parts left with no segment (only whole files elsewhere) are not planned."""
+    sizes = [[storage.size(p) for p in paths] for paths in sources]
+    k_parts = max(1, math.ceil(sum(map(sum, sizes)) / part_bytes))
+    ranges: list[list[tuple[int, InputPart]]] = [[] for _ in range(k_parts)]
+    file_index = 0
+    for s, (paths, file_sizes) in enumerate(zip(sources, sizes, strict=True)):
+        total = sum(file_sizes)
+        targets = [k * total // k_parts for k in range(1, k_parts)]
+        base = 0
+        for path, size in zip(paths, file_sizes, strict=True):
+            inside = [t - base for t in targets if base < t < base + size]
+            plain = not (is_compressed(path) or is_columnar(path))
+            cuts = [0, *(_cuts_at(path, size, inside) if plain and inside else []), size]
+            for number, (start, end) in enumerate(zip(cuts[:-1], cuts[1:], strict=True)):
+                part = InputPart(-1, file_index, path, start, end, number, whole=len(cuts) == 2)
+                ranges[bisect.bisect_right(targets, base + start)].append((s, part))
+            base += size
+            file_index += 1
+    mixed: list[MixedPart] = []
+    index = 0
+    for segments in ranges:
+        if not segments:
+            continue
+        numbered = []
+        for _, part in segments:
+            numbered.append(InputPart(index, part.file, part.path, part.start, part.end, part.number, part.whole))
+            index += 1
+        mixed.append(MixedPart(len(mixed), tuple(numbered), tuple(s for s, _ in segments)))
+    return mixed
+
+
+def segment_line_bases(parts: Sequence[MixedPart], lines: Sequence[Sequence[int]]) -> list[list[int]]:
+    """``line_bases`` of the segments of mixed parts (``lines[i][j]``: the lines of ``parts[i].segments[j]``): a
+    file's segments lie in increasing parts, one per part at most."""
+    flat = [seg for part in parts for seg in part.segments]
+    bases = iter(line_bases(flat, [n for part_lines in lines for n in part_lines]))
+    return [[next(bases) for _ in part.segments] for part in parts]

@@ -21,7 +21,7 @@ from weightprep import storage
 from weightprep.constants import IGNORE_INDEX, INPUT_IDS, LABELS, WEIGHTS
 from weightprep.errors import record_position
 from weightprep.report.stats import SplitStats, document_turns, row_segments, split_stats
-from weightprep.report.svg import histogram_svg
+from weightprep.report.svg import composition_svg, histogram_svg
 from weightprep.report.tokens import token_groups
 
 __all__ = ["render_report", "write_report", "weight_class"]
@@ -112,6 +112,31 @@ def _summary_table(manifest: dict[str, Any], splits: list[str]) -> str:
         )
         body.append(f'<tr><td class="k">{escape(label)}</td>{cells}</tr>')
     return f'<table class="summary"><tr><th class="k"></th>{head}</tr>{"".join(body)}</table>'
+
+
+#: The columns of the sources table: manifest key, heading.
+_SOURCE_COLUMNS = (("weight", "weight"), ("epochs", "epochs"), ("records", "records"), ("rejected", "rejected"),
+                   ("documents", "documents"), ("repeats", "repeated records"), ("tokens", "tokens"),
+                   ("supervised_tokens", "supervised tokens"), ("total_weight", "total weight"),
+                   ("weight_share", "share of train weight"))  # fmt: skip
+
+
+def _sources_section(manifest: dict[str, Any]) -> list[str]:
+    """A build with sources: their composition as a table and a bar (share of the train split's weight)."""
+    sources = manifest.get("sources") or []
+    if not sources:
+        return []
+    head = "".join(f"<th>{escape(label)}</th>" for _, label in _SOURCE_COLUMNS)
+    body = []
+    for src in sources:
+        cells = []
+        for key, _ in _SOURCE_COLUMNS:
+            value = src.get(key, 0)
+            shown = f"{100 * value:.1f}%" if key == "weight_share" else _num(_summary_value(src, key))
+            cells.append(f'<td data-source="{escape(str(src["name"]))}" data-key="{key}">{shown}</td>')
+        body.append(f'<tr><td class="k">{escape(str(src["name"]))}</td>{"".join(cells)}</tr>')
+    table = f'<table class="sources"><tr><th class="k">source</th>{head}</tr>{"".join(body)}</table>'
+    return ["<h3>Sources</h3>", table, composition_svg(sources)]
 
 
 def _accounting_table(counts: dict[str, Any]) -> str:
@@ -284,6 +309,7 @@ def render_report(directory: Path | str, *, tokenizer: str | None = None, rows: 
         "<h2>Numbers</h2>",
         _summary_table(manifest, splits),
         f'<pre class="meta">{escape(format_summary(manifest, name))}</pre>',
+        *_sources_section(manifest),
         "<h3>Inputs</h3>",
         f'<table class="inputs"><tr><th class="k">path</th><th>lines</th><th>bytes</th><th class="k">sha256</th></tr>{inputs}</table>',
         "<h3>Accounting (accepted = written + dropped + cut)</h3>",

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from html import escape
 
-__all__ = ["histogram_svg"]
+__all__ = ["histogram_svg", "composition_svg"]
 
 _W, _H = 560, 230
 _LEFT, _RIGHT, _TOP, _BOTTOM = 58, 12, 26, 46
@@ -78,3 +78,32 @@ def histogram_svg(
         )
     parts.append("</svg>")
     return "\n".join(parts)
+
+
+#: Colours of the sources in the composition bar, in declared order (repeating).
+_PALETTE = ("#2563eb", "#f59e0b", "#10b981", "#ef4444", "#8b5cf6", "#14b8a6", "#ec4899", "#84cc16")
+
+
+def composition_svg(sources: Sequence[dict]) -> str:
+    """One horizontal bar cut into each source's share of the train split's weight (the manifest's ``sources``):
+    a ``<rect class="source">`` per source with ``data-source`` and ``data-share``, its name and share below."""
+    width, height, bar = _W, 64, 28
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" class="composition" viewBox="0 0 {width} {height}" width="{width}" '
+        f'height="{height}" role="img" aria-label="share of the train weight by source">'
+    ]
+    x = 0.0
+    for i, src in enumerate(sources):
+        share = float(src.get("weight_share") or 0.0)
+        w = share * width
+        colour = _PALETTE[i % len(_PALETTE)]
+        name = escape(str(src.get("name")))
+        parts.append(
+            f'<rect class="source" x="{x:.2f}" y="0" width="{w:.2f}" height="{bar}" fill="{colour}" '
+            f'data-source="{name}" data-share="{share:.6f}"><title>{name}: {100 * share:.1f}%</title></rect>'
+        )
+        parts.append(f'<rect x="{8 + 110 * i}" y="{bar + 12}" width="10" height="10" fill="{colour}"/>'
+                     f'<text x="{22 + 110 * i}" y="{bar + 21}" class="tick">{name} {100 * share:.1f}%</text>')  # fmt: skip
+        x += w
+    parts.append("</svg>")
+    return "".join(parts)

@@ -305,6 +305,7 @@ class ChatRenderer:
         original: str | None = None,
         training: bool = False,
         sanitize_control_tokens: bool = False,
+        scale: float = 1.0,
     ) -> None:
         if history not in HISTORY_MODES:
             raise ValueError(f"history must be one of {HISTORY_MODES}, got {history!r}")
@@ -329,6 +330,8 @@ class ChatRenderer:
         if isinstance(self.template, dict):  # several named templates: the default one
             self.template = self.template.get("default")
         self.role_weights = {"assistant": 1.0} if role_weights is None else role_weights
+        #: the source's weight (``weightprep.sources``): a message of weight w weighs ``float32(scale * w)``
+        self.scale = scale
         self.tagged = bool(self.template and _GENERATION_TAG.search(self.template))
         self._control: re.Pattern[str] | None = None
         self._control_split: tuple[tuple[str, ...], tuple[str, ...]] | None = None
@@ -534,7 +537,7 @@ class ChatRenderer:
         if in_order:
             owners = assistants if len(tagged_spans) == len(assistants) else [assistants[-1]] * len(tagged_spans)
             for (a, b), i in zip(tagged_spans, owners, strict=True):
-                weights[a:b] = self._weight(i, chat.messages[i])
+                weights[a:b] = self.scale * self._weight(i, chat.messages[i])
         claimed = np.zeros(len(tagged_spans), dtype=bool)
         prefixes: dict[int, str] = {len(messages): text}
 
@@ -562,7 +565,8 @@ class ChatRenderer:
             return prefixes[k]
 
         for i, m in enumerate(messages):
-            w = self._weight(i, chat.messages[i])
+            # scaled here, once: per-turn documents carry their message's unscaled weight (``documents``)
+            w = self.scale * self._weight(i, chat.messages[i])
             if w == 0:
                 continue
             if in_order and m["role"] == "assistant":  # SFTTrainer's mask, as it is (above)
@@ -741,7 +745,7 @@ class ChatRenderer:
             )
         text = prompt + full[len(turn_prompt) :]
         weights = np.zeros(len(text), dtype=np.float32)
-        weights[len(prompt) :] = self._weight(i, turn.messages[i])
+        weights[len(prompt) :] = self.scale * self._weight(i, turn.messages[i])
 
         def prefix(k: int) -> str:
             """``P_k`` of ``context``: the characters of the earlier messages, for their turn codes."""
@@ -762,7 +766,9 @@ class ChatRenderer:
         """Renders ``original``, the template inference uses (``--chat-template training``)."""
         if self._context is None:
             tokens = self._tokenize
-            self._context = ChatRenderer(self.tok, self.original, self.role_weights, self.roles, tokens)
+            self._context = ChatRenderer(
+                self.tok, self.original, self.role_weights, self.roles, tokens, scale=self.scale
+            )
         return self._context
 
     def _training_renderer(self) -> ChatRenderer | None:
@@ -780,7 +786,7 @@ class ChatRenderer:
             if found is not None and found != self.template:  # weighted as SFTTrainer's mask (``training``)
                 self._training = ChatRenderer(
                     self.tok, found, self.role_weights, self.roles, self._tokenize, training=True,
-                    sanitize_control_tokens=self.sanitize,
+                    sanitize_control_tokens=self.sanitize, scale=self.scale,
                 )  # fmt: skip
         return self._training  # type: ignore[return-value]
 
