@@ -277,3 +277,46 @@ def test_a_layout_that_mixes_validation_and_per_source_splits_or_misnames_a_sour
             load_shards(out)
     with pytest.raises(UsageError, match="eval_<name>_loss"):
         tag_sources({"a b": splits["validation"]})
+
+
+@pytest.mark.slow
+def test_a_build_with_two_sources_trains_and_logs_each_source_s_loss(tmp_path):
+    """The path users run, end to end: ``weightprep build --source a=... --source b=...`` with a validation split,
+    then ``weightprep train`` on it logs ``eval_a_loss`` and ``eval_b_loss``, each equal to that source's figure
+    computed from its own ``validation_<name>`` split alone, and the pooled ``eval_loss``."""
+    import datasets
+
+    from weightprep.cli import main
+
+    lines = SAMPLE_RAW.read_text(encoding="utf-8").splitlines(keepends=True)
+    (tmp_path / "a.jsonl").write_text("".join(lines[:150]), encoding="utf-8")
+    (tmp_path / "b.jsonl").write_text("".join(lines[150:]), encoding="utf-8")
+    shards = tmp_path / "shards"
+    build_args = ["build", "--source", f"a={tmp_path / 'a.jsonl'},weight=2", "--source",
+                  f"b={tmp_path / 'b.jsonl'},epochs=1.5", "--seq-len", str(SEQ), "--validation-fraction", "0.1",
+                  "--out", str(shards)]  # fmt: skip
+    result = CliRunner().invoke(main, build_args, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert set(datasets.load_from_disk(str(shards))) == {"train", "validation_a", "validation_b"}
+
+    out = tmp_path / "run"
+    args = ["train", str(shards), "--model", str(TINY_LLAMA), "--output-dir", str(out), "--max-steps", "2",
+            "--eval-steps", "2", "--save-steps", "2", "--logging-steps", "1", "--micro-batch-size", "2"]  # fmt: skip
+    result = CliRunner().invoke(main, args, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    summary = json.loads((out / "weightprep_train.json").read_text())["eval"]
+    assert {"eval_loss", "eval_a_loss", "eval_b_loss"} <= summary.keys(), summary
+
+    # each source's figure is its own split's: the final model evaluated on validation_a alone (a plain layout)
+    from transformers import AutoModelForCausalLM
+
+    final = AutoModelForCausalLM.from_pretrained(str(out)).eval()
+    figures = {}
+    for name in ("a", "b"):
+        rows = datasets.load_from_disk(str(shards))[f"validation_{name}"]
+        num, den, _ = _sums(final, rows)
+        figures[name] = num / den
+    assert summary["eval_a_loss"] == pytest.approx(figures["a"], rel=1e-4)
+    assert summary["eval_b_loss"] == pytest.approx(figures["b"], rel=1e-4)
+    low, high = sorted(figures.values())
+    assert low <= summary["eval_loss"] <= high
