@@ -146,7 +146,8 @@ def parsed_blocks(
     block, in input order, is raised."""
     skip = cfg.validate.on_invalid == "skip"
     columns = parse_columns(cfg.read.columns)
-    window = {} if part.whole else {"start": part.start, "end": part.end}
+    # a whole file's size is known from the plan: an object is then opened without another metadata request
+    window = {"size": part.end} if part.whole else {"start": part.start, "end": part.end}
     for block in read_blocks(record, cfg.read.block_bytes, cfg.read.max_line_bytes, columns, **window):
         rejects: list[Reject] = []
         records = parse_block(block, rejects)

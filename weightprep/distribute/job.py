@@ -90,10 +90,14 @@ class PartJob:
     def __init__(
         self, cfg: BuildConfig, tokenizer: Any, work_dir: Path | str, cut: int | None = None, *,
         threads: int | None = None, storage_options: dict[str, Any] | None = None,
+        known: dict[str, dict[str, Any]] | None = None,
     ) -> None:
         self.cfg, self.tokenizer, self.work_dir, self.cut, self.threads = cfg, tokenizer, work_dir, cut, threads
-        #: the driver's --storage-options, which the workers' reads and writes of URLs use too
+        #: the build's storage options (its session's: build(storage_options=...) or --storage-options), which the
+        #: workers' reads and writes of URLs use too
         self.storage_options = storage_options if storage_options is not None else storage.current_options()
+        #: the driver's metadata of the input objects (their listing's): a worker opens them without asking again
+        self.known = known or {}
         self.worker_key = uuid.uuid4().hex  # its variants (with_options) share the worker state
         #: the driver's working directory: relative input paths are relative to it on every worker too
         self.cwd = os.getcwd()
@@ -127,7 +131,11 @@ class PartJob:
             state.close()
 
     def __call__(self, part: InputPart, progress: ProgressFn | None = None) -> dict[str, Any]:
-        storage.configure(self.storage_options)
+        # a session, not configure(): run in the driver's process (serial), the part leaves its options as they were
+        with storage.session(self.storage_options, self.known):
+            return self._call(part, progress)
+
+    def _call(self, part: InputPart, progress: ProgressFn | None) -> dict[str, Any]:
         if storage.is_url(self.work_dir):
             return self._call_store(part, progress)
         final = self.work_dir / f"{part.index:05d}"
@@ -258,8 +266,11 @@ class KeyPass:
     render: bool = False
 
     def __call__(self, job: PartJob, part: InputPart) -> dict[str, Any]:
+        with storage.session(job.storage_options, job.known):
+            return self._keys(job, part)
+
+    def _keys(self, job: PartJob, part: InputPart) -> dict[str, Any]:
         split_cfg = job.cfg.split
-        storage.configure(job.storage_options)
         chats = job.worker().chats if self.render else None
         record = InputFile(part.path)
         try:
