@@ -41,6 +41,8 @@ _URL = re.compile(r"^(?P<protocol>[A-Za-z][A-Za-z0-9+.-]+)://")
 #: The extra that installs each protocol's filesystem (``pip install 'weightprep[EXTRA]'``).
 EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs", "hf": "hf", "az": "azure", "abfs": "azure",
           "abfss": "azure", "http": "http", "https": "http"}
+#: The package each extra installs (to tell a missing one from a protocol fsspec does not know).
+EXTRA_PACKAGES = {"s3": "s3fs", "gcs": "gcsfs", "azure": "adlfs", "hf": "huggingface_hub", "http": "aiohttp"}
 #: Protocols that can be read but not written.
 READ_ONLY = ("http", "https")
 #: The most bytes one ranged read asks for.
@@ -157,6 +159,12 @@ def filesystem(url: str) -> tuple[Any, str]:
     except ImportError as exc:
         raise _missing(url, proto, exc) from None
     except ValueError:
+        import importlib.util
+
+        extra = EXTRAS.get(proto)
+        if extra is not None and importlib.util.find_spec(EXTRA_PACKAGES[extra]) is None:
+            # fsspec registers some protocols (abfss://) only once their package is installed
+            raise _missing(url, proto, ImportError(f"{EXTRA_PACKAGES[extra]} is not installed")) from None
         raise UsageError(f"{url}: unknown protocol {proto}:// (known: s3, gs, az, hf, https, memory, ...)") from None
     try:
         return fsspec.core.url_to_fs(url, **options_for(proto))  # type: ignore[no-any-return]
