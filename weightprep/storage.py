@@ -2,8 +2,11 @@
 ``memory://``), behind one small set of file operations that the rest of weightprep calls.
 
 A local path goes to ``os``/``open`` exactly as before; a URL goes to the fsspec filesystem of its protocol,
-made with the options of ``--storage-options`` (``configure``) on top of the usual credentials (environment,
-profiles, ``AWS_ENDPOINT_URL``...). A protocol whose package is missing is a ``UsageError`` that names the
+made with the options in effect on top of the usual credentials (environment, profiles, ``AWS_ENDPOINT_URL``...):
+those of the enclosing ``session`` (``build(storage_options=...)``, ``load_shards(storage_options=...)``: one call's,
+a ContextVar), else the process's (``configure``: ``--storage-options``). A session also keeps the metadata its
+listings found (a glob or a prefix is listed once, with sizes and ETags), so the checks, the plan, the resume key and
+the workers (which get the driver's metadata with their job) ask the store nothing more per object. A protocol whose package is missing is a ``UsageError`` that names the
 ``pip install 'weightprep[EXTRA]'`` line.
 
 Reads are ranged: ``open_input(url, start, end)`` reads bytes ``start .. end`` of an object with range requests
