@@ -256,11 +256,17 @@ def _forget(url: str) -> None:
             del s.known[k]
 
 
+#: The fields of an object's metadata a worker needs (its size, and the version s3fs checks its reads against).
+_VERSION_KEYS = ("ETag", "etag", "generation", "VersionId", "mtime", "LastModified", "last_modified", "created")
+
+
 def known_metadata(urls: list[str]) -> dict[str, dict[str, Any]]:
-    """What this session knows of ``urls`` (from its listings and lookups), for a worker's session to start with."""
+    """What this session knows of ``urls`` (from its listings and lookups), for a worker's session to start with:
+    the fields a worker uses only, so that the job stays small for many thousands of objects."""
     s = _SESSION.get()
     found = {u.rstrip("/"): s.known.get(u.rstrip("/")) for u in urls if is_url(u)} if s is not None else {}
-    return {u: info for u, info in found.items() if info is not None}
+    keep = ("name", "size", "type", *_VERSION_KEYS)
+    return {u: {k: info[k] for k in keep if k in info} for u, info in found.items() if info is not None}
 
 
 def _lookup(url: str) -> dict[str, Any] | None:
@@ -323,8 +329,7 @@ def stat_key(path: str) -> list[Any]:
         st = os.stat(path)
         return [os.path.abspath(path), st.st_size, st.st_mtime_ns]
     info = _info(path)
-    version = next((str(info[k]) for k in ("ETag", "etag", "generation", "VersionId", "mtime", "LastModified",
-                                           "last_modified", "created") if info.get(k) is not None), None)
+    version = next((str(info[k]) for k in _VERSION_KEYS if info.get(k) is not None), None)
     return [path, int(info["size"]), version]
 
 
