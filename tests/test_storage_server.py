@@ -19,7 +19,7 @@ from storage_support import FaultProxy, MotoServer, s3_options
 from weightprep import storage
 from weightprep.cli import main
 from weightprep.config import config_from_dict
-from weightprep.distribute.executors import LocalExecutor, RayExecutor, SerialExecutor
+from weightprep.distribute.executors import LocalExecutor, RayExecutor
 from weightprep.distribute.plan import plan_parts
 from weightprep.errors import UsageError
 from weightprep.pipeline import build
@@ -30,11 +30,13 @@ from weightprep.stages.read import expand_inputs
 PART = 40_000  # DATA: 5 parts
 BUCKET = "wpdata"
 INPUT = f"s3://{BUCKET}/in/raw.jsonl"
+SMALL = f"s3://{BUCKET}/small/raw.jsonl"  # the first ~20 kB: one part
 TINY_LLAMA = REPO / "sample_data" / "tiny-llama"
 
 
 #: the first ~200 kB of the sample (small keeps the server tests fast)
 DATA = SAMPLE_RAW.read_bytes()[: SAMPLE_RAW.read_bytes().index(b"\n", 200_000) + 1]
+SMALL_DATA = DATA[: DATA.index(b"\n", 20_000) + 1]
 
 
 def _cfg():
@@ -53,6 +55,7 @@ def s3(tmp_path_factory):
         "s3", endpoint_url=proxy.url, aws_access_key_id="testing", aws_secret_access_key="testing", region_name="us-east-1"
     ).create_bucket(Bucket=BUCKET)
     storage.write_bytes(INPUT, DATA)
+    storage.write_bytes(SMALL, SMALL_DATA)
     yield proxy, server
     storage.configure(None)
     proxy.stop()
@@ -71,6 +74,18 @@ def reference(tmp_path_factory, s3):
     out = tmp_path_factory.mktemp("ref") / "shards"
     build([INPUT], out, _cfg())
     return {p.relative_to(out).as_posix(): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def serial_build(s3):
+    """The serial s3:// -> s3:// build, made once for the module: its output URL, the proxy's requests and the
+    server's log lines during it (the tests of its bytes, of its ranged reads and of its readers share it)."""
+    proxy, server = s3
+    out = f"s3://{BUCKET}/out-serial"
+    proxy.requests.clear()
+    before = server.log().count("\n")
+    build([INPUT], out, _cfg())
+    return out, list(proxy.requests), server.log().splitlines()[before:]
 
 
 def _objects(url: str) -> dict[str, bytes]:
@@ -92,11 +107,18 @@ def ray_session():
 
 @pytest.mark.parametrize("kind", ["serial", "local", "ray"])
 def test_s3_to_s3_is_byte_identical_to_the_local_disk_build(kind, s3, reference, request):
-    if kind == "ray":
-        request.getfixturevalue("ray_session")
-    executor = {"serial": SerialExecutor(), "local": LocalExecutor(2), "ray": RayExecutor(2)}[kind]
     out = f"s3://{BUCKET}/out-{kind}"
-    build([INPUT], out, _cfg(), executor=executor)
+    if kind == "serial":
+        request.getfixturevalue("serial_build")
+    else:  # the options given to build() only, none configured: they reach the worker processes (Ray actors) too
+        if kind == "ray":
+            request.getfixturevalue("ray_session")
+        storage.configure(None)
+        try:
+            executor = LocalExecutor(2) if kind == "local" else RayExecutor(2)
+            build([INPUT], out, _cfg(), executor=executor, storage_options=s3_options(s3[0].url))
+        finally:
+            storage.configure(s3_options(s3[0].url))
     assert _objects(out) == reference  # every object, names and bytes
     assert _leftovers(f"out-{kind}") == []  # the temporary prefix is gone
 
@@ -109,16 +131,13 @@ def test_local_inputs_give_the_same_shards_as_url_inputs(s3, reference, tmp_path
     assert shards and {p.name: p.read_bytes() for p in out.glob("*.arrow")} == shards
 
 
-def test_a_split_input_is_read_by_ranges_only(s3, tmp_path):
-    proxy, server = s3
+def test_a_split_input_is_read_by_ranges_only(serial_build, tmp_path):
+    _, requests, log = serial_build
     size = len(DATA)
     (tmp_path / "raw.jsonl").write_bytes(DATA)
     parts = plan_parts([str(tmp_path / "raw.jsonl")], PART)
     assert len(parts) == 5
-    proxy.requests.clear()
-    before = server.log().count("\n")
-    build([INPUT], f"s3://{BUCKET}/ranged", _cfg())
-    gets = [(path, rng) for method, path, rng in proxy.requests if method == "GET" and path.startswith("/wpdata/in/raw.jsonl")]
+    gets = [(path, rng) for method, path, rng in requests if method == "GET" and path.startswith("/wpdata/in/raw.jsonl")]
     assert gets and all(rng is not None for _, rng in gets), gets  # no whole-object read
     spans = [tuple(map(int, re.fullmatch(r"bytes=(\d+)-(\d+)", rng).groups())) for _, rng in gets]
     for part in parts:  # each worker fetched exactly its part's bytes
@@ -126,7 +145,6 @@ def test_a_split_input_is_read_by_ranges_only(s3, tmp_path):
     fetched = sum(b - a + 1 for a, b in spans)
     assert fetched < 1.5 * size, (fetched, size)  # the parts, plus the plan's short reads at each cut
     # the server's own log: every read of the input is a 206 Partial Content, none a 200 of the whole object
-    log = server.log().splitlines()[before:]
     statuses = [line.split('" ')[1].split()[0] for line in log if '"GET /wpdata/in/raw.jsonl' in line]
     assert statuses and set(statuses) == {"206"}, statuses
     print(f"input {size} bytes, {len(parts)} parts: {len(gets)} ranged GETs, {fetched} bytes fetched")
@@ -178,34 +196,28 @@ def test_a_persistent_fault_during_the_commit_leaves_nothing_loadable(s3):
     )
     try:
         with pytest.raises(UsageError, match=r"s3://wpdata/commit/state.json: writing it failed"):
-            build([INPUT], f"s3://{BUCKET}/commit", _cfg())
+            build([SMALL], f"s3://{BUCKET}/commit", _cfg())
     finally:
         proxy.fault = None
     assert storage.find(f"s3://{BUCKET}/commit") == {}  # the shards it had copied were removed too
     assert _leftovers("commit") == []
 
 
-def _built() -> str:
-    """The serial build's output (made by the first test; made here when run alone)."""
-    out = f"s3://{BUCKET}/out-serial"
-    if not storage.exists(f"{out}/weightprep_manifest.json"):
-        build([INPUT], out, _cfg())
-    return out
-
-
-def test_an_existing_output_needs_overwrite(s3, reference):
-    out = _built()
+def test_an_existing_output_needs_overwrite(s3):
+    out = f"s3://{BUCKET}/replaced"  # the small input (one part) keeps the two builds short
+    build([SMALL], out, _cfg())
+    earlier = _objects(out)
     with pytest.raises(UsageError, match="already exists; pass --overwrite"):
-        build([INPUT], out, _cfg())
+        build([SMALL], out, _cfg())
     storage.write_bytes(f"{out}/stale.txt", b"from the earlier build")
-    build([INPUT], out, _cfg(), overwrite=True)
-    assert _objects(out) == reference  # the earlier build's objects are gone
+    build([SMALL], out, _cfg(), overwrite=True)
+    assert _objects(out) == earlier  # the earlier build's objects are gone, the new ones are the same bytes
 
 
-def test_readers_open_the_output_by_url(s3, reference):
+def test_readers_open_the_output_by_url(s3, serial_build):
     import datasets
 
-    out = _built()
+    out = serial_build[0]
     dataset = datasets.load_from_disk(out, storage_options=s3_options(s3[0].url))
     assert len(dataset) > 0 and "weights" in dataset.column_names
     options = ["--storage-options", json.dumps(s3_options(s3[0].url))]
@@ -215,19 +227,27 @@ def test_readers_open_the_output_by_url(s3, reference):
 
     from transformers import AutoConfig
 
+    from weightprep.manifest import read_manifest, read_row
     from weightprep.train.data import load_shards
 
-    shards = load_shards(out, model_config=AutoConfig.from_pretrained(TINY_LLAMA))
+    storage.configure(None)  # a library caller: the options given to each call, none configured for the process
+    try:
+        options = s3_options(s3[0].url)
+        shards = load_shards(out, model_config=AutoConfig.from_pretrained(TINY_LLAMA), storage_options=options)
+        manifest = read_manifest(out, storage_options=options)
+        row = read_row(out, manifest, len(dataset) - 1, storage_options=options)
+        assert storage.current_options() == {}  # nothing left behind by the calls
+    finally:
+        storage.configure(s3_options(s3[0].url))
     assert shards.seq_len == 256 and len(shards.dataset) == len(dataset)
-    assert shards.dataset[-1]["weights"] == dataset[-1]["weights"]
+    assert shards.dataset[-1]["weights"] == dataset[-1]["weights"] == row["weights"].tolist()
 
 
 def test_cli_build_and_train_by_url(s3, tmp_path):
     options = ["--storage-options", json.dumps(s3_options(s3[0].url))]
-    out, small = f"s3://{BUCKET}/cli", f"s3://{BUCKET}/small/raw.jsonl"
-    storage.write_bytes(small, DATA[: DATA.index(b"\n", 20_000) + 1])
+    out = f"s3://{BUCKET}/cli"
     result = CliRunner().invoke(
-        main, ["build", small, "--out", out, "--seq-len", "64", "--executor", "serial", *options]
+        main, ["build", SMALL, "--out", out, "--seq-len", "64", "--executor", "serial", *options]
     )
     assert result.exit_code == 0, result.output
     result = CliRunner().invoke(
@@ -252,5 +272,50 @@ def test_credentials_and_endpoint_from_the_environment(s3, monkeypatch):
         assert expand_inputs([f"s3://{BUCKET}/in/*.jsonl"]) == [INPUT]
         with storage.open_input(INPUT, 10, 200) as f:
             assert f.read() == DATA[10:200]
+    finally:
+        storage.configure(s3_options(proxy.url))
+
+
+def test_plan_reads_the_shards_by_url(s3, serial_build):
+    """``weightprep plan --shards URL --storage-options JSON``: the endpoint comes from the flag alone."""
+    storage.configure(None)
+    try:
+        options = ["--storage-options", json.dumps(s3_options(s3[0].url))]
+        result = CliRunner().invoke(main, ["plan", "--model", "llama-2-7b", "--shards", serial_build[0], *options])
+    finally:
+        storage.configure(s3_options(s3[0].url))
+    assert result.exit_code in (0, 1), result.output  # 1: does not fit; either way the table was printed
+    assert "micro-batch 1 x 256" in result.output  # the shards' seq_len, read from their manifest in the store
+
+
+def _kind(method: str, path: str) -> str:
+    if method == "GET" and "?" in path and ("list-type" in path or "prefix=" in path):
+        return "LIST"
+    return method
+
+
+def test_inputs_cost_one_listing_and_their_reads(s3, tmp_path):
+    """N objects found by a glob or a prefix cost O(1) listing requests (the pages) plus one ranged read each: no
+    HEAD per object for the plan, the resume key or the workers' opens. s3fs's own listings cache is off, so the
+    count is weightprep's (other stores' filesystems have none)."""
+    proxy, _ = s3
+    n = 30
+    lines = DATA.splitlines(keepends=True)
+    for i in range(n):
+        storage.write_bytes(f"s3://{BUCKET}/many/{i:03d}.jsonl", b"".join(lines[2 * i : 2 * i + 2]))
+    options = {**s3_options(proxy.url), "use_listings_cache": False}
+    storage.configure(None)
+    try:
+        for k, pattern in enumerate([f"s3://{BUCKET}/many/*.jsonl", f"s3://{BUCKET}/many/"]):
+            proxy.requests.clear()
+            manifest = build([pattern], tmp_path / f"out{k}", _cfg(), storage_options=options)
+            kinds = [_kind(m, p) for m, p, _ in proxy.requests]
+            reads = [(p, r) for m, p, r in proxy.requests if _kind(m, p) == "GET" and p.startswith("/wpdata/many/")]
+            counts = {kind: kinds.count(kind) for kind in set(kinds)}
+            print(f"{pattern}: {n} objects, {len(proxy.requests)} requests {counts}")
+            assert len(manifest["inputs"]) == n
+            assert len(reads) == n and all(r is not None for _, r in reads), reads  # one ranged read each
+            assert counts.get("HEAD", 0) <= 4 and counts.get("LIST", 0) <= 5, counts  # constant, whatever n is
+            assert len(proxy.requests) <= n + 9, counts
     finally:
         storage.configure(s3_options(proxy.url))

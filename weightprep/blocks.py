@@ -154,7 +154,8 @@ def parsed_blocks(
     line of the block, in input order, is raised."""
     skip = cfg.validate.on_invalid == "skip"
     columns = parse_columns(cfg.read.columns)
-    window = {} if part.whole else {"start": part.start, "end": part.end}
+    # a whole file's size is known from the plan: an object is then opened without another metadata request
+    window = {"size": part.end} if part.whole else {"start": part.start, "end": part.end}
     plain = exact and not (is_compressed(part.path) or is_columnar(part.path))
     for block in read_blocks(record, cfg.read.block_bytes, cfg.read.max_line_bytes, columns, **window):
         # a block ends where its last line does (a too-long line: past its newline); a supplied final newline

@@ -25,8 +25,14 @@ __all__ = ["REBUILD", "build_setting", "read_manifest", "read_row", "read_turns"
 REBUILD = "rebuild them with `weightprep build` from this version"
 
 
-def read_manifest(path: str | Path) -> dict[str, Any]:
-    """The manifest beside the shards, checked for this format and version."""
+def read_manifest(path: str | Path, *, storage_options: dict[str, Any] | str | None = None) -> dict[str, Any]:
+    """The manifest beside the shards, checked for this format and version. ``storage_options``: the fsspec
+    options of a URL ``path`` (``weightprep.storage.session``; None: the process's), as for the readers below."""
+    with storage.session(storage_options):
+        return _read_manifest(path)
+
+
+def _read_manifest(path: str | Path) -> dict[str, Any]:
     path = path if storage.is_url(path) else Path(path)  # a URL: a prefix in a store (weightprep.storage)
     if not storage.isdir(path):
         raise UsageError(f"shard directory {str(path)!r} does not exist; create it with `weightprep build`")
@@ -70,7 +76,9 @@ def split_shards(manifest: dict[str, Any], split: str | None = None) -> list[dic
     return [s for s in manifest.get("shards") or [] if s.get("split") == split]
 
 
-def shard_batches(directory: Path | str, shard: dict[str, Any]) -> Iterator[Any]:
+def shard_batches(
+    directory: Path | str, shard: dict[str, Any], *, storage_options: dict[str, Any] | str | None = None
+) -> Iterator[Any]:
     """The record batches of one shard (a manifest entry), memory-mapped; a shard that cannot be read, or holds
     other than the manifest's number of rows, is refused with the fix."""
     import pyarrow as pa
@@ -78,7 +86,10 @@ def shard_batches(directory: Path | str, shard: dict[str, Any]) -> Iterator[Any]
     path = storage.join(directory, shard["filename"])
     rows = 0
     try:
-        with pa.PythonFile(storage.open_input(path), mode="r") if storage.is_url(path) else pa.memory_map(str(path)) as source:
+        # opened in the session, read after it: the object's filesystem (and its options) is fixed when it opens
+        with storage.session(storage_options):
+            source = pa.PythonFile(storage.open_input(path), mode="r") if storage.is_url(path) else pa.memory_map(str(path))
+        with source:
             for batch in pa.ipc.open_stream(source):
                 rows += batch.num_rows
                 yield batch
@@ -91,23 +102,34 @@ def shard_batches(directory: Path | str, shard: dict[str, Any]) -> Iterator[Any]
         )
 
 
-def read_row(directory: Path | str, manifest: dict[str, Any], index: int, split: str | None = None) -> dict[str, Any]:
+def read_row(
+    directory: Path | str, manifest: dict[str, Any], index: int, split: str | None = None, *,
+    storage_options: dict[str, Any] | str | None = None,
+) -> dict[str, Any]:
     """Row ``index`` of the shards (of ``split``) as a dict of NumPy arrays (reads only the shard it is in)."""
     import pyarrow as pa
 
     seen = 0
     for shard in split_shards(manifest, split):
         if index < seen + shard["rows"]:
-            table = pa.Table.from_batches(list(shard_batches(directory, shard)))
+            table = pa.Table.from_batches(list(shard_batches(directory, shard, storage_options=storage_options)))
             row = table.slice(index - seen, 1).to_pylist()[0]
             return {k: np.asarray(v) for k, v in row.items()}
         seen += shard["rows"]
     raise UsageError(f"row {index} does not exist: {directory} has {seen} rows (0..{seen - 1})")
 
 
-def read_turns(directory: Path | str, manifest: dict[str, Any], index: int, split: str | None = None) -> list[list[Any]]:
+def read_turns(
+    directory: Path | str, manifest: dict[str, Any], index: int, split: str | None = None, *,
+    storage_options: dict[str, Any] | str | None = None,
+) -> list[list[Any]]:
     """The conversation turns of row ``index`` (``[start, length, role, message index]`` each), from the build's
     turns file (``TURNS_NAME``); empty for a row without conversation tokens or a build without chat records."""
+    with storage.session(storage_options):
+        return _read_turns(directory, manifest, index, split)
+
+
+def _read_turns(directory: Path | str, manifest: dict[str, Any], index: int, split: str | None) -> list[list[Any]]:
     if not manifest.get("turns_file"):
         return []
     if split is None and manifest.get("splits"):

@@ -9,6 +9,7 @@ output does not depend on timing.
 
 from __future__ import annotations
 
+import contextvars
 import queue
 import threading
 from collections.abc import Callable, Iterable, Iterator
@@ -50,7 +51,8 @@ def background(items: Iterable[T], depth: int = 2) -> Iterator[T]:
         except BaseException as exc:  # handed to the consumer, which re-raises it
             _put(q, _Failure(exc), stop)
 
-    thread = threading.Thread(target=produce, name="weightprep-read", daemon=True)
+    # in a copy of the caller's context: the build's storage session (weightprep.storage) reaches the reads
+    thread = threading.Thread(target=contextvars.copy_context().run, args=(produce,), name="weightprep-read", daemon=True)
     thread.start()
     try:
         while True:
@@ -73,7 +75,9 @@ class BackgroundSink(Generic[T]):
         self._stop = threading.Event()
         self._error: BaseException | None = None
         self._consume = consume
-        self._thread = threading.Thread(target=self._run, name="weightprep-write", daemon=True)
+        self._thread = threading.Thread(  # the caller's context, as background()'s thread
+            target=contextvars.copy_context().run, args=(self._run,), name="weightprep-write", daemon=True
+        )
         self._thread.start()
 
     def _run(self) -> None:

@@ -73,6 +73,7 @@ def build(
     executor: Executor | None = None,
     resume: bool = False,
     sources: list[Source] | None = None,
+    storage_options: dict[str, Any] | str | None = None,
 ) -> dict[str, Any]:
     """Run the whole pipeline from JSONL ``inputs`` to shards at ``out``; return the manifest.
 
@@ -88,7 +89,30 @@ def build(
 
     Within a part three threads overlap: read+validate (background), tokenize+assemble+mask+filter,
     pack+write (background); see ``weightprep.overlap``. The rows do not depend on their timing.
+
+    ``storage_options`` (a dict, or its JSON text) are the fsspec options of the URLs among ``inputs`` and ``out``
+    (``weightprep.storage.session``: ``{"endpoint_url": ...}``, or per protocol ``{"s3": {...}}``), for this call
+    only, its workers included; None: the process's (``storage.configure``, the command line's
+    ``--storage-options``). Within the call each input object's listing or lookup is made once.
     """
+    with storage.session(storage_options):
+        return _build(inputs, out, cfg, tokenizer=tokenizer, overwrite=overwrite, progress=progress, notify=notify,
+                      executor=executor, resume=resume, sources=sources)
+
+
+def _build(
+    inputs: list[str],
+    out: str | Path,
+    cfg: BuildConfig,
+    *,
+    tokenizer: Any,
+    overwrite: bool,
+    progress: ProgressFn | None,
+    notify: Callable[[str], None] | None,
+    executor: Executor | None,
+    resume: bool,
+    sources: list[Source] | None,
+) -> dict[str, Any]:
     from weightprep import __version__
 
     if sources is not None:
@@ -122,7 +146,8 @@ def build(
     # the output's work directory: here, once (a part makes only its own directory in it); a prefix in a store for
     # a URL --out, which every worker writes its parts to (weightprep.stages.store_output)
     output = open_output(out_path, resume_key(cfg, inputs, tok, summary, __version__, sources), resume=resume)
-    job = PartJob(cfg, tokenizer, output.work_dir, sources=sources)  # workers load it themselves if None
+    # workers load the tokenizer themselves if None; they open the input objects with the metadata listed here
+    job = PartJob(cfg, tokenizer, output.work_dir, sources=sources, known=storage.known_metadata(inputs))
     if in_process:  # this process is the worker: it keeps the tokenizer it loaded (and the early fastokens load)
         job.adopt(tok, prefetch)
     try:

@@ -2,8 +2,11 @@
 ``memory://``), behind one small set of file operations that the rest of weightprep calls.
 
 A local path goes to ``os``/``open`` exactly as before; a URL goes to the fsspec filesystem of its protocol,
-made with the options of ``--storage-options`` (``configure``) on top of the usual credentials (environment,
-profiles, ``AWS_ENDPOINT_URL``...). A protocol whose package is missing is a ``UsageError`` that names the
+made with the options in effect on top of the usual credentials (environment, profiles, ``AWS_ENDPOINT_URL``...):
+those of the enclosing ``session`` (``build(storage_options=...)``, ``load_shards(storage_options=...)``: one call's,
+a ContextVar), else the process's (``configure``: ``--storage-options``). A session also keeps the metadata its
+listings found (a glob or a prefix is listed once, with sizes and ETags), so the checks, the plan, the resume key and
+the workers (which get the driver's metadata with their job) ask the store nothing more per object. A protocol whose package is missing is a ``UsageError`` that names the
 ``pip install 'weightprep[EXTRA]'`` line.
 
 Reads are ranged: ``open_input(url, start, end)`` reads bytes ``start .. end`` of an object with range requests
@@ -24,14 +27,16 @@ import os
 import re
 import time
 from collections.abc import Callable, Iterator
+from contextvars import ContextVar
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
 from weightprep.errors import UsageError, WeightprepError
 
 __all__ = [
-    "StorageError", "is_url", "configure", "current_options", "options_for", "filesystem", "join", "size",
-    "exists", "isfile", "isdir", "glob", "listdir", "read_text", "open_input", "open_text", "stat_key", "put_file",
+    "StorageError", "is_url", "configure", "session", "parse_options", "current_options", "options_for", "filesystem", "join", "size",
+    "exists", "isfile", "isdir", "known_metadata", "glob", "listdir", "read_text", "open_input", "open_text", "stat_key", "put_file",
     "write_bytes", "copy", "remove", "find", "arrow_filesystem", "retry", "protocol",
 ]
 
@@ -39,6 +44,8 @@ _URL = re.compile(r"^(?P<protocol>[A-Za-z][A-Za-z0-9+.-]+)://")
 #: The extra that installs each protocol's filesystem (``pip install 'weightprep[EXTRA]'``).
 EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs", "hf": "hf", "az": "azure", "abfs": "azure",
           "abfss": "azure", "http": "http", "https": "http"}
+#: The package each extra installs (to tell a missing one from a protocol fsspec does not know).
+EXTRA_PACKAGES = {"s3": "s3fs", "gcs": "gcsfs", "azure": "adlfs", "hf": "huggingface_hub", "http": "aiohttp"}
 #: Protocols that can be read but not written.
 READ_ONLY = ("http", "https")
 #: The most bytes one ranged read asks for.
@@ -51,7 +58,23 @@ class StorageError(UsageError):
     """A store operation failed for good: after the retries of a transient error, or at once for a persistent one."""
 
 
-_OPTIONS: dict[str, Any] = {}
+#: The process's options (``configure``: the command line's ``--storage-options``), used outside any ``session``.
+_DEFAULT: dict[str, Any] = {}
+
+
+@dataclass
+class _Session:
+    """The storage options of a scope (a ``build()`` call, a part's job) and the metadata of the objects its
+    listings and lookups found (URL -> fsspec info of a file), so each input costs no request beyond the listing
+    that found it (or one lookup, if it was named) and its reads."""
+
+    options: dict[str, Any]
+    known: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+# a ContextVar, not a global: two build() calls with other options (one after the other, or in two threads) do not
+# see each other's; the build's own threads run in a copy of its context (weightprep.overlap)
+_SESSION: ContextVar[_Session | None] = ContextVar("weightprep_storage_session", default=None)
 
 
 def is_url(path: object) -> bool:
@@ -64,10 +87,8 @@ def protocol(url: str) -> str:
     return m["protocol"].lower() if m else "file"
 
 
-def configure(options: dict[str, Any] | str | None) -> None:
-    """Set this process's storage options (``--storage-options``: a JSON object). Keys that name a protocol
-    (``{"s3": {...}, "hf": {...}}``) apply to that protocol only; every other key applies to every URL."""
-    global _OPTIONS
+def parse_options(options: dict[str, Any] | str | None) -> dict[str, Any]:
+    """Storage options as a dict, from a dict, a JSON object (``--storage-options``) or None (no options)."""
     if isinstance(options, str):
         try:
             options = json.loads(options)
@@ -75,20 +96,53 @@ def configure(options: dict[str, Any] | str | None) -> None:
             raise UsageError(f"--storage-options: not valid JSON ({exc}); e.g. '{{\"endpoint_url\": \"http://...\"}}'") from None
     if options is not None and not isinstance(options, dict):
         raise UsageError(f"--storage-options: expected a JSON object, got {type(options).__name__}")
-    _OPTIONS = dict(options or {})
+    return dict(options or {})
+
+
+def configure(options: dict[str, Any] | str | None) -> None:
+    """Set this process's storage options (``--storage-options``: a JSON object), used outside any ``session``.
+    Keys that name a protocol (``{"s3": {...}, "hf": {...}}``) apply to that protocol only; every other key applies
+    to every URL. Library code passes ``storage_options=`` to ``build()``/``load_shards()`` instead (``session``)."""
+    global _DEFAULT
+    _DEFAULT = parse_options(options)
+
+
+@contextlib.contextmanager
+def session(
+    options: dict[str, Any] | str | None = None, known: dict[str, dict[str, Any]] | None = None
+) -> Iterator[None]:
+    """A scope with its own storage options (``options``; None: those in effect, from an enclosing session or
+    ``configure``) and its own metadata cache. Nested with None, it is the enclosing session itself, cache
+    included (the command line's listing of the inputs is its build's). Within a session objects are taken as
+    unchanged, as a build takes its inputs (its resume key assumes it too); what this process writes or removes is
+    forgotten. ``known``: metadata the session starts with (``known_metadata`` of the driver's, in a worker)."""
+    outer = _SESSION.get()
+    if options is None and known is None and outer is not None:
+        yield
+        return
+    token = _SESSION.set(
+        _Session(parse_options(options) if options is not None else current_options(), dict(known or {}))
+    )
+    try:
+        yield
+    finally:
+        _SESSION.reset(token)
 
 
 def current_options() -> dict[str, Any]:
-    return dict(_OPTIONS)
+    """The options in effect: the enclosing ``session``'s, else the process's (``configure``)."""
+    s = _SESSION.get()
+    return dict(s.options if s is not None else _DEFAULT)
 
 
 def options_for(proto: str) -> dict[str, Any]:
-    """The options a filesystem of ``proto`` is made with (``configure``)."""
+    """The options a filesystem of ``proto`` is made with (``session``, ``configure``)."""
     import fsspec
 
     names = set(fsspec.available_protocols())
-    common = {k: v for k, v in _OPTIONS.items() if not (k in names and isinstance(v, dict))}
-    specific = _OPTIONS.get(proto)
+    options = current_options()
+    common = {k: v for k, v in options.items() if not (k in names and isinstance(v, dict))}
+    specific = options.get(proto)
     return {**common, **(specific if isinstance(specific, dict) else {})}
 
 
@@ -108,6 +162,12 @@ def filesystem(url: str) -> tuple[Any, str]:
     except ImportError as exc:
         raise _missing(url, proto, exc) from None
     except ValueError:
+        import importlib.util
+
+        extra = EXTRAS.get(proto)
+        if extra is not None and importlib.util.find_spec(EXTRA_PACKAGES[extra]) is None:
+            # fsspec registers some protocols (abfss://) only once their package is installed
+            raise _missing(url, proto, ImportError(f"{EXTRA_PACKAGES[extra]} is not installed")) from None
         raise UsageError(f"{url}: unknown protocol {proto}:// (known: s3, gs, az, hf, https, memory, ...)") from None
     try:
         return fsspec.core.url_to_fs(url, **options_for(proto))  # type: ignore[no-any-return]
@@ -180,9 +240,60 @@ def retry(fn: Callable[[], T], url: str, what: str) -> T:
 # ---- metadata -------------------------------------------------------------------------------------------------
 
 
-def _info(url: str) -> dict[str, Any]:
+def _remember(url: str, info: dict[str, Any]) -> None:
+    """Keep a file's metadata for the rest of the session (``session``)."""
+    s = _SESSION.get()
+    if s is not None and info.get("type") == "file":
+        s.known[url.rstrip("/")] = info
+
+
+def _forget(url: str) -> None:
+    """Drop what the session knows of ``url`` and of everything under it (this process wrote or removed it)."""
+    s = _SESSION.get()
+    if s is not None:
+        key = url.rstrip("/")
+        for k in [k for k in s.known if k == key or k.startswith(key + "/")]:
+            del s.known[k]
+
+
+#: The fields of an object's metadata a worker needs (its size, and the version s3fs checks its reads against).
+_VERSION_KEYS = ("ETag", "etag", "generation", "VersionId", "mtime", "LastModified", "last_modified", "created")
+
+
+def known_metadata(urls: list[str]) -> dict[str, dict[str, Any]]:
+    """What this session knows of ``urls`` (from its listings and lookups), for a worker's session to start with:
+    the fields a worker uses only, so that the job stays small for many thousands of objects."""
+    s = _SESSION.get()
+    found = {u.rstrip("/"): s.known.get(u.rstrip("/")) for u in urls if is_url(u)} if s is not None else {}
+    keep = ("name", "size", "type", *_VERSION_KEYS)
+    return {u: {k: info[k] for k in keep if k in info} for u, info in found.items() if info is not None}
+
+
+def _lookup(url: str) -> dict[str, Any] | None:
+    """The fsspec info of ``url`` (None if there is no such object or prefix): from the session's listings and
+    lookups where it is there, else one metadata request (retried)."""
+    s = _SESSION.get()
+    if s is not None and (known := s.known.get(url.rstrip("/"))) is not None:
+        return known
     fs, path = filesystem(url)
-    return retry(lambda: fs.info(path), url, "reading its metadata")  # type: ignore[no-any-return]
+
+    def info() -> dict[str, Any] | None:
+        try:
+            return fs.info(path)  # type: ignore[no-any-return]
+        except FileNotFoundError:
+            return None
+
+    found = retry(info, url, "reading its metadata")
+    if found is not None:
+        _remember(url, found)
+    return found
+
+
+def _info(url: str) -> dict[str, Any]:
+    found = _lookup(url)
+    if found is None:
+        raise StorageError(f"{url}: not found (reading its metadata)")
+    return found
 
 
 def size(path: str | Path) -> int:
@@ -194,32 +305,31 @@ def size(path: str | Path) -> int:
 def exists(path: str | Path) -> bool:
     if not is_url(path):
         return os.path.exists(path)
-    fs, p = filesystem(str(path))
-    return bool(retry(lambda: fs.exists(p), str(path), "checking that it exists"))
+    return _lookup(str(path)) is not None
 
 
 def isfile(path: str | Path) -> bool:
     if not is_url(path):
         return os.path.isfile(path)
-    fs, p = filesystem(str(path))
-    return bool(retry(lambda: fs.isfile(p), str(path), "checking that it is a file"))
+    found = _lookup(str(path))
+    return found is not None and found.get("type") == "file"
 
 
 def isdir(path: str | Path) -> bool:
     if not is_url(path):
         return os.path.isdir(path)
-    fs, p = filesystem(str(path))
-    return bool(retry(lambda: fs.isdir(p), str(path), "checking that it is a directory"))
+    found = _lookup(str(path))
+    return found is not None and found.get("type") == "directory"
 
 
 def stat_key(path: str) -> list[Any]:
-    """What tells an unchanged input (``--resume``): its size and its version (ETag, generation or mtime)."""
+    """What tells an unchanged input (``--resume``): its size and its version (ETag, generation or mtime), from the
+    listing that found it where there was one (the same fields as a lookup's)."""
     if not is_url(path):
         st = os.stat(path)
         return [os.path.abspath(path), st.st_size, st.st_mtime_ns]
     info = _info(path)
-    version = next((str(info[k]) for k in ("ETag", "etag", "generation", "VersionId", "mtime", "LastModified",
-                                           "last_modified", "created") if info.get(k) is not None), None)
+    version = next((str(info[k]) for k in _VERSION_KEYS if info.get(k) is not None), None)
     return [path, int(info["size"]), version]
 
 
@@ -227,15 +337,26 @@ def glob(pattern: str) -> list[str]:
     """The URLs matching a glob URL, sorted; as a shell's glob, ``*`` does not match a name starting with a dot."""
     fs, p = filesystem(pattern)
     hidden = pattern.rstrip("/").rsplit("/", 1)[-1].startswith(".")
-    found = retry(lambda: fs.glob(p), pattern, "listing the glob")
-    return sorted(_url(fs, m, pattern) for m in found if hidden or not m.rstrip("/").rsplit("/", 1)[-1].startswith("."))
+    # one listing with sizes and versions (detail=True): the plan and the resume key ask no more of these objects
+    found = retry(lambda: fs.glob(p, detail=True), pattern, "listing the glob")
+    urls = []
+    for m, info in found.items():
+        if hidden or not m.rstrip("/").rsplit("/", 1)[-1].startswith("."):
+            urls.append(_url(fs, m, pattern))
+            _remember(urls[-1], info)
+    return sorted(urls)
 
 
 def listdir(url: str) -> list[str]:
     """The URLs of the files directly under ``url``, sorted."""
     fs, p = filesystem(url)
     entries = retry(lambda: fs.ls(p, detail=True), url, "listing it")
-    return sorted(_url(fs, e["name"], url) for e in entries if e.get("type") == "file")
+    urls = []
+    for e in entries:
+        if e.get("type") == "file":
+            urls.append(_url(fs, e["name"], url))
+            _remember(urls[-1], e)
+    return sorted(urls)
 
 
 def find(url: str) -> dict[str, int]:
@@ -254,9 +375,11 @@ class _RangeFile(io.RawIOBase):
     """Bytes ``start .. end`` of an object, read with range requests of at most ``chunk`` bytes and never past
     ``end``; a failed read is retried from the byte it had reached (``retry``), on a file opened anew."""
 
-    def __init__(self, url: str, start: int = 0, end: int | None = None, chunk: int = CHUNK) -> None:
+    def __init__(
+        self, url: str, start: int = 0, end: int | None = None, chunk: int = CHUNK, located: tuple[Any, str] | None = None
+    ) -> None:
         self.url, self._start, self._pos, self._chunk = url, start, start, chunk
-        self._fs, self._path = filesystem(url)
+        self._fs, self._path = located if located is not None else filesystem(url)
         self._end = end if end is not None else size(url)
         self._f: Any = None
 
@@ -276,12 +399,28 @@ class _RangeFile(io.RawIOBase):
 
     def _fetch(self, n: int) -> bytes:
         if self._f is None:
-            self._f = self._fs.open(self._path, "rb", cache_type="none")
+            self._f = self._open()
         self._f.seek(self._pos)
         data = self._f.read(n)
         if len(data) < n and self._pos + len(data) < self._end:
             raise EOFError(f"short read: {len(data)} of {n} bytes at {self._pos}")
         return data  # type: ignore[no-any-return]
+
+    def _open(self) -> Any:
+        from fsspec.spec import AbstractBufferedFile
+
+        # size: the file ends, for its reads, where this range does, and s3fs/gcsfs/http do not ask the store for
+        # the object's size again (a HEAD per open); the details the listing found (its ETag) stand for the ones
+        # s3fs would otherwise ask for at the first read
+        try:
+            f = self._fs.open(self._path, "rb", cache_type="none", size=self._end)
+        except TypeError:  # a filesystem whose files take no size: it looks it up itself
+            return self._fs.open(self._path, "rb", cache_type="none")
+        s = _SESSION.get()
+        known = s.known.get(self.url.rstrip("/")) if s is not None else None
+        if known is not None and isinstance(f, AbstractBufferedFile):
+            f.details = known
+        return f
 
     def _reset(self) -> None:
         if self._f is not None:
@@ -347,7 +486,8 @@ def arrow_filesystem(url: str) -> tuple[Any, str]:
 
     class Handler(FSSpecHandler):  # type: ignore[misc]
         def open_input_file(self, p: str) -> Any:
-            return pa.PythonFile(_RangeFile(_url(fs, p, url), chunk=1 << 62), mode="r")
+            # the filesystem made here, with this session's options: pyarrow may call from its own threads
+            return pa.PythonFile(_RangeFile(_url(fs, p, url), chunk=1 << 62, located=(fs, p)), mode="r")
 
     return PyFileSystem(Handler(fs)), path
 
@@ -363,11 +503,13 @@ def _writable(url: str) -> tuple[Any, str]:
 
 def put_file(local: str | Path, url: str) -> None:
     fs, p = _writable(url)
+    _forget(url)
     retry(lambda: fs.put_file(str(local), p), url, f"uploading {local}")
 
 
 def write_bytes(url: str, data: bytes) -> None:
     fs, p = _writable(url)
+    _forget(url)
     retry(lambda: fs.pipe_file(p, data), url, "writing it")
 
 
@@ -375,12 +517,14 @@ def copy(src: str, dst: str) -> None:
     """Copy an object within its store (server-side where the store can)."""
     fs, p = _writable(dst)
     _, q = filesystem(src)
+    _forget(dst)
     retry(lambda: fs.copy(q, p), dst, f"copying {src} to it")
 
 
 def remove(url: str, *, recursive: bool = False) -> None:
     """Remove an object (or, ``recursive``, every object under a prefix); a missing one is not an error."""
     fs, p = _writable(url)
+    _forget(url)
 
     def rm() -> None:
         with contextlib.suppress(FileNotFoundError):

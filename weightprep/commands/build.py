@@ -259,34 +259,37 @@ def build(
         cfg = load_config(pipeline_file, overrides)
     for note in dict.fromkeys(str(w.message) for w in deprecated if issubclass(w.category, FutureWarning)):
         click.echo(f"note: {note}", err=True)
+    # one storage session for the listing here and the build's: each input object is listed or looked up once
     sources = _sources(inputs, source_specs, pipeline_file)
-    paths = expand_inputs(inputs) if sources is None else [p for files in source_files(sources, cfg) for p in files]
-    err = Console(stderr=True)
-    if cfg.tokenizer.name is None:
-        click.echo(
-            f"note: no --tokenizer given: using the bundled sample tokenizer ({SAMPLE_TOKENIZER_DIR}),\n"
-            "      a small byte-level BPE for trying weightprep out. For training, pass your model's tokenizer:\n"
-            "      --tokenizer meta-llama/Llama-3.2-1B (a hub id) or --tokenizer /path/to/model_dir",
-            err=True,
-        )
-    total = sum(storage.size(p) for p in paths if storage.isfile(p))
-    with Progress(
-        TextColumn("building"),
-        BarColumn(),
-        DownloadColumn(),
-        TextColumn("{task.fields[records]:,} records"),
-        TimeRemainingColumn(),
-        console=err,
-        disable=not err.is_terminal,
-        transient=True,
-    ) as bar:
-        task = bar.add_task("build", total=total, records=0)
+    with storage.session():
+        paths = expand_inputs(inputs) if sources is None else [p for files in source_files(sources, cfg) for p in files]
+        err = Console(stderr=True)
+        if cfg.tokenizer.name is None:
+            click.echo(
+                f"note: no --tokenizer given: using the bundled sample tokenizer ({SAMPLE_TOKENIZER_DIR}),\n"
+                "      a small byte-level BPE for trying weightprep out. For training, pass your model's tokenizer:\n"
+                "      --tokenizer meta-llama/Llama-3.2-1B (a hub id) or --tokenizer /path/to/model_dir",
+                err=True,
+            )
+        total = sum(storage.size(p) for p in paths if storage.isfile(p))
+        with Progress(
+            TextColumn("building"),
+            BarColumn(),
+            DownloadColumn(),
+            TextColumn("{task.fields[records]:,} records"),
+            TimeRemainingColumn(),
+            console=err,
+            disable=not err.is_terminal,
+            transient=True,
+        ) as bar:
+            task = bar.add_task("build", total=total, records=0)
 
-        def progress(consumed: int, counts: Counter) -> None:
-            bar.update(task, completed=consumed, records=counts["accepted"])
+            def progress(consumed: int, counts: Counter) -> None:
+                bar.update(task, completed=consumed, records=counts["accepted"])
 
-        manifest = run_build(
-            paths if sources is None else [], out, cfg, overwrite=overwrite, progress=progress, notify=lambda m: click.echo(f"note: {m}", err=True),
-            executor=make_executor(executor, workers, ray_address), resume=resume, sources=sources,
-        )
+            manifest = run_build(
+                paths if sources is None else [], out, cfg, overwrite=overwrite, progress=progress,
+                notify=lambda m: click.echo(f"note: {m}", err=True),
+                executor=make_executor(executor, workers, ray_address), resume=resume, sources=sources,
+            )
     click.echo(format_summary(manifest, out.rstrip("/")))

@@ -105,14 +105,18 @@ class PartJob:
     def __init__(
         self, cfg: BuildConfig, tokenizer: Any, work_dir: Path | str, cut: Any = None, *,
         threads: int | None = None, storage_options: dict[str, Any] | None = None, sources: list[Any] | None = None,
+        known: dict[str, dict[str, Any]] | None = None,
     ) -> None:
         self.cfg, self.tokenizer, self.work_dir, self.cut, self.threads = cfg, tokenizer, work_dir, cut, threads
-        #: the driver's --storage-options, which the workers' reads and writes of URLs use too
+        #: the build's storage options (its session's: build(storage_options=...) or --storage-options), which the
+        #: workers' reads and writes of URLs use too
         self.storage_options = storage_options if storage_options is not None else storage.current_options()
         #: the build's sources (``weightprep.sources``; its parts are then ``MixedPart``s and ``cut`` one per source)
         self.sources = sources
         #: per source, the epoch cut of its fractional epochs (None: whole epochs; ``EpochPass``)
         self.epoch_cuts: list[int | None] | None = None
+        #: the driver's metadata of the input objects (their listing's): a worker opens them without asking again
+        self.known = known or {}
         self.worker_key = uuid.uuid4().hex  # its variants (with_options) share the worker state
         #: the driver's working directory: relative input paths are relative to it on every worker too
         self.cwd = os.getcwd()
@@ -146,7 +150,11 @@ class PartJob:
             state.close()
 
     def __call__(self, part: InputPart | MixedPart, progress: ProgressFn | None = None) -> dict[str, Any]:
-        storage.configure(self.storage_options)
+        # a session, not configure(): run in the driver's process (serial), the part leaves its options as they were
+        with storage.session(self.storage_options, self.known):
+            return self._call(part, progress)
+
+    def _call(self, part: InputPart | MixedPart, progress: ProgressFn | None) -> dict[str, Any]:
         if storage.is_url(self.work_dir):
             return self._call_store(part, progress)
         final = self.work_dir / f"{part.index:05d}"
@@ -282,12 +290,16 @@ class KeyPass:
     render: bool = False
 
     def __call__(self, job: PartJob, part: InputPart | MixedPart) -> dict[str, Any]:
-        storage.configure(job.storage_options)
-        if isinstance(part, MixedPart):
-            try:
-                return mixed_keys(job, part, self.render)
-            except (InputError, BackendMismatch) as exc:
-                return {"index": part.index, "error": {**_located_error(exc), "segment": segment_of(part, exc.path)}}
+        with storage.session(job.storage_options, job.known):
+            if isinstance(part, MixedPart):
+                try:
+                    return mixed_keys(job, part, self.render)
+                except (InputError, BackendMismatch) as exc:
+                    error = {**_located_error(exc), "segment": segment_of(part, exc.path)}
+                    return {"index": part.index, "error": error}
+            return self._keys(job, part)
+
+    def _keys(self, job: PartJob, part: InputPart) -> dict[str, Any]:
         split_cfg = job.cfg.split
         chats = job.worker().chats if self.render else None
         record = InputFile(part.path)
@@ -309,8 +321,8 @@ class EpochPass:
     n: Any = None
 
     def __call__(self, job: PartJob, part: MixedPart) -> dict[str, Any]:
-        storage.configure(job.storage_options)
-        try:
-            return part_epoch_keys(job, part, self.cut, self.n)
-        except (InputError, BackendMismatch) as exc:
-            return {"index": part.index, "error": {**_located_error(exc), "segment": segment_of(part, exc.path)}}
+        with storage.session(job.storage_options, job.known):
+            try:
+                return part_epoch_keys(job, part, self.cut, self.n)
+            except (InputError, BackendMismatch) as exc:
+                return {"index": part.index, "error": {**_located_error(exc), "segment": segment_of(part, exc.path)}}

@@ -207,13 +207,14 @@ def format_advice(result: PlanResult) -> str:
     return "\n".join(lines)
 
 
-def shards_settings(shards: str | Path) -> dict[str, Any]:
-    """``seq_len``, ``packed`` and ``supervised_fraction`` from a shard directory's manifest.
+def shards_settings(shards: str | Path, *, storage_options: dict[str, Any] | str | None = None) -> dict[str, Any]:
+    """``seq_len``, ``packed`` and ``supervised_fraction`` from a shard directory's manifest (a local directory or
+    a URL; ``storage_options``: its fsspec options, as ``read_manifest`` takes them).
 
     Raises :class:`UsageError` if the manifest is missing or lacks the sequence length.
     """
     path = storage.join(shards, MANIFEST_NAME)
-    manifest = read_manifest(shards)
+    manifest = read_manifest(shards, storage_options=storage_options)
     cfg = manifest.get("config") or {}
     seq_len = build_setting(cfg, "seq_len", ("pack", "seq_len"))
     if not isinstance(seq_len, int) or seq_len < 1:

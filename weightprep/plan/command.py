@@ -5,8 +5,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 
+from weightprep.commands._storage import Location, storage_options
 from weightprep.plan.advice import check_fits, format_advice, parse_gpus, shards_settings
 from weightprep.plan.estimate import DEFAULT_LOSS_CHUNK_TOKENS, GiB, MemoryEstimate
 
@@ -48,8 +51,9 @@ def render_table(est: MemoryEstimate, title: str) -> object:
 @click.option("--model", "model", required=True,
               help="Local model dir, its config.json, a preset (llama-3-8b, qwen2.5-7b, ...) or a hub id (config only).")
 @click.option("--seq-len", type=int, default=None, help="Tokens per row (taken from --shards when given).")
-@click.option("--shards", type=click.Path(file_okay=False), default=None,
-              help="Shard directory: read seq_len, packing and the supervised share from its manifest.")
+@click.option("--shards", type=Location(exists=False), default=None,
+              help="Shard directory or URL (s3://bucket/shards): read seq_len, packing and the supervised share from "
+                   "its manifest.")
 @click.option("--gpus", default="1x80GB", show_default=True, help="COUNTxSIZE, e.g. 2x80GB.")
 @click.option("--micro-batch", type=int, default=1, show_default=True, help="Rows per GPU per forward.")
 @click.option("--global-batch-tokens", type=int, default=None,
@@ -68,7 +72,8 @@ def render_table(est: MemoryEstimate, title: str) -> object:
 @click.option("--loss-chunk", type=int, default=DEFAULT_LOSS_CHUNK_TOKENS, show_default=True,
               help="Tokens per chunk of the chunked loss.")
 @click.option("--attention", type=click.Choice(["sdpa", "flash", "eager"]), default="sdpa", show_default=True)
-def plan(model: str, seq_len: int | None, shards: str | None, gpus: str, micro_batch: int,
+@storage_options
+def plan(model: str, seq_len: int | None, shards: str | Path | None, gpus: str, micro_batch: int,
          global_batch_tokens: int | None, strategy: str, dtype: str, precision: str, gradient_checkpointing: bool,
          lora_r: int | None, lora_targets: str, loss: str, loss_chunk: int, attention: str) -> None:
     """Estimate GPU memory per device before training: a table per term, the verdict, what fits."""

@@ -269,8 +269,16 @@ def _row_html(tok: Any, row: dict[str, Any], pad_id: int | None, max_tokens: int
     return "".join(out)
 
 
-def render_report(directory: Path | str, *, tokenizer: str | None = None, rows: int = 3, max_tokens: int = 2048) -> str:
-    """The page for the build in ``directory``, as a string."""
+def render_report(
+    directory: Path | str, *, tokenizer: str | None = None, rows: int = 3, max_tokens: int = 2048,
+    storage_options: dict[str, Any] | str | None = None,
+) -> str:
+    """The page for the build in ``directory``, as a string (``storage_options``: of a URL ``directory``)."""
+    with storage.session(storage_options):
+        return _render_report(directory, tokenizer=tokenizer, rows=rows, max_tokens=max_tokens)
+
+
+def _render_report(directory: Path | str, *, tokenizer: str | None, rows: int, max_tokens: int) -> str:
     from weightprep.commands.build import format_summary
     from weightprep.manifest import read_manifest, read_row, read_turns, split_shards
     from weightprep.tokenizer import load_tokenizer, tokenizer_fingerprint

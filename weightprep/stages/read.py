@@ -218,6 +218,7 @@ def read_blocks(
     *,
     start: int = 0,
     end: int | None = None,
+    size: int | None = None,
 ) -> Iterator[Block]:
     """Yield ``Block``s of whole lines of ``record.path``; fills in its size, hash and line count. Parquet and
     Arrow files give a block per batch of rows (``weightprep.stages.columnar``), their columns renamed by
@@ -225,7 +226,8 @@ def read_blocks(
 
     ``start``/``end`` read only that byte range of a plain JSONL file (an input part, ``weightprep.distribute.plan``:
     it starts just after a newline). Lines are then numbered from 1 within the range, byte offsets stay those of the
-    file, and size, hash and line count are the range's."""
+    file, and size, hash and line count are the range's. ``size``: the whole file's size where the plan knows it
+    (an object is then read to there without asking the store for it)."""
     if record.path.endswith(COLUMNAR_SUFFIXES):
         yield from columnar_blocks(record, max(64, block_bytes // 2048), columns or {})
         return
@@ -233,7 +235,7 @@ def read_blocks(
     if ranged and is_compressed(record.path):
         raise ValueError(f"{record.path}: a compressed file is read whole")
     # an object in a store is read by range requests of its part only (weightprep.storage); a local file is cut here
-    with storage.open_input(record.path, start, end) as raw:
+    with storage.open_input(record.path, start, end if end is not None else size) as raw:
         if ranged and not storage.is_url(record.path):
             raw = _RangeReader(raw, (end if end is not None else os.fstat(raw.fileno()).st_size) - start)
         yield from _Lines(record, _open(record, raw), block_bytes, max_line_bytes, start=start).blocks()

@@ -63,13 +63,20 @@ def load_shards(
     *,
     model_config: Any = None,
     tokenizer: Any = None,
+    storage_options: dict[str, Any] | str | None = None,
 ) -> Shards:
     """Open and validate the shards at ``path``; with ``model_config`` (and the model's ``tokenizer``, if loaded)
-    also check that they can train that model.
+    also check that they can train that model. ``storage_options``: the fsspec options of a URL ``path``
+    (``s3://bucket/shards``), for this call only (``weightprep.storage.session``; None: the process's).
 
     >>> shards = load_shards("shards/", model_config=model.config)  # doctest: +SKIP
     >>> trainer = WeightedSFTTrainer(model, train_dataset=shards.dataset, ...)  # doctest: +SKIP
     """
+    with storage.session(storage_options):
+        return _load_shards(path, model_config, tokenizer)
+
+
+def _load_shards(path: str | Path, model_config: Any, tokenizer: Any) -> Shards:
     import datasets
 
     path = path if storage.is_url(path) else Path(path)
