@@ -66,6 +66,34 @@ def test_memory_to_memory_build_has_the_local_shards(mem, local_reference):
     assert not mem.glob("/out/.shards.tmp-*")
 
 
+
+def test_sources_by_url_build_the_local_shards(mem, tmp_path):
+    """Several sources (a weight, fractional epochs, a validation split per source) read from a store and written
+    to one: the same shard bytes as the same sources on local disk (the plan cuts objects by range requests)."""
+    from weightprep.sources import parse_source_option
+
+    half = DATA.index(b"\n", len(DATA) // 2) + 1
+    cfg = config_from_dict(
+        {"pack": {"seq_len": 128}, "read": {"part_bytes": 20_000, "block_bytes": 8192},
+         "split": {"validation_fraction": 0.1}}
+    )  # fmt: skip
+    specs = {"a": (DATA[:half], ",weight=2"), "b": (DATA[half:], ",epochs=1.5")}
+    for name, (data, _) in specs.items():
+        mem.pipe_file(f"/in/{name}.jsonl", data)
+        (tmp_path / f"{name}.jsonl").write_bytes(data)
+    remote = [parse_source_option(f"{n}=memory://in/{n}.jsonl{o}") for n, (_, o) in specs.items()]
+    local = [parse_source_option(f"{n}={tmp_path / n}.jsonl{o}") for n, (_, o) in specs.items()]
+    manifest = build([], "memory://out/mixed", cfg, sources=remote)
+    build([], tmp_path / "ref", cfg, sources=local)
+    got = _tree(mem, "/out/mixed")
+    want = {p.relative_to(tmp_path / "ref").as_posix(): p.read_bytes() for p in (tmp_path / "ref").rglob("*") if p.is_file()}
+    assert sorted(got) == sorted(want)
+    arrow = [n for n in want if n.endswith(".arrow")]
+    assert {n.split("/")[0] for n in arrow} == {"train", "validation_a", "validation_b"}
+    assert {n: got[n] for n in arrow} == {n: want[n] for n in arrow}
+    assert [s["name"] for s in manifest["sources"]] == ["a", "b"]
+    assert not mem.glob("/out/.mixed.tmp-*")
+
 def test_globs_directories_and_save_to_disk_dirs_by_url(mem):
     for name in ("b.jsonl", "a.jsonl.gz", ".hidden.jsonl", "notes.txt"):
         mem.pipe_file(f"/d/{name}", b"{}\n")
