@@ -229,6 +229,13 @@ class _Template:
         self._compiled = compile_(template) if compile_ is not None else None
         # what Template.render merges into every context (a ChainMap over the environment's globals, slow to copy)
         self._globals = dict(self._compiled.globals) if self._compiled is not None else {}
+        # the renders without {% generation %} spans: the same template in an overlay of that environment whose
+        # getattr reads a plain dict's key directly (_dict_getattr)
+        self._fast = self._compiled
+        if self._compiled is not None and not tagged:
+            overlay = self._compiled.environment.overlay()
+            overlay.getattr = _dict_getattr(overlay)
+            self._fast = overlay.from_string(template)
 
     def prepare(self, messages: list[dict[str, Any]], tools: Any, kwargs: dict[str, Any]) -> _Prepared:
         """The conversation as the template sees it."""
@@ -254,7 +261,7 @@ class _Template:
     def _render(self, args: dict[str, Any]) -> str:
         """``Template.render(**args)``: the same context (the template's globals, then ``args``), built from a copy
         of the globals made once."""
-        compiled = self._compiled
+        compiled = self._fast
         env = compiled.environment
         if env.is_async:
             return compiled.render(**args)
@@ -264,6 +271,28 @@ class _Template:
         except Exception:
             env.handle_exception()  # raises the template's error with its own traceback, as render does
             raise
+
+
+#: what ``getattr`` finds on a dict: the attributes of its type (a dict instance has no ``__dict__``)
+_DICT_ATTRIBUTES = frozenset(name for cls in dict.__mro__ for name in vars(cls))
+
+
+def _dict_getattr(env: Any) -> Callable[[Any, str], Any]:
+    """``env.getattr`` (the sandbox's: an attribute, else the item, else undefined) with the answer for a plain
+    dict and a name that is not a dict attribute found first: ``message.role`` in a template is the item ``role``,
+    as the sandbox answers it after ``getattr`` raised AttributeError, which cost more than the rest of a
+    render's lookups."""
+    sandboxed = type(env).getattr
+
+    def getattr_(obj: Any, attribute: str) -> Any:
+        if type(obj) is dict and attribute not in _DICT_ATTRIBUTES:
+            try:
+                return obj[attribute]
+            except KeyError:
+                return env.undefined(obj=obj, name=attribute)
+        return sandboxed(env, obj, attribute)
+
+    return getattr_
 
 
 class _Prepared(NamedTuple):
