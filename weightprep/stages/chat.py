@@ -59,6 +59,7 @@ fastokens, its guard and the spans together, ~60 µs of alignment. Renders are O
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import re
@@ -69,6 +70,7 @@ import numpy as np
 
 from weightprep.batches import Chat, ChatTokens, Records, Reject, turn_code
 from weightprep.errors import ConfigError, UsageError
+from weightprep.stages import chat_prefixes
 from weightprep.stages.chat_templates import TrlMissing, training_template
 from weightprep.stages.spans import TokenSpans
 from weightprep.stages.tokenize import PieceTokenizer
@@ -231,43 +233,73 @@ class _Template:
         self._globals = dict(self._compiled.globals) if self._compiled is not None else {}
         # the renders without {% generation %} spans: the same template in an overlay of that environment whose
         # getattr reads a plain dict's key directly (_dict_getattr)
+        # and whose loops note where each message starts (chat_prefixes: prefixes cut from the whole render)
         self._fast = self._compiled
+        self._shape: chat_prefixes.PrefixShape | None = None
         if self._compiled is not None and not tagged:
             overlay = self._compiled.environment.overlay()
-            overlay.getattr = _dict_getattr(overlay)
-            self._fast = overlay.from_string(template)
+            cls = type(overlay)
+            overlay.getattr = _dict_getattr(overlay, chat_prefixes.tracked_getattr(functools.partial(cls.getattr, overlay)))
+            overlay.getitem = chat_prefixes.tracked_getitem(functools.partial(cls.getitem, overlay))
+            self._fast, self._shape = chat_prefixes.compile_tracked(overlay, template)
 
     def prepare(self, messages: list[dict[str, Any]], tools: Any, kwargs: dict[str, Any]) -> _Prepared:
         """The conversation as the template sees it."""
         if not self.direct or (tools is not None and not all(isinstance(t, dict) for t in tools)):
             return _Prepared(messages, tools, kwargs, False)  # render_jinja_template converts (or refuses) them
         plain = self._ctu._plain_template_data
-        return _Prepared(self._ctu._alias_reasoning_fields(plain(messages)), plain(tools), plain(kwargs), True)
+        return _Prepared(self._ctu._alias_reasoning_fields(plain(messages)), plain(tools), plain(kwargs), True, {})
 
     def render(self, prepared: _Prepared, k: int, generation: bool) -> tuple[str, list]:
         """The first ``k`` messages rendered, and their ``{% generation %}`` spans (tagged templates only)."""
-        messages, tools, kwargs, direct = prepared
+        messages, tools, kwargs, direct, whole = prepared
         if not direct:
             rendered, spans = self._ctu.render_jinja_template(
                 conversations=[messages[:k]], tools=tools, chat_template=self.template, add_generation_prompt=generation,
                 return_assistant_tokens_mask=self.tagged, **kwargs,
             )  # fmt: skip
             return rendered[0], (spans[0] if spans else [])
+        if self._shape is not None and k >= 1 and whole is not None:
+            cut = self._cut(prepared, k, generation)
+            if cut is not None:
+                return cut, []
         args = {"messages": messages[:k], "tools": tools, "documents": None, "add_generation_prompt": generation, **kwargs}
         if self.tagged:
             return self._ctu._render_with_assistant_indices(compiled_template=self._compiled, **args)  # type: ignore[no-any-return]
         return self._render(args), []
 
-    def _render(self, args: dict[str, Any]) -> str:
+    def _cut(self, prepared: _Prepared, k: int, generation: bool) -> str | None:
+        """The render of the first ``k`` messages cut from the whole conversation's (``chat_prefixes``), rendered
+        once, tracked; None where that is not proven for this conversation (then it is rendered)."""
+        whole = prepared.whole
+        if "cuts" not in whole:
+            listed = prepared.messages[:]
+            tracker = chat_prefixes.Tracker(listed)
+            args = {"messages": listed, "tools": prepared.tools, "documents": None, "add_generation_prompt": False,
+                    **prepared.kwargs}  # fmt: skip
+            try:
+                whole["text"] = self._render(args, tracker)
+                whole["cuts"] = tracker.cuts(whole["text"])
+            except Exception:  # the renders that are asked for raise it, or not, as they are made
+                whole["cuts"] = None
+        cuts = whole["cuts"]
+        assert self._shape is not None
+        if cuts is None or k > len(cuts) or (generation and self._shape.generation is None):
+            return None
+        text: str = whole["text"][: cuts[k - 1]]
+        return text + self._shape.generation if generation else text  # type: ignore[operator]
+
+    def _render(self, args: dict[str, Any], tracker: chat_prefixes.Tracker | None = None) -> str:
         """``Template.render(**args)``: the same context (the template's globals, then ``args``), built from a copy
-        of the globals made once."""
+        of the globals made once (``tracker``: the loop over the messages tracked)."""
         compiled = self._fast
         env = compiled.environment
         if env.is_async:
             return compiled.render(**args)
         context = compiled.new_context({**self._globals, **args}, shared=True)
         try:
-            return env.concat(compiled.root_render_func(context))
+            chunks = compiled.root_render_func(context)
+            return env.concat(chunks) if tracker is None else tracker.render(chunks)
         except Exception:
             env.handle_exception()  # raises the template's error with its own traceback, as render does
             raise
@@ -277,12 +309,11 @@ class _Template:
 _DICT_ATTRIBUTES = frozenset(name for cls in dict.__mro__ for name in vars(cls))
 
 
-def _dict_getattr(env: Any) -> Callable[[Any, str], Any]:
-    """``env.getattr`` (the sandbox's: an attribute, else the item, else undefined) with the answer for a plain
+def _dict_getattr(env: Any, sandboxed: Callable[[Any, str], Any]) -> Callable[[Any, str], Any]:
+    """``sandboxed`` (``env``'s getattr: an attribute, else the item, else undefined) with the answer for a plain
     dict and a name that is not a dict attribute found first: ``message.role`` in a template is the item ``role``,
     as the sandbox answers it after ``getattr`` raised AttributeError, which cost more than the rest of a
     render's lookups."""
-    sandboxed = type(env).getattr
 
     def getattr_(obj: Any, attribute: str) -> Any:
         if type(obj) is dict and attribute not in _DICT_ATTRIBUTES:
@@ -290,7 +321,7 @@ def _dict_getattr(env: Any) -> Callable[[Any, str], Any]:
                 return obj[attribute]
             except KeyError:
                 return env.undefined(obj=obj, name=attribute)
-        return sandboxed(env, obj, attribute)
+        return sandboxed(obj, attribute)
 
     return getattr_
 
@@ -302,6 +333,8 @@ class _Prepared(NamedTuple):
     tools: Any
     kwargs: dict[str, Any]
     direct: bool
+    #: the whole conversation's render and its cuts (``_Template._cut``), once made; None: not for this one
+    whole: dict[str, Any] | None = None
 
 
 class ChatRenderer:
