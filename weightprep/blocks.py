@@ -95,8 +95,8 @@ def _chat_documents(chats: Records, counts: Counter[str]) -> Documents:
     counts["empty_documents"] += int((lengths == 0).sum())
     counts["weight_accepted"] += float(weights.astype(np.float64).sum())
     return Documents(
-        input_ids=ids.astype(np.int32), weights=weights.astype(np.float32), offsets=offsets,
-        lines=np.repeat(chats.lines, per_conversation), turns=turns.astype(np.int32),
+        input_ids=ids.astype(np.int32, copy=False), weights=weights.astype(np.float32, copy=False), offsets=offsets,
+        lines=np.repeat(chats.lines, per_conversation), turns=turns.astype(np.int32, copy=False),
     )  # fmt: skip
 
 

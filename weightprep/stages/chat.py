@@ -192,6 +192,21 @@ def _strings(value: Any, field: str) -> Iterator[tuple[str, str]]:
             yield from _strings(v, f"{field}[{i}]")
 
 
+_SEPARATOR = "\x00"
+
+
+def _string_values(value: Any, out: list[str]) -> None:
+    """The strings ``_strings`` finds in ``value``, without their fields, appended to ``out``."""
+    if isinstance(value, str):
+        out.append(value)
+    elif isinstance(value, dict):
+        for v in value.values():
+            _string_values(v, out)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            _string_values(v, out)
+
+
 def _record_strings(chat: Chat, messages: list[dict[str, Any]]) -> Iterator[tuple[str, str]]:
     """The strings of a conversation that reach its template, with their fields (``messages[2].content``)."""
     for i, m in enumerate(messages):
@@ -385,6 +400,7 @@ class ChatRenderer:
         self.tagged = bool(self.template and _GENERATION_TAG.search(self.template))
         self._control: re.Pattern[str] | None = None
         self._control_split: tuple[tuple[str, ...], tuple[str, ...]] | None = None
+        self._joinable: bool | None = None  # see _check_control_tokens
         self._tokenize = tokenize
         self._spans: TokenSpans | None = None
         self._template: _Template | None = None
@@ -648,6 +664,14 @@ class ChatRenderer:
         turn is ``control_token_in_content``; in-turn markers (``control_tokens``) are tokens there, as
         ``apply_chat_template`` makes them."""
         control = self._control_tokens()
+        if self._joinable is None:  # no control token holds the separator: no match spans two strings joined
+            self._joinable = not any(_SEPARATOR in t for t in self.control_tokens()[0])
+        if self._joinable:
+            found: list[str] = []
+            for value in (messages, chat.tools, chat.template_kwargs):
+                _string_values(value, found)
+            if not control.search(_SEPARATOR.join(found)):
+                return  # one search of every string at once; where one holds a token, find it and its field below
         for field, value in _record_strings(chat, messages):
             if hit := control.search(value):
                 raise ChatError(
