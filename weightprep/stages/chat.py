@@ -246,6 +246,7 @@ class _Template:
         self._compiled = compile_(template) if compile_ is not None else None
         # what Template.render merges into every context (a ChainMap over the environment's globals, slow to copy)
         self._globals = dict(self._compiled.globals) if self._compiled is not None else {}
+        self._kwargs: tuple[Any, Any] = (None, None)  # the last keyword arguments prepared, and as plain data
         # the renders without {% generation %} spans: the same template in an overlay of that environment whose
         # getattr reads a plain dict's key directly (_dict_getattr)
         # and whose loops note where each message starts (chat_prefixes: prefixes cut from the whole render)
@@ -263,7 +264,10 @@ class _Template:
         if not self.direct or (tools is not None and not all(isinstance(t, dict) for t in tools)):
             return _Prepared(messages, tools, kwargs, False)  # render_jinja_template converts (or refuses) them
         plain = self._ctu._plain_template_data
-        return _Prepared(self._ctu._alias_reasoning_fields(plain(messages)), plain(tools), plain(kwargs), True, {})
+        if kwargs is not self._kwargs[0]:  # the same arguments for every conversation without chat_template_kwargs
+            self._kwargs = (kwargs, plain(kwargs))
+        messages = _plain_messages(plain, messages)
+        return _Prepared(self._ctu._alias_reasoning_fields(messages), plain(tools), self._kwargs[1], True, {})
 
     def render(self, prepared: _Prepared, k: int, generation: bool) -> tuple[str, list]:
         """The first ``k`` messages rendered, and their ``{% generation %}`` spans (tagged templates only)."""
@@ -318,6 +322,21 @@ class _Template:
         except Exception:
             env.handle_exception()  # raises the template's error with its own traceback, as render does
             raise
+
+
+_JSON_SCALARS = (str, int, float, bool, type(None))
+
+
+def _plain_messages(plain: Callable[[Any], Any], messages: Any) -> Any:
+    """``plain(messages)`` (transformers' ``_plain_template_data``), with a message that is a dict of exact JSON
+    scalars copied as it is: what ``plain`` returns for those (exact scalars as they are), without a call per
+    value."""
+    if type(messages) is not list:
+        return plain(messages)
+    return [
+        dict(m) if type(m) is dict and all(type(k) is str and type(v) in _JSON_SCALARS for k, v in m.items()) else plain(m)
+        for m in messages
+    ]
 
 
 #: what ``getattr`` finds on a dict: the attributes of its type (a dict instance has no ``__dict__``)
@@ -401,6 +420,7 @@ class ChatRenderer:
         self._control: re.Pattern[str] | None = None
         self._control_split: tuple[tuple[str, ...], tuple[str, ...]] | None = None
         self._joinable: bool | None = None  # see _check_control_tokens
+        self._specials: dict[str, Any] | None = None  # the tokenizer's special tokens, template arguments of each render
         self._tokenize = tokenize
         self._spans: TokenSpans | None = None
         self._template: _Template | None = None
@@ -550,7 +570,9 @@ class ChatRenderer:
 
             control = self._control_tokens()
             messages, tools, kwargs = (mark_control_tokens(v, control) for v in (messages, tools, kwargs))
-        return self._compiled().prepare(messages, tools, {**self.tok.special_tokens_map, **kwargs})
+        if self._specials is None:
+            self._specials = dict(self.tok.special_tokens_map)
+        return self._compiled().prepare(messages, tools, {**self._specials, **kwargs} if kwargs else self._specials)
 
     def render(self, prepared: _Prepared, k: int, *, generation: bool = False) -> tuple[str, list]:
         """The first ``k`` messages of a prepared conversation rendered (``template_error`` if the template fails)."""
@@ -800,8 +822,10 @@ class ChatRenderer:
     def _check_kwargs(self, chat: Chat) -> None:
         """``chat_template_kwargs`` come after the renderer's own arguments (``prepare``): one that names an argument
         the renderer sets would override it (``reserved_template_kwarg``)."""
+        if not chat.template_kwargs:
+            return
         reserved = {*RESERVED_KWARGS, *self.tok.special_tokens_map}
-        for key in chat.template_kwargs or {}:
+        for key in chat.template_kwargs:
             if key in reserved:
                 raise ChatError(
                     f"chat_template_kwargs.{key}",

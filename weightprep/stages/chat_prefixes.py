@@ -200,7 +200,9 @@ def tracked_getattr(sandboxed: Any) -> Any:
     """``sandboxed`` (an environment's getattr), noting reads that look ahead (``loop.last``) on the tracker."""
 
     def getattr_(obj: Any, attribute: str) -> Any:
-        if isinstance(obj, LoopContext) and attribute not in _PAST_ONLY:
+        if isinstance(obj, LoopContext):
+            if attribute in _PAST_ONLY and type(obj) is TrackedLoop:
+                return getattr(obj, attribute)  # a number or a bool, which the sandbox returns as it is
             _looks_ahead(obj)
         return sandboxed(obj, attribute)
 
