@@ -15,9 +15,9 @@ matched on normalized text under a normalizer, has no fixed bytes; a document ho
 offsets instead.
 
 The spans of a document are used only where its tokens' bytes, put back together, are exactly the document's
-UTF-8 bytes; this is checked for every document, in one vectorized comparison per batch. Where they are not (a
-normalizer changed the text, a tokenizer that prepends a word-start marker, a token without fixed bytes),
-``spans`` returns None for that document and the caller asks tokenizers for offsets. So the spans are never a
+UTF-8 bytes; this is checked for every document, in one vectorized comparison per run of documents. Where they
+are not (a normalizer changed the text, a tokenizer that prepends a word-start marker, a token without fixed
+bytes), ``spans`` returns None for that document and the caller asks tokenizers for offsets. So the spans are never a
 guess: the bytes match, and the tokens come in order, so each token covers exactly its own bytes.
 
 A token that holds part of a multi-byte character spans that whole character (as tokenizers' offsets do):
