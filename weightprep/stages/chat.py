@@ -53,10 +53,10 @@ spans whatever it rewrites (SFTTrainer's assistant mask), and per-turn documents
 original template and their turn from the training one.
 
 Cost, for a 5-message conversation of ~670 tokens on one core: ~125 µs, of which ~60 µs render and weight it and
-~65 µs tokenize and align it. The prefixes and generation prompts are cut from one render of the whole conversation
-where ``chat_prefixes`` proves that is what the template writes (Qwen2.5's ChatML, Gemma: 8 of TRL's 72); elsewhere each is
-rendered (seven renders of ~15 µs for five messages, O(turns²)). The conversation is converted for the template
-once (``_Template``).
+~65 µs tokenize and align it. The prefixes and generation prompts are cut from one render of the whole
+conversation where ``chat_prefixes`` proves that is what the template writes (Qwen2.5's ChatML, Gemma: 8 of TRL's
+72); elsewhere each is rendered (seven renders of ~15 µs for five messages, O(turns²)). The conversation is
+converted for the template once (``_Template``).
 """
 
 from __future__ import annotations
