@@ -63,8 +63,10 @@ def document_batch(
         + float(np.float32(cfg.assemble.eos_weight)) * len(records)
     )
     if chat_docs is not None:
-        merged = Documents.concat([docs, chat_docs])
-        docs = merged.take(np.argsort(merged.lines, kind="stable"))
+        # a block of conversations only (or already in input order) is not copied again: 4 arrays per token
+        merged = Documents.concat([docs, chat_docs]) if len(docs) else chat_docs
+        order = np.argsort(merged.lines, kind="stable")
+        docs = merged if (order == np.arange(len(order))).all() else merged.take(order)
     counts["weight_unlabeled_first"] += float(docs.weights[docs.offsets[:-1]].sum(dtype=np.float64))
     docs, dropped = filter_documents(mask(docs), cfg.max_length, cfg.filter.overlong)
     counts.update(dropped)
@@ -94,8 +96,8 @@ def _chat_documents(chats: Records, counts: Counter[str]) -> Documents:
     counts["empty_documents"] += int((lengths == 0).sum())
     counts["weight_accepted"] += float(weights.astype(np.float64).sum())
     return Documents(
-        input_ids=ids.astype(np.int32), weights=weights.astype(np.float32), offsets=offsets,
-        lines=np.repeat(chats.lines, per_conversation), turns=turns.astype(np.int32),
+        input_ids=ids.astype(np.int32, copy=False), weights=weights.astype(np.float32, copy=False), offsets=offsets,
+        lines=np.repeat(chats.lines, per_conversation), turns=turns.astype(np.int32, copy=False),
     )  # fmt: skip
 
 

@@ -61,13 +61,16 @@ their repeated contexts. With TRL's training template (``chat.template: training
 weighted on its ``{% generation %}`` spans whatever it rewrites (SFTTrainer's assistant mask), and per-turn
 documents take their context from the original template and their turn from the training one.
 
-Cost, for a 5-message conversation of ~670 tokens on one core: seven renders (``S``, four prefixes, two generation
-prompts) of about 33 µs each, the conversation converted for the template once (``_Template``), ~100 µs for
-fastokens, its guard and the spans together, ~60 µs of alignment. Renders are O(turns²) and most of the cost.
+Cost, for a 5-message conversation of ~670 tokens on one core: ~125 µs, of which ~60 µs render and weight it and
+~65 µs tokenize and align it. The prefixes and generation prompts are cut from one render of the whole
+conversation where ``chat_prefixes`` proves that is what the template writes (Qwen2.5's ChatML, Gemma: 8 of TRL's
+72); elsewhere each is rendered (seven renders of ~15 µs for five messages, O(turns²)). The conversation is
+converted for the template once (``_Template``).
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import re
@@ -78,6 +81,7 @@ import numpy as np
 
 from weightprep.batches import Chat, ChatTokens, Records, Reject, turn_code
 from weightprep.errors import ConfigError, UsageError
+from weightprep.stages import chat_prefixes
 from weightprep.stages.chat_templates import TrlMissing, training_template
 from weightprep.stages.spans import TokenSpans
 from weightprep.stages.tokenize import PieceTokenizer
@@ -199,6 +203,21 @@ def _strings(value: Any, field: str) -> Iterator[tuple[str, str]]:
             yield from _strings(v, f"{field}[{i}]")
 
 
+_SEPARATOR = "\x00"
+
+
+def _string_values(value: Any, out: list[str]) -> None:
+    """The strings ``_strings`` finds in ``value``, without their fields, appended to ``out``."""
+    if isinstance(value, str):
+        out.append(value)
+    elif isinstance(value, dict):
+        for v in value.values():
+            _string_values(v, out)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            _string_values(v, out)
+
+
 def _record_strings(chat: Chat, messages: list[dict[str, Any]]) -> Iterator[tuple[str, str]]:
     """The strings of a conversation that reach its template, with their fields (``messages[2].content``)."""
     for i, m in enumerate(messages):
@@ -238,41 +257,118 @@ class _Template:
         self._compiled = compile_(template) if compile_ is not None else None
         # what Template.render merges into every context (a ChainMap over the environment's globals, slow to copy)
         self._globals = dict(self._compiled.globals) if self._compiled is not None else {}
+        self._kwargs: tuple[Any, Any] = (None, None)  # the last keyword arguments prepared, and as plain data
+        # the renders without {% generation %} spans: the same template in an overlay of that environment whose
+        # getattr reads a plain dict's key directly (_dict_getattr)
+        # and whose loops note where each message starts (chat_prefixes: prefixes cut from the whole render)
+        self._fast = self._compiled
+        self._shape: chat_prefixes.PrefixShape | None = None
+        if self._compiled is not None and not tagged:
+            overlay = self._compiled.environment.overlay()
+            cls = type(overlay)
+            overlay.getattr = _dict_getattr(overlay, chat_prefixes.tracked_getattr(functools.partial(cls.getattr, overlay)))
+            overlay.getitem = chat_prefixes.tracked_getitem(functools.partial(cls.getitem, overlay))
+            self._fast, self._shape = chat_prefixes.compile_tracked(overlay, template)
 
     def prepare(self, messages: list[dict[str, Any]], tools: Any, kwargs: dict[str, Any]) -> _Prepared:
         """The conversation as the template sees it."""
         if not self.direct or (tools is not None and not all(isinstance(t, dict) for t in tools)):
             return _Prepared(messages, tools, kwargs, False)  # render_jinja_template converts (or refuses) them
         plain = self._ctu._plain_template_data
-        return _Prepared(self._ctu._alias_reasoning_fields(plain(messages)), plain(tools), plain(kwargs), True)
+        if kwargs is not self._kwargs[0]:  # the same arguments for every conversation without chat_template_kwargs
+            self._kwargs = (kwargs, plain(kwargs))
+        messages = _plain_messages(plain, messages)
+        return _Prepared(self._ctu._alias_reasoning_fields(messages), plain(tools), self._kwargs[1], True, {})
 
     def render(self, prepared: _Prepared, k: int, generation: bool) -> tuple[str, list]:
         """The first ``k`` messages rendered, and their ``{% generation %}`` spans (tagged templates only)."""
-        messages, tools, kwargs, direct = prepared
+        messages, tools, kwargs, direct, whole = prepared
         if not direct:
             rendered, spans = self._ctu.render_jinja_template(
                 conversations=[messages[:k]], tools=tools, chat_template=self.template, add_generation_prompt=generation,
                 return_assistant_tokens_mask=self.tagged, **kwargs,
             )  # fmt: skip
             return rendered[0], (spans[0] if spans else [])
+        if self._shape is not None and k >= 1 and whole is not None:
+            cut = self._cut(prepared, k, generation)
+            if cut is not None:
+                return cut, []
         args = {"messages": messages[:k], "tools": tools, "documents": None, "add_generation_prompt": generation, **kwargs}
         if self.tagged:
             return self._ctu._render_with_assistant_indices(compiled_template=self._compiled, **args)  # type: ignore[no-any-return]
         return self._render(args), []
 
-    def _render(self, args: dict[str, Any]) -> str:
+    def _cut(self, prepared: _Prepared, k: int, generation: bool) -> str | None:
+        """The render of the first ``k`` messages cut from the whole conversation's (``chat_prefixes``), rendered
+        once, tracked; None where that is not proven for this conversation (then it is rendered)."""
+        whole = prepared.whole
+        if "cuts" not in whole:
+            listed = prepared.messages[:]
+            tracker = chat_prefixes.Tracker(listed)
+            args = {"messages": listed, "tools": prepared.tools, "documents": None, "add_generation_prompt": False,
+                    **prepared.kwargs}  # fmt: skip
+            try:
+                whole["text"] = self._render(args, tracker)
+                whole["cuts"] = tracker.cuts(whole["text"])
+            except Exception:  # the renders that are asked for raise it, or not, as they are made
+                whole["cuts"] = None
+        cuts = whole["cuts"]
+        assert self._shape is not None
+        if cuts is None or k > len(cuts) or (generation and self._shape.generation is None):
+            return None
+        text: str = whole["text"][: cuts[k - 1]]
+        return text + self._shape.generation if generation else text  # type: ignore[operator]
+
+    def _render(self, args: dict[str, Any], tracker: chat_prefixes.Tracker | None = None) -> str:
         """``Template.render(**args)``: the same context (the template's globals, then ``args``), built from a copy
-        of the globals made once."""
-        compiled = self._compiled
+        of the globals made once (``tracker``: the loop over the messages tracked)."""
+        compiled = self._fast
         env = compiled.environment
         if env.is_async:
             return compiled.render(**args)
         context = compiled.new_context({**self._globals, **args}, shared=True)
         try:
-            return env.concat(compiled.root_render_func(context))
+            chunks = compiled.root_render_func(context)
+            return env.concat(chunks) if tracker is None else tracker.render(chunks)
         except Exception:
             env.handle_exception()  # raises the template's error with its own traceback, as render does
             raise
+
+
+_JSON_SCALARS = (str, int, float, bool, type(None))
+
+
+def _plain_messages(plain: Callable[[Any], Any], messages: Any) -> Any:
+    """``plain(messages)`` (transformers' ``_plain_template_data``), with a message that is a dict of exact JSON
+    scalars copied as it is: what ``plain`` returns for those (exact scalars as they are), without a call per
+    value."""
+    if type(messages) is not list:
+        return plain(messages)
+    return [
+        dict(m) if type(m) is dict and all(type(k) is str and type(v) in _JSON_SCALARS for k, v in m.items()) else plain(m)
+        for m in messages
+    ]
+
+
+#: what ``getattr`` finds on a dict: the attributes of its type (a dict instance has no ``__dict__``)
+_DICT_ATTRIBUTES = frozenset(name for cls in dict.__mro__ for name in vars(cls))
+
+
+def _dict_getattr(env: Any, sandboxed: Callable[[Any, str], Any]) -> Callable[[Any, str], Any]:
+    """``sandboxed`` (``env``'s getattr: an attribute, else the item, else undefined) with the answer for a plain
+    dict and a name that is not a dict attribute found first: ``message.role`` in a template is the item ``role``,
+    as the sandbox answers it after ``getattr`` raised AttributeError, which cost more than the rest of a
+    render's lookups."""
+
+    def getattr_(obj: Any, attribute: str) -> Any:
+        if type(obj) is dict and attribute not in _DICT_ATTRIBUTES:
+            try:
+                return obj[attribute]
+            except KeyError:
+                return env.undefined(obj=obj, name=attribute)
+        return sandboxed(obj, attribute)
+
+    return getattr_
 
 
 class _Prepared(NamedTuple):
@@ -282,6 +378,8 @@ class _Prepared(NamedTuple):
     tools: Any
     kwargs: dict[str, Any]
     direct: bool
+    #: the whole conversation's render and its cuts (``_Template._cut``), once made; None: not for this one
+    whole: dict[str, Any] | None = None
 
 
 class ChatRenderer:
@@ -335,6 +433,8 @@ class ChatRenderer:
         self.tagged = bool(self.template and _GENERATION_TAG.search(self.template))
         self._control: re.Pattern[str] | None = None
         self._control_split: tuple[tuple[str, ...], tuple[str, ...]] | None = None
+        self._joinable: bool | None = None  # see _check_control_tokens
+        self._specials: dict[str, Any] | None = None  # the tokenizer's special tokens, template arguments of each render
         self._tokenize = tokenize
         self._spans: TokenSpans | None = None
         self._template: _Template | None = None
@@ -489,7 +589,9 @@ class ChatRenderer:
 
             control = self._control_tokens()
             messages, tools, kwargs = (mark_control_tokens(v, control) for v in (messages, tools, kwargs))
-        return self._compiled().prepare(messages, tools, {**self.tok.special_tokens_map, **kwargs})
+        if self._specials is None:
+            self._specials = dict(self.tok.special_tokens_map)
+        return self._compiled().prepare(messages, tools, {**self._specials, **kwargs} if kwargs else self._specials)
 
     def render(self, prepared: _Prepared, k: int, *, generation: bool = False) -> tuple[str, list]:
         """The first ``k`` messages of a prepared conversation rendered (``template_error`` if the template fails)."""
@@ -629,6 +731,14 @@ class ChatRenderer:
         turn is ``control_token_in_content``; in-turn markers (``control_tokens``) are tokens there, as
         ``apply_chat_template`` makes them."""
         control = self._control_tokens()
+        if self._joinable is None:  # no control token holds the separator: no match spans two strings joined
+            self._joinable = not any(_SEPARATOR in t for t in self.control_tokens()[0])
+        if self._joinable:
+            found: list[str] = []
+            for value in (messages, chat.tools, chat.template_kwargs):
+                _string_values(value, found)
+            if not control.search(_SEPARATOR.join(found)):
+                return  # one search of every string at once; where one holds a token, find it and its field below
         for field, value in _record_strings(chat, messages):
             if hit := control.search(value):
                 raise ChatError(
@@ -793,8 +903,10 @@ class ChatRenderer:
     def _check_kwargs(self, chat: Chat) -> None:
         """``chat_template_kwargs`` come after the renderer's own arguments (``prepare``): one that names an argument
         the renderer sets would override it (``reserved_template_kwarg``)."""
+        if not chat.template_kwargs:
+            return
         reserved = {*RESERVED_KWARGS, *self.tok.special_tokens_map}
-        for key in chat.template_kwargs or {}:
+        for key in chat.template_kwargs:
             if key in reserved:
                 raise ChatError(
                     f"chat_template_kwargs.{key}",

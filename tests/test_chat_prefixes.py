@@ -1,0 +1,128 @@
+"""Prefix renders cut from one render of the whole conversation (``weightprep.stages.chat_prefixes``): equal to
+transformers' own render of every prefix, with and without the generation prompt, on every template TRL ships and
+on templates that would be cut wrongly without each condition of the proof."""
+
+from __future__ import annotations
+
+import pytest
+from chat_coverage_support import SHAPES, shape_record, template_messages, template_names, template_text
+from transformers.utils import chat_template_utils as ctu
+
+from weightprep.stages import chat_prefixes
+from weightprep.stages.chat import _GENERATION_TAG, _Template
+
+KWARGS = {"bos_token": "<s>", "eos_token": "</s>"}
+
+
+def _truth(template: str, messages: list[dict], tools, k: int, generation: bool) -> str | type:
+    """transformers' render of ``messages[:k]`` (the exception's type where it raises)."""
+    try:
+        rendered, _ = ctu.render_jinja_template(
+            conversations=[messages[:k]], tools=tools, chat_template=template, add_generation_prompt=generation, **KWARGS
+        )
+    except Exception as exc:
+        return type(exc)
+    return rendered[0]
+
+
+def _ours(compiled: _Template, prepared, k: int, generation: bool) -> str | type:
+    try:
+        return compiled.render(prepared, k, generation)[0]
+    except Exception as exc:
+        return type(exc)
+
+
+def _check_every_prefix(template: str, messages: list[dict], tools=None) -> bool:
+    """Every prefix and generation prompt as transformers renders it; whether they were cut from the whole."""
+    compiled = _Template(template, bool(_GENERATION_TAG.search(template)))
+    prepared = compiled.prepare(messages, tools, dict(KWARGS))
+    n = len(messages)
+    order = [(n, False), *((k, g) for k in range(n + 1) for g in (False, True))]  # the whole first, as the stage does
+    for k, generation in order:
+        want = _truth(template, messages, tools, k, generation)
+        got = _ours(compiled, prepared, k, generation)
+        if isinstance(want, str):
+            assert got == want, (k, generation)
+        else:  # the template raises: ours raises the template's error too (as template_error in the stage)
+            assert isinstance(got, type), (k, generation, got)
+    return bool(prepared.whole and prepared.whole.get("cuts"))
+
+
+@pytest.mark.parametrize("name", template_names())
+def test_every_trl_template_and_shape_renders_every_prefix_as_transformers_does(name):
+    text = template_text(name)
+    for shape in SHAPES:
+        record = shape_record(shape, text)
+        _check_every_prefix(text, template_messages(record), record.get("tools"))
+
+
+CHATML = (
+    "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+CONVERSATION = [
+    {"role": "system", "content": "a"}, {"role": "user", "content": "b"}, {"role": "assistant", "content": "c"},
+    {"role": "user", "content": "d"}, {"role": "assistant", "content": "e"},
+]  # fmt: skip
+
+
+def test_a_chatml_template_is_cut_from_one_render():
+    compiled = _Template(CHATML, False)
+    assert compiled._shape == chat_prefixes.PrefixShape("<|im_start|>assistant\n")
+    calls = []
+    render = compiled._render
+    compiled._render = lambda *a, **kw: calls.append(1) or render(*a, **kw)  # type: ignore[method-assign]
+    prepared = compiled.prepare(CONVERSATION, None, dict(KWARGS))
+    for k in range(1, 6):
+        for generation in (False, True):
+            assert compiled.render(prepared, k, generation)[0] == _truth(CHATML, CONVERSATION, None, k, generation)
+    assert len(calls) == 1
+    assert _check_every_prefix(CHATML, CONVERSATION)
+
+
+#: Templates whose prefixes are not cuts of the whole render, each for one reason the proof checks.
+TRAPS = {
+    "loop.last": "{% for m in messages %}{{ m.content }}{% if not loop.last %}|{% endif %}{% endfor %}",
+    "loop.nextitem": "{% for m in messages %}{{ m.content }}{{ loop.nextitem.content if loop.nextitem }}{% endfor %}",
+    "loop['length']": "{% for m in messages %}{{ m.content }}{{ loop['length'] }}{% endfor %}",
+    "messages[i + 1]": "{% for m in messages %}{{ m.content }}{% if messages[loop.index0 + 1] is defined %}>{% endif %}"
+    "{% endfor %}",
+    "messages|length before": "{{ messages|length }}{% for m in messages %}{{ loop.index }}{{ m.content }}{% endfor %}",
+    "messages[-1] before": "{{ messages[-1].content }}{% for m in messages %}{{ loop.index }}{{ m.content }}{% endfor %}",
+    "text after the loop": "{% for m in messages %}{{ loop.index }}{{ m.content }}{% endfor %}END",
+    "generation flag in the loop": "{% for m in messages %}{{ loop.index }}{{ m.content }}"
+    "{% if add_generation_prompt %}+{% endif %}{% endfor %}{% if add_generation_prompt %}G{% endif %}",
+    "break": "{% for m in messages %}{{ loop.index }}{{ m.content }}{% if m.content == 'e' %}{% break %}{% endif %}"
+    "{% endfor %}",
+    "a second loop": "{% for m in messages %}{{ loop.index }}{% endfor %}{% for m in messages %}{{ m.content }}"
+    "{% endfor %}",
+    "messages kept": "{% set all = messages %}{% for m in messages %}{{ loop.index }}{{ all|length }}{% endfor %}",
+    "raise at the end": "{% for m in messages %}{{ loop.index }}{{ m.content }}{% if m.role == 'user' and loop.last %}"
+    "{{ raise_exception('ends with a user turn') }}{% endif %}{% endfor %}",
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("why", TRAPS)
+def test_a_template_whose_prefixes_are_not_cuts_is_rendered_prefix_by_prefix(why):
+    assert not _check_every_prefix(TRAPS[why], CONVERSATION)
+
+
+def test_loops_over_other_values_may_look_ahead():
+    """``loop.last`` of a loop over the tools (the same for every prefix) does not stop the cuts."""
+    template = (
+        "{% for t in tools %}{{ t.name }}{% if not loop.last %},{% endif %}{% endfor %}"
+        "{% for m in messages %}{{ loop.index }}{{ m.content }}{% endfor %}"
+    )
+    tools = [{"name": "f"}, {"name": "g"}]
+    assert _check_every_prefix(template, CONVERSATION, tools)
+
+
+def test_a_generation_prompt_that_is_not_constant_is_rendered():
+    """Prefixes are cut (without the flag the ``if`` writes nothing); the prompts, which read the last message,
+    are rendered."""
+    template = (
+        "{% for m in messages %}{{ loop.index }}{{ m.content }}{% endfor %}"
+        "{% if add_generation_prompt %}{{ messages[-1].role }}{% endif %}"
+    )
+    assert _Template(template, False)._shape == chat_prefixes.PrefixShape(None)
+    assert _check_every_prefix(template, CONVERSATION)
