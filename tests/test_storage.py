@@ -67,6 +67,20 @@ def test_memory_to_memory_build_has_the_local_shards(mem, local_reference):
 
 
 
+def test_a_file_url_output_makes_its_directories_and_has_the_local_shards(local_reference, tmp_path):
+    """``--out file:///...``: a local disk has directories, which fsspec's LocalFileSystem does not make on a write
+    (an object store needs none): the build failed with 'plan.json: not found (writing it)'."""
+    (tmp_path / "in.jsonl").write_bytes(DATA)
+    out = tmp_path / "new" / "shards"
+    build([str(tmp_path / "in.jsonl")], f"file://{out}", _cfg())
+    got = {p.relative_to(out).as_posix(): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    assert sorted(got) == sorted(local_reference)
+    assert {n: b for n, b in got.items() if n.endswith(".arrow")} == {
+        n: b for n, b in local_reference.items() if n.endswith(".arrow")
+    }
+    assert not list((tmp_path / "new").glob(".shards.tmp-*"))
+
+
 def test_sources_by_url_build_the_local_shards(mem, tmp_path):
     """Several sources (a weight, fractional epochs, a validation split per source) read from a store and written
     to one: the same shard bytes as the same sources on local disk (the plan cuts objects by range requests)."""
