@@ -335,7 +335,9 @@ def _docs_unpacked_or_packed(out: Path, tok) -> list:
         (["--source", "a=A,epochs=inf"], "epochs: must be a finite number > 0, got inf"),
         (["--source", "a=A,epochs=two"], "epochs: expected a number, got 'two'"),
         (["--source", "a=A", "--source", "a=B"], "source 'a' is declared twice"),
-        (["--source", "a.b=A"], "expected a name of letters, digits, '_' and '-'"),
+        (["--source", "a.b=A"], "expected a name of letters, digits and '_'"),
+        # datasets refuses a split name with '-' (^\w+(\.\w+)*$): the output could not be loaded
+        (["--source", "my-set=A"], "expected a name of letters, digits and '_'"),
         (["--source", "A"], "expected NAME=PATH"),
         (["--source", "a=nothing-*.jsonl"], "source a: no file matches 'nothing-*.jsonl'"),
         (["--source", "a=missing.jsonl"], "source a: input file not found: missing.jsonl"),

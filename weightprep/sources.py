@@ -38,8 +38,9 @@ from weightprep.weights import WEIGHT_DTYPE, is_valid_weight, weight_overflow_no
 __all__ = ["Source", "parse_source_option", "sources_from_data", "check_source_names", "scaled_weights", "copies",
            "epoch_keys", "NAME_PATTERN", "manifest_sources"]
 
-#: A source's name: it becomes part of a split name (``validation_NAME``) and of metric names.
-NAME_PATTERN = re.compile(r"[A-Za-z0-9_-]+")
+#: A source's name: it becomes part of a split name (``validation_NAME``) and of metric names; no '-', which
+#: ``datasets`` refuses in a split name (``^\w+(\.\w+)*$``), so ``load_from_disk`` could not open the output.
+NAME_PATTERN = re.compile(r"[A-Za-z0-9_]+")
 _KEYS = ("name", "path", "weight", "epochs", "columns", "role_weights")
 _CLI_KEYS = ("weight", "epochs")
 _FULL = 1 << 64
@@ -85,7 +86,7 @@ def _source(where: str, data: dict[str, Any], problems: list[str]) -> Source | N
     name, path = data.get("name"), data.get("path")
     ok = True
     if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
-        problems.append(f"{where}.name: expected a name of letters, digits, '_' and '-' (it names the split "
+        problems.append(f"{where}.name: expected a name of letters, digits and '_' (it names the split "
                         f"validation_NAME), got {name!r}")  # fmt: skip
         ok = False
     if isinstance(path, str):
