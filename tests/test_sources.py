@@ -334,6 +334,8 @@ def _docs_unpacked_or_packed(out: Path, tok) -> list:
         (["--source", "a=A,epochs=0"], "epochs: must be a finite number > 0, got 0.0"),
         (["--source", "a=A,epochs=inf"], "epochs: must be a finite number > 0, got inf"),
         (["--source", "a=A,epochs=two"], "epochs: expected a number, got 'two'"),
+        # a packing pass per copy: 1e19 epochs built for ever (a Packer per pass) instead of an error
+        (["--source", "a=A,epochs=1e19"], "epochs: 1e+19 is more than 1000"),
         (["--source", "a=A", "--source", "a=B"], "source 'a' is declared twice"),
         (["--source", "a.b=A"], "expected a name of letters, digits and '_'"),
         # datasets refuses a split name with '-' (^\w+(\.\w+)*$): the output could not be loaded
@@ -399,6 +401,14 @@ def test_a_pipeline_files_sources_build_like_the_same_source_options(tmp_path, m
     assert {k: v for k, v in _digests(tmp_path / "yaml").items() if k.endswith(".arrow")} == {
         k: v for k, v in _digests(tmp_path / "cli").items() if k.endswith(".arrow")
     }
+
+
+def test_a_weight_of_minus_zero_is_zero():
+    """-0 passed the >= 0 check and stayed -0.0: "-0" in the composition table and the manifest."""
+    from weightprep.sources import parse_source_option, sources_from_data
+
+    for source in (parse_source_option("a=x.jsonl,weight=-0"), *sources_from_data([{"name": "a", "path": "x", "weight": -0.0}])):
+        assert source.weight == 0 and math.copysign(1.0, source.weight) == 1.0 and json.dumps(source.weight) == "0.0"
 
 
 def test_epoch_keys_are_independent_of_the_split_keys():
