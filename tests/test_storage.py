@@ -67,6 +67,25 @@ def test_memory_to_memory_build_has_the_local_shards(mem, local_reference):
 
 
 
+def test_input_hashes_by_url_are_those_of_the_local_files(mem, tmp_path):
+    """The manifest's input hashes come from the bytes read: a file cut into parts (each part's sha256) and a
+    compressed one (its whole sha256) give, by URL, the entries of the same files on disk (but path and mtime)."""
+    import gzip
+
+    files = {"a.jsonl": DATA, "c.jsonl.gz": gzip.compress(DATA[: DATA.index(b"\n", 20_000) + 1])}
+    for name, data in files.items():
+        mem.pipe_file(f"/in/{name}", data)
+        (tmp_path / name).write_bytes(data)
+    by_url = build([f"memory://in/{n}" for n in files], "memory://out/h", _cfg())["inputs"]
+    local = build([str(tmp_path / n) for n in files], tmp_path / "h", _cfg())["inputs"]
+
+    def strip(entry):
+        return {k: v for k, v in entry.items() if k not in ("path", "mtime")}
+
+    assert len(by_url[0]["parts"]) > 1 and by_url[1]["sha256"]
+    assert [strip(e) for e in by_url] == [strip(e) for e in local]
+
+
 def test_a_file_url_output_makes_its_directories_and_has_the_local_shards(local_reference, tmp_path):
     """``--out file:///...``: a local disk has directories, which fsspec's LocalFileSystem does not make on a write
     (an object store needs none): the build failed with 'plan.json: not found (writing it)'."""
