@@ -181,6 +181,26 @@ def test_the_commit_writes_the_loadable_files_last(mem, monkeypatch):
     assert all(n.startswith("data-") for n in published[:-3])
 
 
+def test_the_commit_of_a_build_with_splits_writes_dataset_dict_json_after_every_split(mem, monkeypatch):
+    """Sources with a validation split: a DatasetDict, which ``load_from_disk`` opens once ``dataset_dict.json`` is
+    there, so every split's loadable files come before it and the manifest after it."""
+    from weightprep.sources import parse_source_option
+
+    half = DATA.index(b"\n", len(DATA) // 2) + 1
+    mem.pipe_file("/in/a.jsonl", DATA[:half])
+    mem.pipe_file("/in/b.jsonl", DATA[half:])
+    writes: list[str] = []
+    real = storage.write_bytes
+    monkeypatch.setattr(storage, "write_bytes", lambda url, data: (writes.append(url), real(url, data))[1])
+    cfg = config_from_dict({"pack": {"seq_len": 128}, "split": {"validation_fraction": 0.1}})
+    sources = [parse_source_option("a=memory://in/a.jsonl,weight=2"), parse_source_option("b=memory://in/b.jsonl")]
+    build([], "memory://out/mixed", cfg, sources=sources)
+    published = [w[len("memory://out/mixed/") :] for w in writes if w.startswith("memory://out/mixed/")]
+    splits = ("train", "validation_a", "validation_b")
+    assert published == [f"{s}/{f}" for s in splits for f in ("state.json", "dataset_info.json")] + [
+        "dataset_dict.json", "weightprep_manifest.json"]
+
+
 def test_a_failed_commit_leaves_nothing_and_a_killed_one_is_cleared(mem, monkeypatch):
     mem.pipe_file("/in/raw.jsonl", DATA)
     real = storage.write_bytes
