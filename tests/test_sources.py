@@ -384,6 +384,25 @@ def test_a_bad_sources_list_in_a_pipeline_file_is_exit_2(sources, message, tmp_p
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--source", "b=A"], "sources are given both by --source and in p.yaml's sources:"),
+        (["A"], "INPUTS (A) and sources are both given"),
+    ],
+)
+def test_a_pipeline_files_sources_with_more_inputs_on_the_command_line_is_exit_2(args, message, tmp_path, monkeypatch):
+    import yaml
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "A").mkdir()
+    (tmp_path / "A" / "x.jsonl").write_text('{"text": "hi"}\n')
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump({"sources": [{"name": "a", "path": "A"}]}))
+    result = CliRunner().invoke(main, ["build", "--pipeline", "p.yaml", *args, "--out", "out", "--executor", "serial"])
+    assert result.exit_code == 2 and message in result.output, result.output
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_pipeline_files_sources_build_like_the_same_source_options(tmp_path, monkeypatch):
     import yaml
 
