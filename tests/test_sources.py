@@ -308,6 +308,27 @@ def test_a_chat_sources_message_weights_are_scaled_by_its_weight(tmp_path):
         assert np.array_equal(scaled[ids], want.astype(np.float32))
 
 
+@pytest.mark.parametrize("declared", ["role_weights", "message"])
+def test_a_chat_weight_that_the_sources_weight_takes_beyond_float32_names_the_record(declared, tmp_path):
+    """100 x 1e37 is inf in float32: the aligner met inf - inf and blamed the template ("token ... crosses a change
+    of weight") instead of the weight, whether the 100 is a role weight or a message's own weight."""
+    from chat_support import chat_tokenizer
+
+    tok = chat_tokenizer("chatml")
+    big = {"weight": 100.0} if declared == "message" else {}
+    chats = [{"messages": [{"role": "user", "content": f"question {i}"},
+                           {"role": "assistant", "content": f"answer {i}", **(big if i == 2 else {})}]}
+             for i in range(4)]  # fmt: skip
+    path = _write(tmp_path / "chat.jsonl", chats)
+    role_weights = "assistant=100" if declared == "role_weights" else None
+    with pytest.raises(InputError) as caught:
+        build([], tmp_path / "out", config_from_dict({"pack": {"seq_len": 256}}), tokenizer=tok,
+              sources=[Source("c", (str(path),), 1e37, 1.0, role_weights=role_weights)])  # fmt: skip
+    assert "beyond float32's largest" in str(caught.value) and "source's weight" in str(caught.value)
+    assert caught.value.line == (1 if declared == "role_weights" else 3)
+    assert not (tmp_path / "out").exists()
+
+
 def _docs_unpacked_or_packed(out: Path, tok) -> list:
     rows = _rows(out)
     docs = []
