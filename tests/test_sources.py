@@ -361,6 +361,8 @@ def _docs_unpacked_or_packed(out: Path, tok) -> list:
         (["--source", "a.b=A"], "expected a name of letters, digits and '_'"),
         # datasets refuses a split name with '-' (^\w+(\.\w+)*$): the output could not be loaded
         (["--source", "my-set=A"], "expected a name of letters, digits and '_'"),
+        # validation_NAME is a directory: a name beyond 255 bytes failed with a traceback after the work began
+        (["--source", "x" * 101 + "=A"], "expected a name of letters, digits and '_', at most 100"),
         (["--source", "A"], "expected NAME=PATH"),
         (["--source", "a=nothing-*.jsonl"], "source a: no file matches 'nothing-*.jsonl'"),
         (["--source", "a=missing.jsonl"], "source a: input file not found: missing.jsonl"),

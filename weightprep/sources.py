@@ -39,8 +39,9 @@ __all__ = ["Source", "parse_source_option", "sources_from_data", "check_source_n
            "epoch_keys", "NAME_PATTERN", "manifest_sources"]
 
 #: A source's name: it becomes part of a split name (``validation_NAME``) and of metric names; no '-', which
-#: ``datasets`` refuses in a split name (``^\w+(\.\w+)*$``), so ``load_from_disk`` could not open the output.
-NAME_PATTERN = re.compile(r"[A-Za-z0-9_]+")
+#: ``datasets`` refuses in a split name (``^\w+(\.\w+)*$``), so ``load_from_disk`` could not open the output;
+#: at most 100 characters, as ``validation_NAME`` is a directory (a file name has at most 255 bytes).
+NAME_PATTERN = re.compile(r"[A-Za-z0-9_]{1,100}")
 _KEYS = ("name", "path", "weight", "epochs", "columns", "role_weights")
 _CLI_KEYS = ("weight", "epochs")
 _FULL = 1 << 64
@@ -89,7 +90,7 @@ def _source(where: str, data: dict[str, Any], problems: list[str]) -> Source | N
     name, path = data.get("name"), data.get("path")
     ok = True
     if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
-        problems.append(f"{where}.name: expected a name of letters, digits and '_' (it names the split "
+        problems.append(f"{where}.name: expected a name of letters, digits and '_', at most 100 (it names the split "
                         f"validation_NAME), got {name!r}")  # fmt: skip
         ok = False
     if isinstance(path, str):
