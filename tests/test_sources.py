@@ -426,6 +426,23 @@ def test_a_pipeline_files_sources_with_more_inputs_on_the_command_line_is_exit_2
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize(
+    ("source", "message"),
+    [(Source("my-set", ("x.jsonl",)), "name: expected a name"), (Source("a", ("x.jsonl",), 1.0, 1e19), "is more than 1000"),
+     (Source("a", ("x.jsonl",), 1.0, -1.0), "epochs: must be a finite number > 0")],
+)
+def test_a_source_made_in_python_is_checked_as_a_declaration(source, message, tmp_path):
+    """build(sources=[Source(...)]) skipped the declaration's checks: '-' gave an output datasets cannot load,
+    1e19 epochs built for ever."""
+    from weightprep.errors import ConfigError
+
+    (tmp_path / "x.jsonl").write_text('{"text": "hi"}\n')
+    with pytest.raises(ConfigError, match=message):
+        build([], tmp_path / "out", config_from_dict({"pack": {"seq_len": 64}}),
+              sources=[Source(source.name, (str(tmp_path / "x.jsonl"),), source.weight, source.epochs)])  # fmt: skip
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_pipeline_files_sources_build_like_the_same_source_options(tmp_path, monkeypatch):
     import yaml
 

@@ -175,7 +175,14 @@ def sources_from_data(data: Any, origin: str | None = None) -> list[Source]:
 
 
 def check_source_names(sources: list[Source]) -> None:
-    """Two sources with one name would share their validation split and their numbers."""
+    """Two sources with one name would share their validation split and their numbers. Each source is checked
+    as a declaration is too: a ``Source`` made in Python (``build(sources=...)``) skips the parsing."""
+    problems: list[str] = []
+    for s in sources:
+        _source(f"source {s.name!r}", {"name": s.name, "path": list(s.paths), "weight": s.weight, "epochs": s.epochs,
+                                      "columns": s.columns, "role_weights": s.role_weights}, problems)  # fmt: skip
+    if problems:
+        raise ConfigError(problems)
     seen: set[str] = set()
     for s in sources:
         if s.name in seen:
