@@ -101,6 +101,21 @@ def test_console_script_subprocess(tmp_path):
     assert not (tmp_path / "b").exists()
 
 
+def test_an_error_while_the_tokenizer_file_loads_exits_2_not_abort(tmp_path):
+    """fastokens reads tokenizer.json in a thread while the build loads the tokenizer; an error before that load
+    ended (here a broken tokenizer_config.json; also a URL --out whose work prefix cannot be written) left the
+    thread in native code at exit, and the process died with 'FATAL: exception not rethrown' (SIGABRT, 134)."""
+    tok = tmp_path / "tok"
+    shutil.copytree(REPO / "sample_data" / "tokenizer", tok)
+    (tok / "tokenizer_config.json").write_text("{not json")
+    cmd = [sys.executable, "-m", "weightprep", "build", str(SAMPLE_RAW), "--tokenizer", str(tok), "--out", str(tmp_path / "o")]
+    for _ in range(2):
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 2, proc.stderr
+        assert "tokenizer_config.json" in proc.stderr and "FATAL" not in proc.stderr
+    assert not (tmp_path / "o").exists()
+
+
 def test_old_names_of_renamed_keys_and_values_still_work_with_a_note(tmp_path):
     """"split" is train/validation only: read.split_bytes is read.part_bytes and filter.overlong split is chunk.
     The old spellings build the same, in a pipeline file and as flags, with a deprecation note each."""

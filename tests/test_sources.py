@@ -308,6 +308,27 @@ def test_a_chat_sources_message_weights_are_scaled_by_its_weight(tmp_path):
         assert np.array_equal(scaled[ids], want.astype(np.float32))
 
 
+@pytest.mark.parametrize("declared", ["role_weights", "message"])
+def test_a_chat_weight_that_the_sources_weight_takes_beyond_float32_names_the_record(declared, tmp_path):
+    """100 x 1e37 is inf in float32: the aligner met inf - inf and blamed the template ("token ... crosses a change
+    of weight") instead of the weight, whether the 100 is a role weight or a message's own weight."""
+    from chat_support import chat_tokenizer
+
+    tok = chat_tokenizer("chatml")
+    big = {"weight": 100.0} if declared == "message" else {}
+    chats = [{"messages": [{"role": "user", "content": f"question {i}"},
+                           {"role": "assistant", "content": f"answer {i}", **(big if i == 2 else {})}]}
+             for i in range(4)]  # fmt: skip
+    path = _write(tmp_path / "chat.jsonl", chats)
+    role_weights = "assistant=100" if declared == "role_weights" else None
+    with pytest.raises(InputError) as caught:
+        build([], tmp_path / "out", config_from_dict({"pack": {"seq_len": 256}}), tokenizer=tok,
+              sources=[Source("c", (str(path),), 1e37, 1.0, role_weights=role_weights)])  # fmt: skip
+    assert "beyond float32's largest" in str(caught.value) and "source's weight" in str(caught.value)
+    assert caught.value.line == (1 if declared == "role_weights" else 3)
+    assert not (tmp_path / "out").exists()
+
+
 def _docs_unpacked_or_packed(out: Path, tok) -> list:
     rows = _rows(out)
     docs = []
@@ -334,8 +355,14 @@ def _docs_unpacked_or_packed(out: Path, tok) -> list:
         (["--source", "a=A,epochs=0"], "epochs: must be a finite number > 0, got 0.0"),
         (["--source", "a=A,epochs=inf"], "epochs: must be a finite number > 0, got inf"),
         (["--source", "a=A,epochs=two"], "epochs: expected a number, got 'two'"),
+        # a packing pass per copy: 1e19 epochs built for ever (a Packer per pass) instead of an error
+        (["--source", "a=A,epochs=1e19"], "epochs: 1e+19 is more than 1000"),
         (["--source", "a=A", "--source", "a=B"], "source 'a' is declared twice"),
-        (["--source", "a.b=A"], "expected a name of letters, digits, '_' and '-'"),
+        (["--source", "a.b=A"], "expected a name of letters, digits and '_'"),
+        # datasets refuses a split name with '-' (^\w+(\.\w+)*$): the output could not be loaded
+        (["--source", "my-set=A"], "expected a name of letters, digits and '_'"),
+        # validation_NAME is a directory: a name beyond 255 bytes failed with a traceback after the work began
+        (["--source", "x" * 101 + "=A"], "expected a name of letters, digits and '_', at most 100"),
         (["--source", "A"], "expected NAME=PATH"),
         (["--source", "a=nothing-*.jsonl"], "source a: no file matches 'nothing-*.jsonl'"),
         (["--source", "a=missing.jsonl"], "source a: input file not found: missing.jsonl"),
@@ -380,6 +407,42 @@ def test_a_bad_sources_list_in_a_pipeline_file_is_exit_2(sources, message, tmp_p
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--source", "b=A"], "sources are given both by --source and in p.yaml's sources:"),
+        (["A"], "INPUTS (A) and sources are both given"),
+    ],
+)
+def test_a_pipeline_files_sources_with_more_inputs_on_the_command_line_is_exit_2(args, message, tmp_path, monkeypatch):
+    import yaml
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "A").mkdir()
+    (tmp_path / "A" / "x.jsonl").write_text('{"text": "hi"}\n')
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump({"sources": [{"name": "a", "path": "A"}]}))
+    result = CliRunner().invoke(main, ["build", "--pipeline", "p.yaml", *args, "--out", "out", "--executor", "serial"])
+    assert result.exit_code == 2 and message in result.output, result.output
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    ("source", "message"),
+    [(Source("my-set", ("x.jsonl",)), "name: expected a name"), (Source("a", ("x.jsonl",), 1.0, 1e19), "is more than 1000"),
+     (Source("a", ("x.jsonl",), 1.0, -1.0), "epochs: must be a finite number > 0")],
+)
+def test_a_source_made_in_python_is_checked_as_a_declaration(source, message, tmp_path):
+    """build(sources=[Source(...)]) skipped the declaration's checks: '-' gave an output datasets cannot load,
+    1e19 epochs built for ever."""
+    from weightprep.errors import ConfigError
+
+    (tmp_path / "x.jsonl").write_text('{"text": "hi"}\n')
+    with pytest.raises(ConfigError, match=message):
+        build([], tmp_path / "out", config_from_dict({"pack": {"seq_len": 64}}),
+              sources=[Source(source.name, (str(tmp_path / "x.jsonl"),), source.weight, source.epochs)])  # fmt: skip
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_pipeline_files_sources_build_like_the_same_source_options(tmp_path, monkeypatch):
     import yaml
 
@@ -397,6 +460,14 @@ def test_a_pipeline_files_sources_build_like_the_same_source_options(tmp_path, m
     assert {k: v for k, v in _digests(tmp_path / "yaml").items() if k.endswith(".arrow")} == {
         k: v for k, v in _digests(tmp_path / "cli").items() if k.endswith(".arrow")
     }
+
+
+def test_a_weight_of_minus_zero_is_zero():
+    """-0 passed the >= 0 check and stayed -0.0: "-0" in the composition table and the manifest."""
+    from weightprep.sources import parse_source_option, sources_from_data
+
+    for source in (parse_source_option("a=x.jsonl,weight=-0"), *sources_from_data([{"name": "a", "path": "x", "weight": -0.0}])):
+        assert source.weight == 0 and math.copysign(1.0, source.weight) == 1.0 and json.dumps(source.weight) == "0.0"
 
 
 def test_epoch_keys_are_independent_of_the_split_keys():

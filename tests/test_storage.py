@@ -67,6 +67,39 @@ def test_memory_to_memory_build_has_the_local_shards(mem, local_reference):
 
 
 
+def test_input_hashes_by_url_are_those_of_the_local_files(mem, tmp_path):
+    """The manifest's input hashes come from the bytes read: a file cut into parts (each part's sha256) and a
+    compressed one (its whole sha256) give, by URL, the entries of the same files on disk (but path and mtime)."""
+    import gzip
+
+    files = {"a.jsonl": DATA, "c.jsonl.gz": gzip.compress(DATA[: DATA.index(b"\n", 20_000) + 1])}
+    for name, data in files.items():
+        mem.pipe_file(f"/in/{name}", data)
+        (tmp_path / name).write_bytes(data)
+    by_url = build([f"memory://in/{n}" for n in files], "memory://out/h", _cfg())["inputs"]
+    local = build([str(tmp_path / n) for n in files], tmp_path / "h", _cfg())["inputs"]
+
+    def strip(entry):
+        return {k: v for k, v in entry.items() if k not in ("path", "mtime")}
+
+    assert len(by_url[0]["parts"]) > 1 and by_url[1]["sha256"]
+    assert [strip(e) for e in by_url] == [strip(e) for e in local]
+
+
+def test_a_file_url_output_makes_its_directories_and_has_the_local_shards(local_reference, tmp_path):
+    """``--out file:///...``: a local disk has directories, which fsspec's LocalFileSystem does not make on a write
+    (an object store needs none): the build failed with 'plan.json: not found (writing it)'."""
+    (tmp_path / "in.jsonl").write_bytes(DATA)
+    out = tmp_path / "new" / "shards"
+    build([str(tmp_path / "in.jsonl")], f"file://{out}", _cfg())
+    got = {p.relative_to(out).as_posix(): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    assert sorted(got) == sorted(local_reference)
+    assert {n: b for n, b in got.items() if n.endswith(".arrow")} == {
+        n: b for n, b in local_reference.items() if n.endswith(".arrow")
+    }
+    assert not list((tmp_path / "new").glob(".shards.tmp-*"))
+
+
 def test_sources_by_url_build_the_local_shards(mem, tmp_path):
     """Several sources (a weight, fractional epochs, a validation split per source) read from a store and written
     to one: the same shard bytes as the same sources on local disk (the plan cuts objects by range requests)."""
@@ -146,6 +179,26 @@ def test_the_commit_writes_the_loadable_files_last(mem, monkeypatch):
     published = [w.rsplit("/", 1)[-1] for w in writes if w.startswith("memory://out/shards/")]
     assert published[-3:] == ["state.json", "dataset_info.json", "weightprep_manifest.json"]
     assert all(n.startswith("data-") for n in published[:-3])
+
+
+def test_the_commit_of_a_build_with_splits_writes_dataset_dict_json_after_every_split(mem, monkeypatch):
+    """Sources with a validation split: a DatasetDict, which ``load_from_disk`` opens once ``dataset_dict.json`` is
+    there, so every split's loadable files come before it and the manifest after it."""
+    from weightprep.sources import parse_source_option
+
+    half = DATA.index(b"\n", len(DATA) // 2) + 1
+    mem.pipe_file("/in/a.jsonl", DATA[:half])
+    mem.pipe_file("/in/b.jsonl", DATA[half:])
+    writes: list[str] = []
+    real = storage.write_bytes
+    monkeypatch.setattr(storage, "write_bytes", lambda url, data: (writes.append(url), real(url, data))[1])
+    cfg = config_from_dict({"pack": {"seq_len": 128}, "split": {"validation_fraction": 0.1}})
+    sources = [parse_source_option("a=memory://in/a.jsonl,weight=2"), parse_source_option("b=memory://in/b.jsonl")]
+    build([], "memory://out/mixed", cfg, sources=sources)
+    published = [w[len("memory://out/mixed/") :] for w in writes if w.startswith("memory://out/mixed/")]
+    splits = ("train", "validation_a", "validation_b")
+    assert published == [f"{s}/{f}" for s in splits for f in ("state.json", "dataset_info.json")] + [
+        "dataset_dict.json", "weightprep_manifest.json"]
 
 
 def test_a_failed_commit_leaves_nothing_and_a_killed_one_is_cleared(mem, monkeypatch):

@@ -12,7 +12,7 @@ A source is declared on the command line (``--source NAME=PATH[,weight=W][,epoch
   of the shards: a token whose weight is w (a piece's, a prompt's or completion's, a message's, the EOS weight)
   gets ``float32(W * w)``, the product taken in float64 (``scaled``). W = 0 is allowed: its documents are then
   unsupervised, dropped and counted as such, as any document without a supervised token.
-- ``epochs`` E (a number > 0, default 1): each training record of the source appears ``floor(E)`` times, and once
+- ``epochs`` E (a number > 0 and at most ``MAX_EPOCHS``, default 1): each training record of the source appears ``floor(E)`` times, and once
   more for the ``round((E - floor(E)) * N)`` of its N training records with the smallest epoch keys (``epoch_keys``:
   a mix of the record's content hash with the build's ``split.seed``, never its position; the cut is found by a
   pass over the input, ``distribute.mixed.epoch_cuts_from``; ``copies``). Held-out (validation) records appear once.
@@ -38,11 +38,16 @@ from weightprep.weights import WEIGHT_DTYPE, is_valid_weight, weight_overflow_no
 __all__ = ["Source", "parse_source_option", "sources_from_data", "check_source_names", "scaled_weights", "copies",
            "epoch_keys", "NAME_PATTERN", "manifest_sources"]
 
-#: A source's name: it becomes part of a split name (``validation_NAME``) and of metric names.
-NAME_PATTERN = re.compile(r"[A-Za-z0-9_-]+")
+#: A source's name: it becomes part of a split name (``validation_NAME``) and of metric names; no '-', which
+#: ``datasets`` refuses in a split name (``^\w+(\.\w+)*$``), so ``load_from_disk`` could not open the output;
+#: at most 100 characters, as ``validation_NAME`` is a directory (a file name has at most 255 bytes).
+NAME_PATTERN = re.compile(r"[A-Za-z0-9_]{1,100}")
 _KEYS = ("name", "path", "weight", "epochs", "columns", "role_weights")
 _CLI_KEYS = ("weight", "epochs")
 _FULL = 1 << 64
+#: The most epochs a source may have: each copy is a packing pass of every part (its own packer), so a huge E
+#: never ends rather than failing; no mix repeats a record more than this.
+MAX_EPOCHS = 1000
 
 
 @dataclass(frozen=True)
@@ -85,7 +90,7 @@ def _source(where: str, data: dict[str, Any], problems: list[str]) -> Source | N
     name, path = data.get("name"), data.get("path")
     ok = True
     if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
-        problems.append(f"{where}.name: expected a name of letters, digits, '_' and '-' (it names the split "
+        problems.append(f"{where}.name: expected a name of letters, digits and '_', at most 100 (it names the split "
                         f"validation_NAME), got {name!r}")  # fmt: skip
         ok = False
     if isinstance(path, str):
@@ -94,11 +99,16 @@ def _source(where: str, data: dict[str, Any], problems: list[str]) -> Source | N
         problems.append(f"{where}.path: expected a file, directory or glob (or a list of them), got {path!r}")
         ok = False
     weight = _number(where, "weight", data.get("weight", 1.0), problems)
+    if weight is not None:
+        weight += 0.0  # -0.0 is 0: no "-0" in the manifest and the table, no -0.0 token weights
     if weight is not None and not is_valid_weight(weight):
         problems.append(f"{where}.weight: must be a finite number >= 0, got {weight}{weight_overflow_note(weight)}")
     epochs = _number(where, "epochs", data.get("epochs", 1.0), problems)
     if epochs is not None and not (math.isfinite(epochs) and epochs > 0):
         problems.append(f"{where}.epochs: must be a finite number > 0, got {epochs}")
+    elif epochs is not None and epochs > MAX_EPOCHS:
+        problems.append(f"{where}.epochs: {epochs:g} is more than {MAX_EPOCHS}: each copy is a packing pass of every "
+                        "part; give fewer epochs")  # fmt: skip
     for key in ("columns", "role_weights"):
         if data.get(key) is not None and not isinstance(data[key], str):
             problems.append(f"{where}.{key}: expected a string, got {data[key]!r}")
@@ -165,7 +175,14 @@ def sources_from_data(data: Any, origin: str | None = None) -> list[Source]:
 
 
 def check_source_names(sources: list[Source]) -> None:
-    """Two sources with one name would share their validation split and their numbers."""
+    """Two sources with one name would share their validation split and their numbers. Each source is checked
+    as a declaration is too: a ``Source`` made in Python (``build(sources=...)``) skips the parsing."""
+    problems: list[str] = []
+    for s in sources:
+        _source(f"source {s.name!r}", {"name": s.name, "path": list(s.paths), "weight": s.weight, "epochs": s.epochs,
+                                      "columns": s.columns, "role_weights": s.role_weights}, problems)  # fmt: skip
+    if problems:
+        raise ConfigError(problems)
     seen: set[str] = set()
     for s in sources:
         if s.name in seen:

@@ -498,7 +498,11 @@ def arrow_filesystem(url: str) -> tuple[Any, str]:
 def _writable(url: str) -> tuple[Any, str]:
     if protocol(url) in READ_ONLY:
         raise UsageError(f"{url}: {protocol(url)}:// is read-only; write the output to a store (s3://, gs://, ...) or disk")
-    return filesystem(url)
+    fs, p = filesystem(url)
+    if protocol(url) in ("file", "local"):
+        # a store has no directories; a local disk does, and fsspec's LocalFileSystem does not make them by default
+        retry(lambda: fs.makedirs(fs._parent(p), exist_ok=True), url, "making its directory")
+    return fs, p
 
 
 def put_file(local: str | Path, url: str) -> None:

@@ -619,6 +619,19 @@ class ChatRenderer:
             return float(message["weight"])
         return self.role_weights.get(message["role"], 0.0)
 
+    def _scaled_weight(self, i: int, message: dict[str, Any]) -> float:
+        """A message's weight times its source's (``scale``); refused where float32 cannot hold it, before the
+        character weights would be inf (the alignment would then blame the template for inf - inf)."""
+        w = self.scale * self._weight(i, message)
+        if not is_valid_weight(w):
+            raise ChatError(
+                f"messages[{i}].weight",
+                f"{self._weight(i, message):g} times the source's weight {self.scale:g} is beyond float32's largest "
+                "(the shards store weights as float32): lower the source's weight",
+                "bad_weight",
+            )
+        return w
+
     def char_weights(self, chat: Chat) -> tuple[str, np.ndarray, np.ndarray]:
         """The rendered text, one weight per character (steps 1-4 of the module docstring) and one turn code per
         character (``turn_code``: the message whose span holds it; 0 for template text outside every message)."""
@@ -639,7 +652,7 @@ class ChatRenderer:
         if in_order:
             owners = assistants if len(tagged_spans) == len(assistants) else [assistants[-1]] * len(tagged_spans)
             for (a, b), i in zip(tagged_spans, owners, strict=True):
-                weights[a:b] = self.scale * self._weight(i, chat.messages[i])
+                weights[a:b] = self._scaled_weight(i, chat.messages[i])
         claimed = np.zeros(len(tagged_spans), dtype=bool)
         prefixes: dict[int, str] = {len(messages): text}
 
@@ -668,7 +681,7 @@ class ChatRenderer:
 
         for i, m in enumerate(messages):
             # scaled here, once: per-turn documents carry their message's unscaled weight (``documents``)
-            w = self.scale * self._weight(i, chat.messages[i])
+            w = self._scaled_weight(i, chat.messages[i])
             if w == 0:
                 continue
             if in_order and m["role"] == "assistant":  # SFTTrainer's mask, as it is (above)
@@ -855,7 +868,7 @@ class ChatRenderer:
             )
         text = prompt + full[len(turn_prompt) :]
         weights = np.zeros(len(text), dtype=np.float32)
-        weights[len(prompt) :] = self.scale * self._weight(i, turn.messages[i])
+        weights[len(prompt) :] = self._scaled_weight(i, turn.messages[i])
 
         def prefix(k: int) -> str:
             """``P_k`` of ``context``: the characters of the earlier messages, for their turn codes."""

@@ -168,7 +168,9 @@ class FastokensPrefetch:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._result: Any = None
-        self._thread = threading.Thread(target=self._load, name="weightprep-fastokens-file", daemon=True)
+        # not a daemon: a build that fails before taking the result (a bad tokenizer config, an output it cannot
+        # write) exits while the load runs, and a daemon thread killed in fastokens' native code aborts the process
+        self._thread = threading.Thread(target=self._load, name="weightprep-fastokens-file", daemon=False)
         self._thread.start()
 
     def _load(self) -> None:
