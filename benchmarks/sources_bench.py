@@ -9,7 +9,9 @@ The generated JSONL (``benchmarks/generate.py``, GPT-2-size tokenizer) is cut in
 rows) as whole subprocesses, interpreter start and tokenizer load included. Reported for each: the median wall
 seconds and the median CPU seconds (user + system of the whole process tree, ``wait4``: what the build costs,
 nearly unaffected by other load on a shared machine), and the medians of the per-pair ratios (3 sources / 1
-source) of both. Goal: at most 1.1 (CPU; wall where the machine is otherwise idle). ``--epochs`` gives source ``b``
+source) of both. Goal: at most 1.1 (CPU; wall where the machine is otherwise idle). The user-CPU and peak-memory
+ratios are printed too: system time is mostly page faults, which grow with the memory a build touches and cost
+more while other processes press on memory (the CPU ratio is steadiest on a quiet machine). ``--epochs`` gives source ``b``
 1.5 epochs instead (more rows, and the epoch pass), to show that cost apart.
 """
 
@@ -46,8 +48,8 @@ def _split(data: Path) -> list[Path]:
     return paths
 
 
-def _run(args: list[str]) -> tuple[float, float]:
-    """(wall seconds, CPU seconds) of one build in a fresh subprocess."""
+def _run(args: list[str]) -> tuple[float, float, float, float]:
+    """(wall seconds, CPU seconds, user CPU seconds, peak resident MiB) of one build in a fresh subprocess."""
     out = Path(tempfile.mkdtemp(prefix="sources-bench-", dir=WORK))
     shutil.rmtree(out)
     t0 = time.perf_counter()
@@ -58,7 +60,7 @@ def _run(args: list[str]) -> tuple[float, float]:
     if os.waitstatus_to_exitcode(status) != 0:
         raise SystemExit(f"weightprep build {' '.join(args)} failed")
     shutil.rmtree(out)
-    return wall, usage.ru_utime + usage.ru_stime
+    return wall, usage.ru_utime + usage.ru_stime, usage.ru_utime, usage.ru_maxrss / 1024
 
 
 def main() -> None:
@@ -76,8 +78,8 @@ def main() -> None:
     b_opts = ",epochs=1.5" if opts.epochs else ""
     three = ["--source", f"a={a},weight=2", "--source", f"b={b},weight=0.5{b_opts}", "--source", f"c={c}", *common]
     _run(one)  # warm the page cache and the tokenizer files
-    runs: dict[str, list[tuple[float, float]]] = {"one": [], "three": []}
-    ratios: dict[str, list[float]] = {"wall": [], "cpu": []}
+    runs: dict[str, list[tuple[float, float, float, float]]] = {"one": [], "three": []}
+    ratios: dict[str, list[float]] = {"wall": [], "cpu": [], "user": [], "memory": []}
     for i in range(opts.repeat):
         order = ["one", "three"] if i % 2 == 0 else ["three", "one"]
         pair = {name: _run(one if name == "one" else three) for name in order}
@@ -85,6 +87,8 @@ def main() -> None:
             runs[name].append(measured)
         ratios["wall"].append(pair["three"][0] / pair["one"][0])
         ratios["cpu"].append(pair["three"][1] / pair["one"][1])
+        ratios["user"].append(pair["three"][2] / pair["one"][2])
+        ratios["memory"].append(pair["three"][3] / pair["one"][3])
         print(f"pair {i + 1}: one source {pair['one'][0]:.2f} s ({pair['one'][1]:.2f} s CPU), three sources "
               f"{pair['three'][0]:.2f} s ({pair['three'][1]:.2f} s CPU)", flush=True)  # fmt: skip
 
@@ -94,7 +98,8 @@ def main() -> None:
     wall, cpu = statistics.median(ratios["wall"]), statistics.median(ratios["cpu"])
     print(f"{opts.records:,} records, {opts.repeat} pairs, --executor {opts.executor}: one source {median('one', 0):.2f} s "
           f"wall / {median('one', 1):.2f} s CPU, three sources {median('three', 0):.2f} s / {median('three', 1):.2f} s; "
-          f"median ratio wall {wall:.3f}, CPU {cpu:.3f} (goal <= {GOAL})")  # fmt: skip
+          f"median ratio wall {wall:.3f}, CPU {cpu:.3f} (goal <= {GOAL}); user CPU {statistics.median(ratios['user']):.3f}, "
+          f"peak memory {statistics.median(ratios['memory']):.3f} ({median('one', 3):.0f} MiB / {median('three', 3):.0f} MiB)")  # fmt: skip
     if cpu > GOAL and not opts.epochs:
         sys.exit(1)
 

@@ -26,6 +26,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from weightprep.accounting import check_accounting
+from weightprep.batches import Documents
 from weightprep.cli import main
 from weightprep.config import config_from_dict
 from weightprep.distribute.executors import LocalExecutor, RayExecutor, SerialExecutor
@@ -175,6 +176,38 @@ def test_three_sources_write_the_same_bytes_for_every_executor(kind, tmp_path, t
     manifest = build([], tmp_path / kind, _three_cfg(), sources=three, executor=other)
     assert _digests(tmp_path / kind) == _digests(tmp_path / "serial")
     assert manifest["sources"] == reference["sources"]
+
+
+_part = st.tuples(
+    st.lists(st.integers(0, 5), min_size=1, max_size=6),  # document lengths (0: an empty document)
+    st.booleans(),  # with turns
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(parts=st.lists(_part, min_size=1, max_size=4), seed=st.integers(0, 2**32 - 1))
+def test_the_interleaves_merge_is_concat_then_take_in_any_order(parts, seed):
+    # Documents.merge scatters each block straight into the interleaved order (one copy instead of concat + take):
+    # every column, a block without turns (zeros, as concat gives) and empty documents included
+    rng = np.random.default_rng(seed)
+    batches, line = [], 0
+    for lengths, with_turns in parts:
+        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        n = int(offsets[-1])
+        batches.append(Documents(
+            input_ids=rng.integers(0, 1000, n, dtype=np.int32), weights=rng.random(n, dtype=np.float32),
+            offsets=offsets, lines=np.arange(line, line + len(lengths), dtype=np.int64),
+            labels=rng.integers(-100, 1000, n, dtype=np.int32),
+            turns=rng.integers(1, 9, n, dtype=np.int32) if with_turns else None,
+        ))  # fmt: skip
+        line += len(lengths)
+    order = rng.permutation(line)
+    expected, merged = Documents.concat(batches).take(order), Documents.merge(batches, order)
+    for column in ("input_ids", "weights", "offsets", "lines", "labels", "turns"):
+        want, got = getattr(expected, column), getattr(merged, column)
+        assert (want is None) == (got is None), column
+        if want is not None:
+            assert got.dtype == want.dtype and np.array_equal(got, want), column
 
 
 def test_sources_are_mixed_in_every_row_window_not_in_blocks(tmp_path, three, sample_tok):

@@ -218,6 +218,42 @@ class Documents:
             ),
         )
 
+    @staticmethod
+    def merge(parts: list[Documents], order: np.ndarray) -> Documents:
+        """``Documents.concat(parts).take(order)`` (``order``: indices into the parts' documents, concatenated)
+        without the concatenated copy: each part's tokens are scattered straight to their places in the result,
+        one part at a time (so the index held is one part's, not the whole batch's)."""
+        order = np.asarray(order, dtype=np.int64)
+        all_lengths = np.concatenate([p.lengths for p in parts])
+        lengths = all_lengths[order]
+        offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        place = np.empty(len(order), dtype=np.int64)  # place[g]: the result's index of concatenated document g
+        place[order] = np.arange(len(order), dtype=np.int64)
+        total = int(offsets[-1])
+        has_labels = all(p.labels is not None for p in parts)
+        has_turns = any(p.turns is not None for p in parts)
+        # the dtypes np.concatenate would give
+        input_ids = np.empty(total, dtype=np.result_type(*(p.input_ids for p in parts)))
+        weights = np.empty(total, dtype=np.result_type(*(p.weights for p in parts)))
+        labels = np.empty(total, dtype=np.result_type(*(p.labels for p in parts))) if has_labels else None
+        turn_types = [p.turns.dtype if p.turns is not None else np.int32 for p in parts]
+        turns = np.zeros(total, dtype=np.result_type(*turn_types)) if has_turns else None  # none: zeros, as concat
+        base = 0
+        for p in parts:
+            n = len(p)
+            at = offsets[place[base : base + n]]
+            scatter = _ranges(at, all_lengths[base : base + n])
+            input_ids[scatter] = p.input_ids
+            weights[scatter] = p.weights
+            if labels is not None:
+                labels[scatter] = p.labels
+            if turns is not None and p.turns is not None:
+                turns[scatter] = p.turns
+            base += n
+        lines = np.concatenate([p.lines for p in parts])[order]
+        return Documents(input_ids=input_ids, weights=weights, offsets=offsets, lines=lines, labels=labels, turns=turns)
+
 
 def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     """Concatenation of ``arange(s, s + n)`` for each (s, n), without a Python loop."""
@@ -232,7 +268,7 @@ def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     prev_last = np.concatenate([[0], (starts + lengths - 1)[nonempty][:-1]])
     step[first] = starts[nonempty] - prev_last
     step[0] = starts[nonempty][0]
-    return np.cumsum(step)
+    return np.cumsum(step, out=step)  # in place: one index array allocated, not two
 
 
 @dataclass(frozen=True)

@@ -194,7 +194,7 @@ def _split(docs: Documents, n: int) -> tuple[Documents, Documents]:
 class _Interleave:
     """Step 2 of the module docstring: training documents held until every source has read past them. Each block's
     documents wait as they came (their ``t`` ascending); a release cuts every block at the bound (views), joins
-    what is ready and orders it: each document is copied once here."""
+    what is ready and orders it: each document is copied once here (``Documents.merge``)."""
 
     def __init__(self, sources: list[int]) -> None:
         self.frontier = dict.fromkeys(sources, 0.0)
@@ -229,10 +229,10 @@ class _Interleave:
         tie = np.concatenate([r[1] for r in ready])
         times = np.concatenate([r[3] for r in ready])
         order = np.lexsort((tie, t))
-        docs = Documents.concat([r[2] for r in ready])
-        if len(ready) > 1 and (order[1:] < order[:-1]).any():
-            docs, times = docs.take(order), times[order]
-        return docs, times
+        parts = [r[2] for r in ready]
+        if len(ready) > 1 and (order[1:] < order[:-1]).any():  # one copy, straight into order
+            return Documents.merge(parts, order), times[order]
+        return Documents.concat(parts), times
 
 
 def run_mixed(job: Any, part: MixedPart, tmp: Path, progress: Any) -> dict[str, Any]:
