@@ -16,6 +16,7 @@ from weightprep.errors import UsageError
 from weightprep.train import WeightedCollator, weighted_lm_loss
 from weightprep.train.attention import VARLEN_KEYS
 from weightprep.train.loss import (
+    WeightedLMOutput,
     _gathered,
     _logit_transform,
     attach_weighted_head,
@@ -299,10 +300,12 @@ def test_default_vocab_chunk_is_wide_only_where_triton_folds_the_tile(monkeypatc
     assert default_vocab_chunk(torch.device(device)) == chunk
 
 
-@pytest.mark.parametrize(("vocab_chunk", "tile"), [(None, VOCAB), (0, VOCAB), (1, 1), (8, 8), (10**6, VOCAB)])
+@pytest.mark.parametrize(
+    ("vocab_chunk", "tile"), [(None, VOCAB), (0, VOCAB), (-1, 1), (1, 1), (8, 8), (10**6, VOCAB)]
+)
 def test_the_tile_width_given_to_the_kernel(llama, monkeypatch, vocab_chunk, tile):
-    """``vocab_chunk`` columns per tile, at most the vocabulary; ``None`` (or 0) takes the device's default
-    (2048 on CPU, wider than this vocabulary)."""
+    """``vocab_chunk`` columns per tile, at least one and at most the vocabulary; ``None`` (or 0) takes the
+    device's default (2048 on CPU, wider than this vocabulary)."""
     import trl.kernels
 
     real = trl.kernels.ChunkedLogProbFunction
@@ -410,3 +413,16 @@ def test_a_torch_without_dtensor_uses_the_head_as_it_is(monkeypatch):
     monkeypatch.setitem(sys.modules, "torch.distributed.tensor", None)  # the import fails as on torch < 2.5
     plain = torch.randn(3, 2)
     assert _gathered(plain) is plain
+
+
+def test_the_patched_forward_returns_its_output_whatever_return_dict_says(llama):
+    """``model(..., token_weights=w, labels=y)`` is public: a caller's ``return_dict=False`` (which would make the
+    decoder body return a tuple) still gives the weighted output, equal to ``weighted_lm_loss``'s."""
+    batch = _batch(2, packed=True, rows=2)
+    expected = weighted_lm_loss(llama, batch).nll_sum
+    out = llama(
+        input_ids=batch[INPUT_IDS], labels=batch[LABELS], token_weights=batch[WEIGHTS],
+        position_ids=batch[POSITION_IDS], return_dict=False,
+    )  # fmt: skip
+    assert isinstance(out, WeightedLMOutput)
+    torch.testing.assert_close(out.nll_sum, expected)
