@@ -49,7 +49,7 @@ MODULES: dict[str, list[str]] = {
         "tests/test_chat.py", "tests/test_chat_control.py", "tests/test_chat_turns.py", "tests/test_chat_history.py",
     ],
     "stages/chat_templates.py": ["tests/test_chat_history.py"],
-    "distribute/merge.py": ["tests/test_distribute.py"],
+    "distribute/merge.py": ["tests/test_distribute.py", "tests/test_chat_turns.py"],  # the latter: turn rows
     "distribute/executors.py": ["tests/test_distribute.py"],
     "accounting.py": [
         "tests/test_accounting.py", "tests/test_hostile_inputs.py", "tests/test_split.py", "tests/test_build_output.py",
@@ -75,6 +75,8 @@ EQUIVALENT: dict[str, str] = {
         "run_parts returns exactly one result per part: strict changes nothing on equal lengths",
     "distribute/merge.py:merge_results:bool:for (i, (part, result)) in enumerate(zip(parts, results, strict=True)):":
         "run_parts returns exactly one result per part: strict changes nothing on equal lengths",
+    "distribute/merge.py:merge_results:bool:(out_dir / name).mkdir(parents=True, exist_ok=True)":
+        "out_dir is the build's staging directory, which holds parts/ (made before any part ran): no parent to make",
     "distribute/merge.py:merge_results:drop:rejects.close()":
         "the file object's last reference goes when merge_results returns, and CPython closes (flushes) it then",
     "distribute/merge.py:merge_results:drop:f.close()":
@@ -526,7 +528,8 @@ def report(results: dict[str, dict], command: str) -> str:
             why = f" {EQUIVALENT[m.id]} |" if key == "equivalent" else ""
             # a timed-out mutant explained as equivalent: only a run on an idle machine tells which it is
             note = ", listed in `EQUIVALENT`" if key == "timeout" and m.id in EQUIVALENT else ""
-            lines.append(f"| {m.line} | `{m.function}` | `{m.before}` → `{m.after}` ({m.kind}{note}) |{why}")
+            before, after = (text.replace("|", "\\|") for text in (m.before, m.after))  # a table cell
+            lines.append(f"| {m.line} | `{m.function}` | `{before}` → `{after}` ({m.kind}{note}) |{why}")
     return "\n".join(lines) + "\n"
 
 
