@@ -264,9 +264,10 @@ def test_step_totals_by_hand():
     (the mask's sum), every position when packed; zeros for no batch."""
     packed = [WeightedCollator()(ts.random_rows(s, 2, 32, VOCAB, packed=True)) for s in (1, 2)]
     unpacked = WeightedCollator()(ts.random_rows(3, 3, 32, VOCAB, packed=False))
-    for batches, positions in ((packed, 2 * 2 * 32), ([unpacked], int(unpacked[ATTENTION_MASK].sum()))):
-        assert positions != sum(b[LABELS].numel() for b in batches) or batches is packed
-        targets = [b[WEIGHTS][:, 1:][supervised_mask(b[LABELS], b[WEIGHTS])] for b in batches]
+    attended = int(unpacked[ATTENTION_MASK].sum())
+    assert attended < unpacked[LABELS].numel()  # a pad tail that is not counted
+    for batches, positions in ((packed, 2 * 2 * 32), ([unpacked], attended)):
+        targets = [b[WEIGHTS][:, 1:][(b[LABELS][:, 1:] != IGNORE_INDEX) & (b[WEIGHTS][:, 1:] > 0)] for b in batches]
         supervised = float(sum(len(t) for t in targets))
         weight = float(sum(t.double().sum() for t in targets))
         assert weight != supervised
