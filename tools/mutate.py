@@ -118,6 +118,10 @@ EQUIVALENT: dict[str, str] = {
     'stages/spans.py:_byte_level_alphabet:int-1:for b in range(256):':
         'byte 255 (ÿ) is in the printable range: the loop never changes it',
     "train/loss.py:step_totals:binop:total: torch.Tensor | None = None": "a local variable's annotation is never evaluated",
+    "train/loss.py:weighted_lm_loss:bool:inputs = {'input_ids': batch[INPUT_IDS], 'labels': batch[LABELS], 'token_weights': batch[WEIGHTS]...":
+        "the patched forward always reaches _weighted_forward, which sets use_cache=False itself before the body runs",
+    'train/loss.py:_weighted_forward:binop:log_probs = hidden.new_zeros(mask.shape, dtype=torch.float32) + zero':
+        "zero is x * 0.0, a 0 connected to the graph: zeros - 0 and zeros + 0 are the same zeros, with zero gradients",
     "train/loss.py:_weighted_forward:binop:zero = hidden.sum() * 0.0 + weight.sum() * 0.0 + (bias.sum() * 0.0 if bias is not None else 0.0)":
         _ZERO_GRAPH,
     "train/loss.py:_weighted_forward:binop:zero = hidden.sum() * 0.0 + weight.sum() * 0.0 + (bias.sum() * 0.0 if bias is not None else 0.0)#1":
