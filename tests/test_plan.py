@@ -306,3 +306,81 @@ def test_cli_does_not_fit_exits_nonzero(tmp_path):
                                     "--dtype", "fp32"])
     assert res.exit_code == 1
     assert "DOES NOT FIT" in res.output
+
+
+#: the README's worked examples of ``weightprep plan`` (its table under "Memory planning"): setup -> flags
+README_EXAMPLES = {
+    "Llama-2-7B full fine-tune, fp32, DDP, micro-batch 1": [
+        ["--model", "llama-2-7b", "--dtype", "fp32", "--strategy", "ddp", "--micro-batch", "1"],
+    ],
+    "Llama-2-7B, bf16 mixed + FSDP, micro-batch 4, checkpointing": [
+        ["--model", "llama-2-7b", "--dtype", "bf16", "--strategy", "fsdp", "--micro-batch", "4",
+         "--global-batch-tokens", "1048576"],
+    ],
+    "the same without checkpointing": [
+        ["--model", "llama-2-7b", "--dtype", "bf16", "--strategy", "fsdp", "--micro-batch", "4",
+         "--global-batch-tokens", "1048576", "--no-gradient-checkpointing"],
+    ],
+    "Llama-2-7B + LoRA r=16, bf16 base, DDP, micro-batch 4": [
+        ["--model", "llama-2-7b", "--dtype", "bf16", "--precision", "pure", "--lora-r", "16", "--strategy", "ddp",
+         "--micro-batch", "4", "--global-batch-tokens", "1048576"],
+    ],
+    "Llama-3-8B (vocab 128k), FSDP, 4 x 4096: full-logits loss vs weightprep's": [
+        ["--model", "llama-3-8b", "--seq-len", "4096", "--strategy", "fsdp", "--micro-batch", "4", "--loss", loss]
+        for loss in ("full", "weightprep")
+    ],
+    "Qwen2.5-7B (vocab 152k), FSDP, 4 x 4096: full-logits loss vs weightprep's": [
+        ["--model", "qwen2.5-7b", "--seq-len", "4096", "--strategy", "fsdp", "--micro-batch", "4", "--loss", loss]
+        for loss in ("full", "weightprep")
+    ],
+}
+
+
+def _readme_plan_rows() -> dict[str, tuple[list[str], str]]:
+    """setup -> (the per-GPU figures, the verdict) as the README's worked-example table prints them."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    section = text.split("## Memory planning", 1)[1].split("\n## ", 1)[0]
+    rows = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 3 and cells[1].endswith("GiB"):
+            rows[cells[0]] = (cells[1].removesuffix(" GiB").split(" vs "), cells[2])
+    return rows
+
+
+@pytest.mark.parametrize("setup", sorted(README_EXAMPLES))
+def test_the_readme_worked_examples_are_what_plan_prints(setup):
+    """Each figure and verdict of the README's worked-example table is what ``weightprep plan`` prints for it
+    (2 x 80 GB and 2048 tokens unless the row says otherwise)."""
+    import re
+
+    rows = _readme_plan_rows()
+    assert set(rows) == set(README_EXAMPLES), "the README's table and this test list other setups"
+    figures, verdict = rows[setup]
+    runs = README_EXAMPLES[setup]
+    assert len(figures) == len(runs)
+    outputs = []
+    for flags, figure in zip(runs, figures, strict=True):
+        args = ["plan", "--gpus", "2x80GB", *([] if "--seq-len" in flags else ["--seq-len", "2048"]), *flags]
+        res = CliRunner().invoke(main, args)
+        assert res.exit_code in (0, 1), res.output
+        printed = re.search(r"^plan: ([\d.]+) GiB per GPU of 80 GiB", res.output, re.MULTILINE)
+        assert printed is not None, res.output
+        assert printed.group(1) == figure, (setup, flags, printed.group(1), figure)
+        outputs.append(res)
+    fits = [res.exit_code == 0 for res in outputs]
+    if verdict.startswith("does not fit at any micro-batch"):
+        assert fits == [False] and "not even one row fits" in outputs[0].output
+    elif verdict == "does not fit":
+        assert fits == [False]
+    elif verdict == "full logits do not fit; weightprep does":
+        assert fits == [False, True]
+    else:
+        up_to = re.fullmatch(r"fits; up to micro-batch (\d+)(?:; accumulation (\d+) for 1M tokens/step)?", verdict)
+        assert up_to is not None, verdict
+        assert fits == [True]
+        assert f"largest micro-batch that fits: {up_to.group(1)} (" in outputs[0].output
+        if up_to.group(2):
+            assert f"gradient accumulation {up_to.group(2)}: " in outputs[0].output

@@ -146,3 +146,40 @@ def test_eval_flags_without_an_eval_set_are_refused(sample_shards, tmp_path):
     opts = {"eval_shards": sample_shards, "load_best_model_at_end": True, "eval_steps": 3, "save_steps": 10}
     with pytest.raises(UsageError, match="multiple of --eval-steps"):
         _eval_set(opts, shards, None, None)
+
+
+@pytest.mark.slow
+def test_load_best_model_at_end_keeps_the_checkpoint_of_the_lowest_eval_loss(sample_shards, tmp_path, monkeypatch):
+    """The evaluations at steps 1-4 report the losses 3, 1, 2, 4 (the real loop runs; its eval_loss is then
+    replaced, so the best checkpoint is neither the first nor the last): the model left in --output-dir is
+    checkpoint-2's. The final evaluation, of that model, keeps its real loss."""
+    from safetensors.torch import load_file
+
+    from weightprep.cli import main
+    from weightprep.train import WeightedSFTTrainer
+
+    scripted = iter([3.0, 1.0, 2.0, 4.0])
+    real = WeightedSFTTrainer.evaluation_loop
+
+    def evaluation_loop(self, *args, **kwargs):
+        output = real(self, *args, **kwargs)
+        assert output.metrics["eval_loss"] > 0  # the real weighted loss was computed
+        output.metrics["eval_loss"] = next(scripted, output.metrics["eval_loss"])
+        return output
+
+    monkeypatch.setattr(WeightedSFTTrainer, "evaluation_loop", evaluation_loop)
+    out = tmp_path / "run"
+    args = ["train", str(sample_shards), "--model", str(REPO / "sample_data" / "tiny-llama"), "--output-dir",
+            str(out), "--max-steps", "4", "--eval-steps", "1", "--save-steps", "1", "--logging-steps", "1",
+            "--micro-batch-size", "2", "--lr", "3e-2", "--eval-shards", str(sample_shards),
+            "--load-best-model-at-end"]  # fmt: skip
+    result = CliRunner().invoke(main, args, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    state = json.loads((out / "checkpoint-4" / "trainer_state.json").read_text())
+    assert [h["eval_loss"] for h in state["log_history"] if "eval_loss" in h] == [3.0, 1.0, 2.0, 4.0]
+    assert state["best_metric"] == 1.0 and Path(state["best_model_checkpoint"]).name == "checkpoint-2"
+    final = load_file(out / "model.safetensors")
+    for step, same in ((2, True), (4, False), (1, False)):
+        saved = load_file(out / f"checkpoint-{step}" / "model.safetensors")
+        assert final.keys() == saved.keys()
+        assert all(torch.equal(final[k], saved[k]) for k in final) is same, step

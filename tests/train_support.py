@@ -56,7 +56,8 @@ def tiny_llama(
 
 
 def tiny_family(name: str, vocab: int = 96):
-    """Tiny models whose LM heads differ: untied, tied, GPT-2 (Conv1D body, tied), bias (Phi), softcap (Gemma2)."""
+    """Tiny models whose LM heads differ: untied, tied, GPT-2 (Conv1D body, tied), bias (Phi), softcap (Gemma2),
+    logits divided (Granite) or multiplied (Cohere) by a constant."""
     import transformers as tf
 
     torch.manual_seed(0)
@@ -89,6 +90,18 @@ def tiny_family(name: str, vocab: int = 96):
             attn_implementation="eager", **common,
         )  # fmt: skip
         return tf.Gemma2ForCausalLM(cfg).eval()
+    if name == "granite-scaling":  # Granite divides its logits by logits_scaling
+        cfg = tf.GraniteConfig(
+            hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=256, logits_scaling=4.0, **common,
+        )  # fmt: skip
+        return tf.GraniteForCausalLM(cfg).eval()
+    if name == "cohere-scale":  # Cohere multiplies its logits by logit_scale
+        cfg = tf.CohereConfig(
+            hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=256, logit_scale=2.5, **common,
+        )  # fmt: skip
+        return tf.CohereForCausalLM(cfg).eval()
     raise AssertionError(name)
 
 

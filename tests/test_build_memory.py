@@ -1,0 +1,65 @@
+"""The README's bound: a build's memory is set by the block size and the packing window, never by the input's size.
+
+Measured in-process, on small settings so the bound shows on small inputs (blocks of 16 KiB, windows of 200
+documents): the peak of Python and NumPy allocations (tracemalloc, every thread) plus the peak of Arrow's memory
+pool (polled) during a build of N records and of 8 N records. Without the bound the peak grows with the input:
+a window that never closes holds every document (about 6x the peak here at 8 N), and so does a reader that runs
+ahead of the tokenizer without limit.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import tracemalloc
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from weightprep.config import config_from_dict
+from weightprep.pipeline import build
+
+WORDS = ["alpha", "beta", "gamma", "delta", "the", "cat", "sat", "on", "mat", "zeta"]
+
+
+def _write(path: Path, n: int) -> int:
+    rng = np.random.default_rng(0)
+    with path.open("w") as f:
+        for i in range(n):
+            body = " ".join(rng.choice(WORDS, int(rng.integers(5, 60))))
+            f.write(json.dumps({"pieces": [{"text": f"Q{i}: ", "weight": 0}, {"text": body, "weight": 1}]}) + "\n")
+    return path.stat().st_size
+
+
+def _peak_build_bytes(tmp: Path, n: int, tok) -> tuple[int, int]:
+    """(peak bytes allocated during the build, input bytes)."""
+    raw = tmp / f"raw{n}.jsonl"
+    size = _write(raw, n)
+    cfg = config_from_dict({"pack": {"seq_len": 128, "window": 200}, "read": {"block_bytes": 16384}})
+    arrow_peak, done = [pa.total_allocated_bytes()], threading.Event()
+
+    def poll() -> None:
+        while not done.wait(0.002):
+            arrow_peak[0] = max(arrow_peak[0], pa.total_allocated_bytes())
+
+    base = pa.total_allocated_bytes()
+    poller = threading.Thread(target=poll, daemon=True)
+    tracemalloc.start()
+    poller.start()
+    try:
+        build([str(raw)], tmp / f"out{n}", cfg, tokenizer=tok)
+        python_peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        done.set()
+        poller.join()
+        tracemalloc.stop()
+    return python_peak + arrow_peak[0] - base, size
+
+
+def test_build_memory_does_not_grow_with_the_input(tmp_path, sample_tok):
+    _peak_build_bytes(tmp_path, 300, sample_tok)  # first build: imports and the tokenizer's one-time caches
+    small, small_size = _peak_build_bytes(tmp_path, 2000, sample_tok)
+    large, large_size = _peak_build_bytes(tmp_path, 16000, sample_tok)
+    assert large_size > 7 * small_size
+    assert large < 1.5 * small + (1 << 20), (small, large)  # 8x the input, about the same memory
