@@ -235,3 +235,52 @@ def test_added_tokens_have_bytes_unless_they_strip_or_are_matched_on_normalized_
     assert got == [[(0, 1), (1, 4), (4, 5)], None, None, None]
     tok.normalizer = normalizers.NFC()  # now it is matched on normalized text: no fixed bytes
     assert _one(TokenSpans(tok), ["a<n>b", "ab"], [[0, ids["<n>"], 1], [0, 1]]) == [None, [(0, 1), (1, 2)]]
+
+
+@settings(max_examples=80, deadline=None)
+@given(texts=st.lists(_text, min_size=1, max_size=8), chunk=st.integers(1, 12), wrong=st.integers(0, 7))
+def test_runs_of_documents_are_greedy_and_give_each_document_its_own_offsets(texts, chunk, wrong):
+    """``spans`` works over runs of documents of at most ``_CHUNK_TOKENS`` tokens (a longer document alone): each
+    run is the longest that fits, every document is in exactly one run, and the spans are each document's own
+    tokenizers' offsets whatever the runs (a document whose ids do not spell it still gets None, in its place)."""
+    import weightprep.stages.spans as spans_module
+
+    name = "chat-qwen2_5" if "chat-qwen2_5" in SPELLING else next(iter(SPELLING))
+    backend = SPELLING[name]().backend_tokenizer
+    encs, ids, offsets = _encode(backend, texts)
+    wrong = wrong if wrong < len(texts) and len(encs[wrong].ids) > 0 else None
+    if wrong is not None:  # its first id replaced by another: its tokens no longer spell its text
+        ids = ids.copy()
+        ids[offsets[wrong]] = (ids[offsets[wrong]] + 1) % backend.get_vocab_size()
+        if backend.decode([int(i) for i in ids[offsets[wrong] : offsets[wrong + 1]]]) == texts[wrong]:
+            wrong = None  # the replacement spells the same text (rare): nothing to check there
+    runs: list[int] = []  # documents per run
+    real = spans_module.TokenSpans._run
+
+    def spy(self, run_texts, run_ids, run_offsets):
+        assert run_offsets[0] == 0 and run_offsets[-1] == len(run_ids) and len(run_offsets) == len(run_texts) + 1
+        runs.append(len(run_texts))
+        return real(self, run_texts, run_ids, run_offsets)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(spans_module, "_CHUNK_TOKENS", chunk)
+        mp.setattr(spans_module.TokenSpans, "_run", spy)
+        got = _spans(name).spans(texts, ids, offsets)
+    # the runs an independent greedy cut makes: from d, as many documents as fit in `chunk` tokens (at least one)
+    want, d = [], 0
+    while d < len(texts):
+        e = d + 1
+        while e < len(texts) and offsets[e + 1] - offsets[d] <= chunk:
+            e += 1
+        want.append(e - d)
+        d = e
+    assert runs == want
+    assert len(got) == len(texts)
+    for d, (found, enc) in enumerate(zip(got, encs, strict=True)):
+        if d == wrong:
+            assert found is None, d
+            continue
+        assert found is not None, (d, texts[d])
+        expected = np.asarray(enc.offsets, dtype=np.int64).reshape(-1, 2)
+        np.testing.assert_array_equal(found[0], expected[:, 0], err_msg=f"starts of document {d}")
+        np.testing.assert_array_equal(found[1], expected[:, 1], err_msg=f"ends of document {d}")

@@ -132,6 +132,12 @@ EQUIVALENT: dict[str, str] = {
         "a local variable's annotation is never evaluated",
     'stages/spans.py:TokenSpans.__init__:int+1:self._lengths = np.array([-1 if s is None else len(s) for s in surfaces], dtype=np.int64)':
         'every use of a length is `< 0` or np.maximum(., 0): -2 and -1 agree',
+    "stages/spans.py:TokenSpans.spans:binop:found: list[tuple[np.ndarray, np.ndarray] | None] = []":
+        "a local variable's annotation is never evaluated",
+    "stages/spans.py:TokenSpans._run:int+1:lengths = np.full(len(ids), -1, dtype=np.int64)":
+        'every use of a length is `< 0` or np.maximum(., 0): -2 and -1 agree',
+    "stages/spans.py:TokenSpans._run:bool:text_bytes = np.frombuffer(b''.join((e for e, good in zip(encoded, ok, strict=True) if good)), dt...":
+        'encoded and ok both have len(texts) entries: strict never raises',
 }
 
 _COMPARE_SWAP = {
