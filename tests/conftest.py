@@ -52,3 +52,13 @@ def write_jsonl(tmp_path):
 
 def load_records(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    """A local Ray cluster of 2 CPUs around one test module (test_distribute.py has its own, for the whole
+    session, which also ships its helper module to the workers)."""
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    yield ray
+    ray.shutdown()

@@ -157,14 +157,6 @@ def _three_cfg(**split):
                              "split": {"validation_fraction": 0.1, **split}})  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def ray_session():
-    ray = pytest.importorskip("ray")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    yield ray
-    ray.shutdown()
-
-
 @pytest.mark.parametrize("kind", ["local", "ray"])
 def test_three_sources_write_the_same_bytes_for_every_executor(kind, tmp_path, three, sample_tok, request):
     if kind == "ray":

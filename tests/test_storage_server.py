@@ -97,14 +97,6 @@ def _leftovers(name: str) -> list[str]:
     return storage.glob(f"s3://{BUCKET}/.{name}.tmp-*")
 
 
-@pytest.fixture(scope="module")
-def ray_session():
-    ray = pytest.importorskip("ray")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    yield ray
-    ray.shutdown()
-
-
 @pytest.mark.parametrize("kind", ["serial", "local", "ray"])
 def test_s3_to_s3_is_byte_identical_to_the_local_disk_build(kind, s3, reference, request):
     out = f"s3://{BUCKET}/out-{kind}"

@@ -807,15 +807,20 @@ class ChatRenderer:
         except ChatError as exc:
             if exc.reason != "generation_prompt_mismatch" or not assistant or self.history == "auto":
                 raise  # auto: the whole conversation as TRL's training template renders it (``documents``)
-            try:
-                training = self._training_renderer()
-            except TrlMissing as missing:
-                raise ChatError(
-                    exc.field, f"{exc.problem}. TRL's training template was not tried: {missing}", exc.reason,
-                ) from None  # fmt: skip
+            training = self._training_for(exc)
             if training is None:
                 raise
             return self._spliced(turn, i, self, training)
+
+    def _training_for(self, exc: ChatError) -> ChatRenderer | None:
+        """The training renderer that may render what ``exc`` refused (None: TRL has no training template for this
+        one); without TRL, ``exc`` saying that TRL's template was not tried."""
+        try:
+            return self._training_renderer()
+        except TrlMissing as missing:
+            raise ChatError(
+                exc.field, f"{exc.problem}. TRL's training template was not tried: {missing}", exc.reason,
+            ) from None  # fmt: skip
 
     def _trained(self, chat: Chat, exc: ChatError) -> _Document:
         """``auto`` for a conversation with a turn the template cannot render after its own generation prompt
@@ -823,12 +828,7 @@ class ChatRenderer:
         ``<think>\\n`` and renders ``<think></think>``): the whole conversation as the training template TRL maps
         the template to renders it, weighted on its ``{% generation %}`` blocks, each with its turn's weight: what
         SFTTrainer trains on with ``assistant_only_loss``. Refused (``exc``, saying why) where TRL has none."""
-        try:
-            training = self._training_renderer()
-        except TrlMissing as missing:
-            raise ChatError(
-                exc.field, f"{exc.problem}. TRL's training template was not tried: {missing}", exc.reason,
-            ) from None  # fmt: skip
+        training = self._training_for(exc)
         if training is None:
             raise ChatError(
                 exc.field,
