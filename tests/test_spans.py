@@ -8,7 +8,7 @@ import functools
 import numpy as np
 import pytest
 from chat_support import FAMILIES, chat_tokenizer
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from tokenizer_factory import (
     BYTE_LEVEL_FAMILIES,
@@ -239,6 +239,8 @@ def test_added_tokens_have_bytes_unless_they_strip_or_are_matched_on_normalized_
 
 @settings(max_examples=80, deadline=None)
 @given(texts=st.lists(_text, min_size=1, max_size=8), chunk=st.integers(1, 12), wrong=st.integers(0, 7))
+@example(texts=["x", "x", "x", "x", "x"], chunk=2, wrong=7)  # runs that fill their tokens exactly
+@example(texts=["x", "", "x", "", "", "x"], chunk=1, wrong=2)  # documents without tokens at a run's end
 def test_runs_of_documents_are_greedy_and_give_each_document_its_own_offsets(texts, chunk, wrong):
     """``spans`` works over runs of documents of at most ``_CHUNK_TOKENS`` tokens (a longer document alone): each
     run is the longest that fits, every document is in exactly one run, and the spans are each document's own
