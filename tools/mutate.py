@@ -49,7 +49,8 @@ MODULES: dict[str, list[str]] = {
         "tests/test_chat.py", "tests/test_chat_control.py", "tests/test_chat_turns.py", "tests/test_chat_history.py",
     ],
     "stages/chat_templates.py": ["tests/test_chat_history.py"],
-    "distribute/merge.py": ["tests/test_distribute.py", "tests/test_chat_turns.py"],  # the latter: turn rows
+    # test_chat_turns: turn rows across parts; test_sources: mixed parts (several byte ranges a part)
+    "distribute/merge.py": ["tests/test_distribute.py", "tests/test_chat_turns.py", "tests/test_sources.py"],
     "distribute/executors.py": ["tests/test_distribute.py"],
     "accounting.py": [
         "tests/test_accounting.py", "tests/test_hostile_inputs.py", "tests/test_split.py", "tests/test_build_output.py",
@@ -138,6 +139,8 @@ EQUIVALENT: dict[str, str] = {
         'every use of a length is `< 0` or np.maximum(., 0): -2 and -1 agree',
     "stages/spans.py:TokenSpans._run:bool:text_bytes = np.frombuffer(b''.join((e for e, good in zip(encoded, ok, strict=True) if good)), dt...":
         'encoded and ok both have len(texts) entries: strict never raises',
+    "distribute/merge.py:_ranges:bool:out.extend(zip(part.segments, result['inputs'], index, result['rejects_files'], strict=True))":
+        "a mixed part's job returns one input record and one rejects entry per segment: strict changes nothing",
 }
 
 _COMPARE_SWAP = {
