@@ -54,11 +54,15 @@ def load_records(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def ray_session():
-    """A local Ray cluster of 2 CPUs around one test module (test_distribute.py has its own, for the whole
-    session, which also ships its helper module to the workers)."""
+    """One local Ray cluster of 2 CPUs for the whole session (in each xdist worker): Ray allows one ``ray.init``
+    per process, so every module that runs on Ray shares it. The tests' helper modules that jobs refer to are
+    shipped to the workers by value."""
     ray = pytest.importorskip("ray")
+    import split_support
+
+    ray.cloudpickle.register_pickle_by_value(split_support)
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     yield ray
     ray.shutdown()

@@ -107,17 +107,6 @@ def reference(tmp_path_factory):
     return _digests(out)
 
 
-@pytest.fixture(scope="session")
-def ray_session():
-    ray = pytest.importorskip("ray")
-    import split_support
-
-    ray.cloudpickle.register_pickle_by_value(split_support)
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    yield ray
-    ray.shutdown()
-
-
 def test_a_file_in_one_part_has_its_whole_hash(tmp_path):
     manifest = build([str(SAMPLE_RAW)], tmp_path / "one", _cfg(read={"part_bytes": 1 << 30}))
     assert manifest["inputs"][0]["sha256"] == hashlib.sha256(SAMPLE_RAW.read_bytes()).hexdigest()
