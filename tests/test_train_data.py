@@ -59,6 +59,19 @@ def test_other_format_version(good, tmp_path):
         load_shards(path)
 
 
+@pytest.mark.parametrize("version", [1, 2])
+def test_version_2_shards_are_still_read_and_version_1_refused(good, tmp_path, version):
+    """Version 3 changed what builds with sources and DeepSeek-R1-style chat hold, nothing a version-2 build has:
+    those are read as they are; version 1 (SentencePiece continuations tokenized wrongly) must be rebuilt."""
+    path = _copy(good, tmp_path)
+    _edit_manifest(path, format_version=version)
+    if version == 2:
+        assert len(load_shards(path).dataset) == 3
+    else:
+        with pytest.raises(UsageError, match="version 1, expected"):
+            load_shards(path)
+
+
 def test_missing_column(tmp_path):
     rows = ts.random_rows(1, 2, SEQ, 96)
     for row in rows:

@@ -10,6 +10,7 @@ __all__ = [
     "IGNORE_INDEX",
     "FORMAT_NAME",
     "FORMAT_VERSION",
+    "READABLE_VERSIONS",
     "INPUT_IDS",
     "LABELS",
     "WEIGHTS",
@@ -26,9 +27,13 @@ __all__ = [
 #: Label value that PyTorch's cross-entropy (and every HF model) ignores.
 IGNORE_INDEX = -100
 
-#: Written into the manifest; the trainer refuses shards of another format.
+#: Written into the manifest; the trainer refuses shards of another format. Version 3: a build with sources
+#: holds ``validation_<name>`` splits (a version-2 reader would train without evaluating them) and the default chat
+#: build of DeepSeek-R1-style templates is TRL's training render. Version 2 shards hold nothing version 3 reads
+#: differently, so they are still read; version 1 is refused.
 FORMAT_NAME = "weightprep-shards"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
+READABLE_VERSIONS = (2, 3)
 
 INPUT_IDS = "input_ids"
 LABELS = "labels"

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from weightprep import storage
-from weightprep.constants import FORMAT_NAME, FORMAT_VERSION, MANIFEST_NAME
+from weightprep.constants import FORMAT_NAME, FORMAT_VERSION, MANIFEST_NAME, READABLE_VERSIONS
 from weightprep.errors import UsageError
 
 __all__ = ["REBUILD", "build_setting", "read_manifest", "read_row", "read_turns", "shard_batches", "split_shards"]
@@ -49,7 +49,7 @@ def _read_manifest(path: str | Path) -> dict[str, Any]:
     if not isinstance(manifest, dict):
         raise UsageError(f"{manifest_path}: manifest is not a JSON object; {REBUILD}")
     fmt, version = manifest.get("format"), manifest.get("format_version")
-    if fmt != FORMAT_NAME or version != FORMAT_VERSION:
+    if fmt != FORMAT_NAME or version not in READABLE_VERSIONS:
         raise UsageError(
             f"{manifest_path}: shards of format {fmt!r} version {version!r}, expected {FORMAT_NAME!r} version "
             f"{FORMAT_VERSION} (written by weightprep {manifest.get('weightprep_version', '?')}); {REBUILD}"
