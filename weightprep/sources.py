@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from weightprep.errors import ConfigError, UsageError
-from weightprep.weights import WEIGHT_DTYPE, is_valid_weight, weight_overflow_note
+from weightprep.weights import is_valid_weight, weight_overflow_note
 
 __all__ = ["Source", "parse_source_option", "sources_from_data", "check_source_names", "scaled_weights", "copies",
            "epoch_keys", "NAME_PATTERN", "manifest_sources"]
@@ -193,12 +193,6 @@ def check_source_names(sources: list[Source]) -> None:
 def scaled_weights(weights: np.ndarray, weight: float) -> np.ndarray:
     """float64 ``weight * weights``: what the float32 cast of assemble makes ``float32(W * w)`` (W = 1: as they are)."""
     return weights if weight == 1.0 else np.asarray(weights, dtype=np.float64) * weight
-
-
-def overflowing(weights: np.ndarray) -> np.ndarray:
-    """Where scaled weights are beyond float32 (they would be inf in the shards)."""
-    with np.errstate(over="ignore", invalid="ignore"):
-        return ~np.isfinite(np.asarray(weights, dtype=np.float64).astype(WEIGHT_DTYPE))
 
 
 def epoch_keys(split_keys: np.ndarray) -> np.ndarray:

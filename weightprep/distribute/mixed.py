@@ -40,12 +40,13 @@ from weightprep.constants import IGNORE_INDEX
 from weightprep.distribute.plan import MixedPart
 from weightprep.errors import InputError
 from weightprep.overlap import BackgroundSink, background
-from weightprep.sources import Source, copies, epoch_keys, overflowing, scaled_weights
+from weightprep.sources import Source, copies, epoch_keys, scaled_weights
 from weightprep.stages.pack import Packer
 from weightprep.stages.read import InputFile
 from weightprep.stages.rejects import RejectsWriter
 from weightprep.stages.split import TRAIN, record_keys, smallest_keys
 from weightprep.stages.write import ShardWriter
+from weightprep.weights import valid_weights
 
 __all__ = ["source_config", "validation_name", "split_names", "run_mixed", "mixed_keys", "segment_of", "part_epoch_keys",
            "epoch_cuts_from"]
@@ -118,7 +119,7 @@ def _interleaved_reads(
 
 def _check_scaled(records: Records, source: Source) -> None:
     """A weight that the source's weight multiplies beyond float32 would be inf in the shards: refused."""
-    bad = np.flatnonzero(overflowing(records.piece_weights))
+    bad = np.flatnonzero(~valid_weights(records.piece_weights))  # scaled weights are >= 0: only overflow is left
     rows = (np.searchsorted(records.piece_offsets, bad, side="right") - 1).tolist()
     for r, chat in enumerate(records.chats or []):
         if isinstance(chat, ChatTokens) and not np.isfinite(chat.weights).all():
