@@ -12,10 +12,14 @@ from weightprep.distribute.executors import Executor
 
 
 class DelayedJob:
-    """A PartJob that first sleeps ``delays[index]`` seconds and notes its pid in ``pid_dir`` while it runs."""
+    """A PartJob that first sleeps ``delays[index]`` seconds and notes its pid in ``pid_dir`` while it runs; with
+    ``after`` (part -> part), a part first waits (up to a minute) until the other one has noted its pid, so a test
+    that needs two parts running at once does not depend on how fast workers start."""
 
-    def __init__(self, job: Any, delays: dict[int, float], pid_dir: str | None = None) -> None:
-        self.job, self.delays, self.pid_dir = job, delays, pid_dir
+    def __init__(
+        self, job: Any, delays: dict[int, float], pid_dir: str | None = None, after: dict[int, int] | None = None
+    ) -> None:
+        self.job, self.delays, self.pid_dir, self.after = job, delays, pid_dir, after or {}
 
     def __getattr__(self, name: str) -> Any:  # the rest of the PartJob (cwd, ...) as it is
         if name == "job":
@@ -23,11 +27,14 @@ class DelayedJob:
         return getattr(self.job, name)
 
     def with_options(self, **changes: Any) -> DelayedJob:
-        return DelayedJob(self.job.with_options(**changes), self.delays, self.pid_dir)
+        return DelayedJob(self.job.with_options(**changes), self.delays, self.pid_dir, self.after)
 
     def __call__(self, part: Any, progress: Any = None) -> dict[str, Any]:
         if self.pid_dir is not None:
             Path(self.pid_dir, f"{part.index}.{os.getpid()}").touch()
+            other, deadline = self.after.get(part.index), time.monotonic() + 60
+            while other is not None and not any(Path(self.pid_dir).glob(f"{other}.*")) and time.monotonic() < deadline:
+                time.sleep(0.05)
         time.sleep(self.delays.get(part.index, 0.0))
         return self.job(part, progress)
 
@@ -36,8 +43,10 @@ class Delaying(Executor):
     """``inner`` with every part delayed (``DelayedJob``); ``order`` records the order parts finished in (every
     pass), ``reused`` the parts an earlier build had finished."""
 
-    def __init__(self, inner: Executor, delays: dict[int, float], pid_dir: str | None = None) -> None:
-        self.inner, self.delays, self.pid_dir = inner, delays, pid_dir
+    def __init__(
+        self, inner: Executor, delays: dict[int, float], pid_dir: str | None = None, after: dict[int, int] | None = None
+    ) -> None:
+        self.inner, self.delays, self.pid_dir, self.after = inner, delays, pid_dir, after
         self.order: list[int] = []
         self.reused: list[int] = []
 
@@ -45,7 +54,7 @@ class Delaying(Executor):
         return self.inner.in_process(n_parts)
 
     def start(self, job: Any, n_parts: int) -> Delaying:
-        self.inner.start(DelayedJob(job, self.delays, self.pid_dir), n_parts)
+        self.inner.start(DelayedJob(job, self.delays, self.pid_dir, self.after), n_parts)
         return self
 
     def map(self, parts: Any, progress: Any = None, **options: Any) -> Any:

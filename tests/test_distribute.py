@@ -304,7 +304,10 @@ def test_strict_mode_does_not_wait_for_the_later_parts_that_run(kind, tmp_path, 
     start = time.monotonic()
     with pytest.raises(InputError) as err:
         inner = LocalExecutor(2) if kind == "local" else RayExecutor(2)
-        build([str(path)], tmp_path / "out", _cfg(), executor=Delaying(inner, {1: delay}, str(pid_dir)))
+        # part 0 (the bad line) starts its work only once part 1 runs: the premise below holds however slow the
+        # workers are to start
+        executor = Delaying(inner, {1: delay}, str(pid_dir), after={0: 1})
+        build([str(path)], tmp_path / "out", _cfg(), executor=executor)
     assert time.monotonic() - start < delay / 3
     assert str(err.value).startswith(f"{path}:10: pieces[0].weight:")
     running = [int(p.suffix[1:]) for p in pid_dir.glob("1.*")]
