@@ -394,18 +394,26 @@ class _Killed(BaseException):
 
 
 class _KilledAfter(Delaying):
-    """``inner`` (default: this process), "killed" (``_Killed``) once ``n`` parts of the build have finished."""
+    """``inner`` (default: this process), "killed" (``_Killed``) once ``n`` parts of the build have finished and,
+    with ``running``, once one of those parts has noted its pid in ``pid_dir`` (waited for up to a minute, so that
+    the kill finds it running however slowly the workers take their next part)."""
 
-    def __init__(self, n: int, inner=None, delays=None, pid_dir=None) -> None:
+    def __init__(self, n: int, inner=None, delays=None, pid_dir=None, running=()) -> None:
         super().__init__(inner or SerialExecutor(), delays or {}, pid_dir)
-        self.n = n
+        self.n, self.running = n, running
 
     def map(self, parts, progress=None, **options):
         with contextlib.closing(super().map(parts, progress, **options)) as results:
             for done, result in enumerate(results, 1):
                 yield result
                 if done == self.n and options.get("task") is None:
+                    deadline = time.monotonic() + 60
+                    while self.running and not self._one_running() and time.monotonic() < deadline:
+                        time.sleep(0.05)
                     raise _Killed
+
+    def _one_running(self) -> bool:
+        return any(any(Path(self.pid_dir).glob(f"{index}.*")) for index in self.running)
 
 
 def _killed_build(inputs: list[str], out: Path, cfg, finished: int = 2, executor=None) -> None:
@@ -447,12 +455,12 @@ def test_an_interrupted_build_kills_its_running_parts_and_resumes(tmp_path, refe
     pid_dir = tmp_path / "pids"
     pid_dir.mkdir()
     delay = 120.0
-    executor = _KilledAfter(2, LocalExecutor(2), {2: delay, 3: delay}, str(pid_dir))
+    executor = _KilledAfter(2, LocalExecutor(2), {2: delay, 3: delay}, str(pid_dir), running=(2, 3))
     start = time.monotonic()
     _killed_build([str(SAMPLE_RAW)], tmp_path / "out", _cfg(), executor=executor)  # no partial part left
     assert time.monotonic() - start < delay / 3
     running = [int(p.suffix[1:]) for p in [*pid_dir.glob("2.*"), *pid_dir.glob("3.*")]]
-    assert running  # the premise: a part was running (the second worker may not have taken one yet)
+    assert running  # the premise (waited for by _KilledAfter): a part was running when the build was killed
     for pid in running:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)  # gone, and reaped
