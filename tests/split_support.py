@@ -67,3 +67,22 @@ class Delaying(Executor):
 
     def close(self) -> None:
         self.inner.close()
+
+
+class RecordingJob:
+    """A stand-in PartJob for the executors' own tests: ``with_options`` merges into ``options``, a call returns the
+    part's index, the options it ran with and the worker's pid (``cwd``: where a Ray actor moves to)."""
+
+    def __init__(self, options: dict[str, Any] | None = None, cwd: str = "") -> None:
+        self.options, self.cwd = dict(options or {}), cwd
+
+    def with_options(self, **changes: Any) -> RecordingJob:
+        return RecordingJob({**self.options, **changes}, self.cwd)
+
+    def __call__(self, part: Any, progress: Any = None) -> dict[str, Any]:
+        return {"index": part.index, "options": self.options, "pid": os.getpid(), "task": None}
+
+
+def index_task(job: RecordingJob, part: Any) -> dict[str, Any]:
+    """A task (``map(..., task=)``) that says it ran, with the job's options."""
+    return {"index": part.index, "options": job.options, "pid": os.getpid(), "task": "index_task"}

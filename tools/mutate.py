@@ -51,7 +51,11 @@ MODULES: dict[str, list[str]] = {
     "stages/chat_templates.py": ["tests/test_chat_history.py"],
     # test_chat_turns: turn rows across parts; test_sources: mixed parts (several byte ranges a part)
     "distribute/merge.py": ["tests/test_distribute.py", "tests/test_chat_turns.py", "tests/test_sources.py"],
-    "distribute/executors.py": ["tests/test_distribute.py"],
+    # test_executors: the workers' own code (_run_local, the Ray actor's class) called in this process
+    "distribute/executors.py": ["tests/test_executors.py", "tests/test_distribute.py"],
+    # a source's weight and epochs, the interleave of mixed parts (Hypothesis over weights and epochs)
+    "sources.py": ["tests/test_sources.py"],
+    "distribute/mixed.py": ["tests/test_sources.py"],
     "accounting.py": [
         "tests/test_accounting.py", "tests/test_hostile_inputs.py", "tests/test_split.py", "tests/test_build_output.py",
         "tests/test_chat_history.py",
@@ -141,6 +145,12 @@ EQUIVALENT: dict[str, str] = {
         'encoded and ok both have len(texts) entries: strict never raises',
     "distribute/merge.py:_ranges:bool:out.extend(zip(part.segments, result['inputs'], index, result['rejects_files'], strict=True))":
         "a mixed part's job returns one input record and one rejects entry per segment: strict changes nothing",
+    "distribute/executors.py:LocalExecutor.__init__:binop:self._serial: SerialExecutor | None = None":
+        "an attribute's annotation inside a function is never evaluated",
+    "distribute/executors.py:LocalExecutor.__init__:int+1:self._processes = 1":
+        "never read before start: the pool is used only after start set it (to the pool's size)",
+    "distribute/executors.py:LocalExecutor.__init__:int-1:self._processes = 1":
+        "never read before start: the pool is used only after start set it (to the pool's size)",
 }
 
 _COMPARE_SWAP = {
