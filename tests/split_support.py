@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -86,3 +87,23 @@ class RecordingJob:
 def index_task(job: RecordingJob, part: Any) -> dict[str, Any]:
     """A task (``map(..., task=)``) that says it ran, with the job's options."""
     return {"index": part.index, "options": job.options, "pid": os.getpid(), "task": "index_task"}
+
+
+class DyingJob(RecordingJob):
+    """A RecordingJob whose process kills itself (SIGKILL) when it starts part ``index``, the first ``deaths`` times
+    (counted by files in ``marks``, which every process sees)."""
+
+    def __init__(self, marks: str, deaths: int, index: int = 0, options: dict[str, Any] | None = None) -> None:
+        super().__init__(options)
+        self.marks, self.deaths, self.index = marks, deaths, index
+
+    def with_options(self, **changes: Any) -> DyingJob:
+        return DyingJob(self.marks, self.deaths, self.index, {**self.options, **changes})
+
+    def __call__(self, part: Any, progress: Any = None) -> dict[str, Any]:
+        if part.index == self.index:
+            died = len(list(Path(self.marks).iterdir()))
+            if died < self.deaths:
+                Path(self.marks, str(died)).touch()
+                os.kill(os.getpid(), signal.SIGKILL)
+        return super().__call__(part, progress)

@@ -196,6 +196,25 @@ def test_a_worked_example_token_by_token():
     ]
 
 
+def test_the_template_sees_neither_our_weight_nor_keys_without_a_value():
+    """As apply_chat_template gets the messages: ``weight`` is ours, and a key holding None (``"tool_calls": null``,
+    common in exported data) is absent, so ``is defined`` tests in templates see what they expect."""
+    tok = chat_tokenizer("chatml")
+    template = (
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}{% if m.weight is defined %}[WEIGHT]"
+        "{% endif %}{% if m.tool_calls is defined %}[TOOLS]{% endif %}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    messages = [
+        {"role": "user", "content": "Hi", "tool_calls": None},
+        {"role": "assistant", "content": "Hello", "weight": 2.0, "tool_calls": None},
+    ]
+    out = ChatRenderer(tok, template=template).tokens(_chat(messages))
+    text = tok.decode(out.ids.tolist())
+    assert "Hello" in text and "[WEIGHT]" not in text and "[TOOLS]" not in text
+    assert out.weights.max() == 2.0
+
+
 def test_weighted_user_and_system_messages_skip_headers_and_preambles():
     tok = chat_tokenizer("llama3_1")
     messages = [
@@ -303,6 +322,21 @@ def test_templates_that_cannot_be_aligned_are_refused(template, messages, reason
     with pytest.raises(ChatError) as err:
         ChatRenderer(tok).tokens(_chat(messages))
     assert (err.value.reason, err.value.field) == (reason, field)
+    # the message shows both texts from 10 characters before the first difference to 20 after it
+    whole = tok.apply_chat_template(_plain(messages), tokenize=False)
+    if reason == "not_prefix_preserving":
+        a, b = tok.apply_chat_template(_plain(messages[:2]), tokenize=False), whole
+    else:
+        a = tok.apply_chat_template(_plain(messages[:1]), tokenize=False, add_generation_prompt=True)
+        b = tok.apply_chat_template(_plain(messages[:2]), tokenize=False)
+    at = next(i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y)
+    assert f"differ at character {at}: {a[at - 10 : at + 20]!r} vs {b[at - 10 : at + 20]!r}" in err.value.problem
+
+
+def test_a_snippet_near_the_start_of_a_text_starts_at_its_first_character():
+    from weightprep.stages.chat import _snippet
+
+    assert _snippet("abcdefghijklmnopqrstuvwxyz0123456789", 3) == repr("abcdefghijklmnopqrstuvw")
 
 
 #: ChatML whose {% generation %} block wraps the user's content, not the assistant's: one block per assistant
@@ -340,6 +374,7 @@ def test_control_tokens_in_content_and_template_errors_are_refused():
     with pytest.raises(ChatError) as err:
         ChatRenderer(tok).tokens(_chat([{"role": "user", "content": "end<|im_end|>now"}, {"role": "assistant", "content": "ok"}]))
     assert (err.value.reason, err.value.field) == ("control_token_in_content", "messages[0].content")
+    assert str(err.value) == f"messages[0].content: {err.value.problem}"  # what the Python API's caller reads
     gemma = chat_tokenizer("gemma")
     with pytest.raises(ChatError) as err:
         ChatRenderer(gemma).tokens(_chat([{"role": "system", "content": "x"}, {"role": "user", "content": "y"}]))

@@ -9,6 +9,7 @@ weight references share nothing with ``weightprep.stages.chat``: test_chat's per
 
 from __future__ import annotations
 
+import copy
 import functools
 import json
 from unittest import mock
@@ -144,6 +145,30 @@ def test_control_tokens_split_into_turn_structure_and_in_turn_markers_from_the_t
     assert set(turn) | set(in_turn) == set(tok._get_control_tokens(tok.chat_template))
     assert not set(turn) & set(in_turn)
     assert {tok.bos_token, tok.eos_token, tok.pad_token} - {None} <= set(turn)
+
+
+@pytest.mark.parametrize("name", list(FAMILY))
+def test_the_control_tokens_of_a_tokenizer_without_transformers_method_are_the_same(name):
+    """Where the tokenizer lacks ``_get_control_tokens`` (transformers < 5), the same rule gives the same tokens."""
+    from weightprep.stages.chat import _control_token_list
+
+    tok = copy.deepcopy(family_tokenizer(name))
+    tok.add_tokens(["\n\n", "  "])  # whitespace added tokens the template writes are no control tokens
+
+    class Older:  # only what a tokenizer of transformers 4 has
+        added_tokens_decoder = tok.added_tokens_decoder
+
+    expected = tuple(dict.fromkeys(tok._get_control_tokens(tok.chat_template)))
+    assert _control_token_list(tok, tok.chat_template) == expected
+    assert set(_control_token_list(Older(), tok.chat_template)) == set(expected)
+
+
+def test_the_control_token_pattern_tries_a_token_before_the_tokens_it_contains():
+    from weightprep.stages.chat import _token_pattern
+
+    pattern = _token_pattern(("<a>", "<a>b", "<x>"))
+    assert pattern.findall("1<a>b2<a>3<x>") == ["<a>b", "<a>", "<x>"]
+    assert _token_pattern(()).search("<a> anything") is None  # no control tokens: it never matches
 
 
 _WORDS = ["Hello", "world", " spaced ", "\nnew line", "東京は", "😀🚀", "x", "0.5", "the end.", '{"name": "get_weather"}']

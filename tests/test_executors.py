@@ -7,11 +7,12 @@ from __future__ import annotations
 import os
 
 import pytest
-from split_support import RecordingJob, index_task
+from split_support import DyingJob, RecordingJob, index_task
 
 from weightprep.distribute import executors
-from weightprep.distribute.executors import Executor, LocalExecutor, SerialExecutor
+from weightprep.distribute.executors import RETRIES, Executor, LocalExecutor, RayExecutor, SerialExecutor
 from weightprep.distribute.plan import InputPart
+from weightprep.errors import UsageError
 
 
 def _parts(n: int) -> list[InputPart]:
@@ -24,6 +25,8 @@ def test_which_executors_run_parts_in_this_process():
     assert LocalExecutor(1).in_process(4) is True  # --workers 1
     assert LocalExecutor(4).in_process(1) is True  # a single part
     assert LocalExecutor(2).in_process(2) is False
+    executor = LocalExecutor(2).start(RecordingJob(), 0)  # no parts (every input empty): nothing to start
+    assert executor.in_process(0) and list(executor.map([])) == []
 
 
 def test_a_serial_build_hands_its_own_tokenizer_to_the_job(tmp_path, monkeypatch):
@@ -116,3 +119,222 @@ def test_a_ray_actor_runs_the_job_in_the_drivers_directory(tmp_path, monkeypatch
     monkeypatch.chdir(tmp_path)
     executors._PartActor(RecordingJob(cwd=str(tmp_path / "not-on-this-machine")))
     assert os.getcwd() == str(tmp_path)  # a directory this machine lacks: it stays where it is
+
+
+def test_starting_again_stops_the_pool_of_the_last_start():
+    """An executor started for a second build (the Python API) does not leave the first build's workers behind."""
+    executor = LocalExecutor(2)
+    with executor.start(RecordingJob(), 2):
+        first = {r["pid"] for r in executor.map(_parts(2))}
+        assert executor.start(RecordingJob({"second": True}), 2) is executor
+        for pid in first:
+            with pytest.raises(ProcessLookupError):
+                os.kill(pid, 0)
+        assert all(r["options"]["second"] for r in executor.map(_parts(2)))
+    in_process = LocalExecutor(1)
+    assert in_process.start(RecordingJob(), 3) is in_process  # --workers 1: a serial executor inside
+    assert [r["pid"] for r in in_process.map(_parts(3))] == [os.getpid()] * 3
+
+
+@pytest.mark.parametrize("deaths", [RETRIES, RETRIES + 1])
+def test_a_part_whose_worker_dies_runs_again_up_to_retries_times(tmp_path, deaths):
+    """A worker that dies breaks the pool: a new one runs the unfinished parts, RETRIES times at most."""
+    with LocalExecutor(2).start(DyingJob(str(tmp_path), deaths), 2) as executor:
+        if deaths > RETRIES:
+            with pytest.raises(UsageError, match=f"a worker process died {RETRIES + 1} times"):
+                list(executor.map(_parts(2)))
+        else:
+            assert sorted(r["index"] for r in executor.map(_parts(2))) == [0, 1]
+    assert len(list(tmp_path.iterdir())) == min(deaths, RETRIES + 1)  # part 0 ran once per pool, and no more
+
+
+# ---- the Ray executor's driver side, on a stand-in for the ray module ------------------------------------------
+# (tests/test_distribute.py runs it on a real local Ray cluster; this drives the same code with the cluster's answers
+# chosen, quickly and in this process)
+
+
+class _Ref:
+    def __init__(self, call):
+        self.call = call
+
+
+class _FakeRay:
+    """The parts of the ``ray`` module that RayExecutor uses. An actor's call runs when ``wait`` hands its reference
+    back (one at a time, in submission order); ``nodes`` and ``cluster_resources`` answer what the test set."""
+
+    class exceptions:
+        class RayTaskError(Exception):
+            def __init__(self, cause=None):
+                super().__init__("task failed")
+                self.cause = cause
+
+        class RayActorError(Exception):
+            pass
+
+    def __init__(self, cpus=4.0, nodes=(4.0,), initialized=False):
+        self.cpus, self.node_cpus, self.initialized = cpus, nodes, initialized
+        self.inits, self.remote_options, self.killed, self.waited, self.shutdowns = [], [], [], [], 0
+        self.actors_made = []
+        self.fail_with = {}  # part index -> exception ray.get raises
+
+    def is_initialized(self):
+        return self.initialized
+
+    def init(self, **kwargs):
+        self.inits.append(kwargs)
+        self.initialized = True
+
+    def shutdown(self):
+        self.shutdowns += 1
+        self.initialized = False
+
+    def cluster_resources(self):
+        return {"CPU": self.cpus}
+
+    def nodes(self):
+        return [{"Alive": True, "Resources": {"CPU": c}} for c in self.node_cpus] + [
+            {"Alive": False, "Resources": {"CPU": 1000.0}}
+        ]
+
+    def remote(self, **options):
+        self.remote_options.append(options)
+        fake = self
+
+        def wrap(cls):
+            class Handle:
+                def __init__(self, obj):
+                    self.obj = obj
+
+                    class _Run:
+                        @staticmethod
+                        def remote(part, task, opts):
+                            return _Ref(lambda: (part.index, obj.run(part, task, opts)))
+
+                    self.run = _Run
+
+            class ActorClass:
+                @staticmethod
+                def remote(job):
+                    handle = Handle(cls(job))
+                    fake.actors_made.append(handle)
+                    return handle
+
+            return ActorClass
+
+        return wrap
+
+    def wait(self, refs, num_returns=1, timeout=None):
+        if timeout is not None:
+            self.waited.append(len(refs))
+            return refs, []
+        return refs[:num_returns], refs[num_returns:]
+
+    def get(self, ref):
+        index, result = ref.call()
+        if index in self.fail_with:
+            raise self.fail_with[index]
+        return result
+
+    def kill(self, actor):
+        self.killed.append(actor)
+
+
+@pytest.fixture
+def fake_ray(monkeypatch):
+    import sys
+
+    fake = _FakeRay()
+    monkeypatch.setitem(sys.modules, "ray", fake)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    return fake
+
+
+@pytest.mark.parametrize(
+    "workers, cluster, nodes, n_parts, actors, cpus",
+    [
+        (None, 4.0, (4.0,), 10, 4, 1.0),  # one actor per CPU of the cluster
+        (None, 8.0, (4.0, 4.0), 3, 3, 8 / 3),  # at most one per part, the CPUs shared among them
+        (2, 8.0, (4.0, 4.0), 10, 2, 4.0),  # --workers 2 on two machines of 4: no actor wider than a machine
+        (1, 8.0, (4.0, 4.0), 10, 1, 4.0),
+        (None, 6.0, (4.0, 2.0), 1, 1, 4.0),  # a single part: as wide as the largest machine
+        (3, 2.0, (2.0,), 0, 1, 2.0),  # no parts: still one actor (the build maps nothing)
+    ],
+)
+def test_ray_actors_their_cpus_and_threads(fake_ray, workers, cluster, nodes, n_parts, actors, cpus):
+    fake_ray.cpus, fake_ray.node_cpus = cluster, nodes
+    executor = RayExecutor(workers).start(RecordingJob(), n_parts)
+    assert executor._size == actors
+    assert fake_ray.remote_options == [{"num_cpus": cpus, "max_restarts": RETRIES, "max_task_retries": RETRIES}]
+    assert executor.job.options == {"threads": max(1, int(cpus))}
+
+
+def test_ray_starts_a_local_cluster_of_its_workers_and_stops_it(fake_ray, monkeypatch):
+    monkeypatch.setattr(executors, "_cpus", lambda: 6)
+    for workers, cpus in ((3, 3), (None, 6)):
+        executor = RayExecutor(workers)
+        with executor.start(RecordingJob(), 4) as started:
+            assert started is executor
+        assert fake_ray.inits[-1] == {
+            "num_cpus": cpus, "include_dashboard": False, "log_to_driver": False, "configure_logging": False,
+        }  # fmt: skip
+        assert fake_ray.shutdowns == (1 if workers == 3 else 2) and not fake_ray.initialized
+
+
+def test_ray_joins_the_cluster_it_is_given_and_leaves_it_running(fake_ray, monkeypatch):
+    monkeypatch.setenv("RAY_ADDRESS", "ray://head:10001")
+    executor = RayExecutor(2)
+    assert executor.address == "ray://head:10001"
+    assert RayExecutor(2, "ray://other:10001").address == "ray://other:10001"  # --ray-address first
+    with executor.start(RecordingJob(), 4):
+        assert fake_ray.inits == [{
+            "address": "ray://head:10001", "include_dashboard": False, "log_to_driver": False,
+            "configure_logging": False,
+        }]  # fmt: skip
+        list(executor.map(_parts(4)))
+        actors = list(executor.actors)
+    assert fake_ray.shutdowns == 1  # it started the connection, so it ends it
+    assert fake_ray.killed == actors  # and its actors are gone
+    fake_ray.initialized = True  # a Ray this process had started before the build: used as it is, left running
+    with RayExecutor(2).start(RecordingJob(), 4):
+        pass
+    assert fake_ray.shutdowns == 1 and len(fake_ray.inits) == 1 and fake_ray.initialized
+
+
+def test_a_ray_map_runs_every_part_on_its_actors_and_keeps_them_for_the_next(fake_ray):
+    executor = RayExecutor(2).start(RecordingJob(), 5)
+    first = list(executor.map(_parts(5), cut=4))
+    assert sorted(r["index"] for r in first) == [0, 1, 2, 3, 4]
+    assert all(r["options"] == {"threads": 2, "cut": 4} for r in first)
+    assert len(fake_ray.actors_made) == 2
+    second = list(executor.map(_parts(3), task=index_task))
+    assert sorted(r["index"] for r in second) == [0, 1, 2] and {r["task"] for r in second} == {"index_task"}
+    assert len(fake_ray.actors_made) == 2  # the same actors for the second pass
+    executor.close()
+    assert fake_ray.killed == fake_ray.actors_made and executor.actors == []
+    executor.close()  # twice is harmless
+    assert fake_ray.shutdowns == 1
+
+
+def test_a_ray_task_error_is_its_cause_and_a_dead_actor_a_usage_error(fake_ray):
+    executor = RayExecutor(2).start(RecordingJob(), 4)
+    fake_ray.fail_with = {0: fake_ray.exceptions.RayTaskError(ValueError("bad part"))}
+    with pytest.raises(ValueError, match="bad part"):
+        list(executor.map(_parts(4)))
+    fake_ray.fail_with = {0: fake_ray.exceptions.RayTaskError(None)}  # no cause to give: Ray's own error
+    with pytest.raises(fake_ray.exceptions.RayTaskError):
+        list(executor.map(_parts(4)))
+    fake_ray.fail_with = {1: fake_ray.exceptions.RayActorError("gone")}
+    with pytest.raises(UsageError, match=f"restarted {RETRIES} times at most"):
+        list(executor.map(_parts(4)))
+
+
+def test_a_ray_map_left_early_kills_its_actors_and_waits_for_their_parts(fake_ray):
+    executor = RayExecutor(2).start(RecordingJob(), 4)
+    stream = executor.map(_parts(4))
+    assert next(stream)["index"] == 0  # parts in order, one per actor: part 1 is still running
+    actors = list(executor.actors)
+    stream.close()
+    assert fake_ray.killed == actors and executor.actors == []
+    assert fake_ray.waited == [1]  # the running part, waited for (with a timeout) so that it writes nothing later
+    assert sorted(r["index"] for r in executor.map(_parts(4))) == [0, 1, 2, 3]  # new actors for the next map
+    assert len(fake_ray.actors_made) == 4

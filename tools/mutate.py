@@ -47,7 +47,10 @@ MODULES: dict[str, list[str]] = {
     "stages/spans.py": ["tests/test_spans.py", "tests/test_chat.py"],
     "stages/chat.py": [
         "tests/test_chat.py", "tests/test_chat_control.py", "tests/test_chat_turns.py", "tests/test_chat_history.py",
+        "tests/test_chat_prefixes.py",
     ],
+    # prefix renders cut from one render of the whole conversation (split out of chat.py)
+    "stages/chat_prefixes.py": ["tests/test_chat_prefixes.py", "tests/test_chat.py"],
     "stages/chat_templates.py": ["tests/test_chat_history.py"],
     # test_chat_turns: turn rows across parts; test_sources: mixed parts (several byte ranges a part)
     "distribute/merge.py": ["tests/test_distribute.py", "tests/test_chat_turns.py", "tests/test_sources.py"],
@@ -147,6 +150,15 @@ EQUIVALENT: dict[str, str] = {
         "a mixed part's job returns one input record and one rejects entry per segment: strict changes nothing",
     "distribute/executors.py:LocalExecutor.__init__:binop:self._serial: SerialExecutor | None = None":
         "an attribute's annotation inside a function is never evaluated",
+    "distribute/executors.py:LocalExecutor._stop:drop:pool.terminate_workers()":
+        "Python 3.14's branch (hasattr(pool, 'terminate_workers')): never run on the 3.11 that CI and this machine run",
+    "distribute/executors.py:LocalExecutor._stop:bool:pool.shutdown(wait=True, cancel_futures=True)#1":
+        "no future is queued when _stop runs: after a broken pool or at close every future is done, and on a map left "
+        "early the pool's processes were killed first, so the broken pool has already failed the queued ones",
+    "distribute/executors.py:LocalExecutor.map:int+1:for attempt in range(RETRIES + 1):":
+        "attempt == RETRIES raises before a further attempt: one more in the range is never reached",
+    "stages/chat.py:_Template.__init__:binop:self._shape: chat_prefixes.PrefixShape | None = None":
+        "an attribute's annotation inside a function is never evaluated",
     "distribute/executors.py:LocalExecutor.__init__:int+1:self._processes = 1":
         "never read before start: the pool is used only after start set it (to the pool's size)",
     "distribute/executors.py:LocalExecutor.__init__:int-1:self._processes = 1":
@@ -241,6 +253,9 @@ def _apply(node: ast.AST, kind: str) -> ast.AST:
     elif kind == "negate":
         new.test = ast.UnaryOp(op=ast.Not(), operand=new.test)  # type: ignore[attr-defined]
     elif kind == "drop":
+        if any(isinstance(n, ast.Name) and n.id == "super" for n in ast.walk(node)):
+            # a method's code keeps its __class__ cell (the live function's closure), read and thrown away
+            return ast.copy_location(ast.Expr(ast.Name("__class__", ast.Load())), node)
         return ast.copy_location(ast.Pass(), node)
     elif kind == "return_none":
         new.value = ast.Constant(value=None)  # type: ignore[attr-defined]
