@@ -33,7 +33,7 @@ from weightprep.distribute.executors import LocalExecutor, RayExecutor, SerialEx
 from weightprep.distribute.plan import plan_mixed
 from weightprep.errors import AccountingError, InputError
 from weightprep.pipeline import build
-from weightprep.sources import Source, epoch_keys
+from weightprep.sources import Source, copies, epoch_keys
 
 _ALPHABET = "abcdefghij klmnop.,!?"
 
@@ -499,6 +499,35 @@ def test_epoch_keys_are_independent_of_the_split_keys():
     keys = np.arange(0, 1 << 20, dtype=np.uint64) << np.uint64(40)  # small split keys: all held out by a cut
     below = epoch_keys(keys) < np.uint64(1 << 63)
     assert 0.45 < below.mean() < 0.55
+
+
+def _splitmix64(state: int) -> int:
+    """The first output of Vigna's SplitMix64 (xoshiro's seeder) from ``state``, in Python integers."""
+    mask = (1 << 64) - 1
+    z = (state + 0x9E3779B97F4A7C15) & mask
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+    return z ^ (z >> 31)
+
+
+@given(st.lists(st.integers(0, (1 << 64) - 1), min_size=1, max_size=50))
+@settings(max_examples=50, deadline=None)
+def test_epoch_keys_are_splitmix64_of_the_split_keys(keys):
+    """The extra copies of a fractional epoch are chosen by SplitMix64 (the build's bytes depend on it)."""
+    assert _splitmix64(0) == 0xE220A8397B1DCDAF  # the reference's published first output from seed 0
+    got = epoch_keys(np.array(keys, dtype=np.uint64))
+    assert [int(k) for k in got] == [_splitmix64(k) for k in keys]
+
+
+def test_a_record_gets_its_extra_copy_when_its_epoch_key_is_below_the_cut():
+    keys = np.array([5, 77, 1 << 40, (1 << 64) - 1], dtype=np.uint64)
+    epoch = [int(k) for k in epoch_keys(keys)]
+    for i, key in enumerate(epoch):
+        at = copies(keys, 2.5, key).tolist()  # the cut at this record's own key: strictly below gets the copy
+        assert at[i] == 2 and at == [2 + (other < key) for other in epoch]
+        assert copies(keys, 2.5, key + 1).tolist()[i] == 3
+    assert copies(keys, 1.5, 0).tolist() == [1] * 4  # a cut of 0: nobody
+    assert copies(keys, 1.5, 1 << 64).tolist() == [2] * 4  # the full range: everybody
 
 
 # ---- the composition in inspect and the report ----------------------------------------------------------------
