@@ -338,3 +338,12 @@ def test_a_ray_map_left_early_kills_its_actors_and_waits_for_their_parts(fake_ra
     assert fake_ray.waited == [1]  # the running part, waited for (with a timeout) so that it writes nothing later
     assert sorted(r["index"] for r in executor.map(_parts(4))) == [0, 1, 2, 3]  # new actors for the next map
     assert len(fake_ray.actors_made) == 4
+
+
+def test_starting_a_ray_executor_again_ends_what_the_last_start_began(fake_ray):
+    executor = RayExecutor(2).start(RecordingJob(), 4)
+    list(executor.map(_parts(4)))
+    first = list(executor.actors)
+    executor.start(RecordingJob(), 4)
+    assert fake_ray.killed == first and fake_ray.shutdowns == 1  # its actors and the cluster it had started
+    assert len(fake_ray.inits) == 2

@@ -123,7 +123,6 @@ EQUIVALENT: dict[str, str] = {
         'range to 0x100 adds 256 -> chr(256), but byte 0 is then given chr(256) too and the inverted dict keeps 0',
     'stages/spans.py:_byte_level_alphabet:int-1:for b in range(256):':
         'byte 255 (ÿ) is in the printable range: the loop never changes it',
-    "train/loss.py:step_totals:binop:total: torch.Tensor | None = None": "a local variable's annotation is never evaluated",
     "train/loss.py:weighted_lm_loss:bool:inputs = {'input_ids': batch[INPUT_IDS], 'labels': batch[LABELS], 'token_weights': batch[WEIGHTS]...":
         "the patched forward always reaches _weighted_forward, which sets use_cache=False itself before the body runs",
     'train/loss.py:_weighted_forward:binop:log_probs = hidden.new_zeros(mask.shape, dtype=torch.float32) + zero':
@@ -140,8 +139,6 @@ EQUIVALENT: dict[str, str] = {
         "a local variable's annotation is never evaluated",
     'stages/spans.py:TokenSpans.__init__:int+1:self._lengths = np.array([-1 if s is None else len(s) for s in surfaces], dtype=np.int64)':
         'every use of a length is `< 0` or np.maximum(., 0): -2 and -1 agree',
-    "stages/spans.py:TokenSpans.spans:binop:found: list[tuple[np.ndarray, np.ndarray] | None] = []":
-        "a local variable's annotation is never evaluated",
     "stages/spans.py:TokenSpans._run:int+1:lengths = np.full(len(ids), -1, dtype=np.int64)":
         'every use of a length is `< 0` or np.maximum(., 0): -2 and -1 agree',
     "stages/spans.py:TokenSpans._run:bool:text_bytes = np.frombuffer(b''.join((e for e, good in zip(encoded, ok, strict=True) if good)), dt...":
@@ -153,6 +150,12 @@ EQUIVALENT: dict[str, str] = {
     "distribute/executors.py:LocalExecutor._stop:bool:pool.shutdown(wait=True, cancel_futures=True)#1":
         "no future is queued when _stop runs: after a broken pool or at close every future is done, and on a map left "
         "early the pool's processes were killed first, so the broken pool has already failed the queued ones",
+    "distribute/executors.py:RayExecutor.__init__:bool:self._owned = False":
+        "never read before start sets it (close returns first while no Ray is held)",
+    "distribute/executors.py:RayExecutor.__init__:int+1:self._size = 1":
+        "never read before start sets it (the actors are made in map, after start)",
+    "distribute/executors.py:RayExecutor.__init__:int-1:self._size = 1":
+        "never read before start sets it (the actors are made in map, after start)",
     "sources.py:copies:int+1:if cut == 0:":
         "a cut of 1 adds a copy only to the record whose epoch key is 0: one split key in 2**64 (SplitMix64 is a "
         "bijection)",
