@@ -12,6 +12,13 @@ from typing import Any
 from weightprep.distribute.executors import Executor
 
 
+def wait_for_parts(pid_dir: str, indices: Any, timeout: float = 60.0) -> None:
+    """Wait (up to ``timeout`` seconds) until one of the parts ``indices`` has noted its pid in ``pid_dir``."""
+    deadline = time.monotonic() + timeout
+    while not any(any(Path(pid_dir).glob(f"{i}.*")) for i in indices) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 class DelayedJob:
     """A PartJob that first sleeps ``delays[index]`` seconds and notes its pid in ``pid_dir`` while it runs; with
     ``after`` (part -> part), a part first waits (up to a minute) until the other one has noted its pid, so a test
@@ -33,9 +40,8 @@ class DelayedJob:
     def __call__(self, part: Any, progress: Any = None) -> dict[str, Any]:
         if self.pid_dir is not None:
             Path(self.pid_dir, f"{part.index}.{os.getpid()}").touch()
-            other, deadline = self.after.get(part.index), time.monotonic() + 60
-            while other is not None and not any(Path(self.pid_dir).glob(f"{other}.*")) and time.monotonic() < deadline:
-                time.sleep(0.05)
+            if part.index in self.after:
+                wait_for_parts(self.pid_dir, (self.after[part.index],))
         time.sleep(self.delays.get(part.index, 0.0))
         return self.job(part, progress)
 

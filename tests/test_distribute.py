@@ -22,7 +22,7 @@ import pytest
 from conftest import REPO, SAMPLE_RAW
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from split_support import Delaying
+from split_support import Delaying, wait_for_parts
 
 from weightprep.config import config_from_dict
 from weightprep.distribute.executors import LocalExecutor, RayExecutor, SerialExecutor
@@ -407,13 +407,9 @@ class _KilledAfter(Delaying):
             for done, result in enumerate(results, 1):
                 yield result
                 if done == self.n and options.get("task") is None:
-                    deadline = time.monotonic() + 60
-                    while self.running and not self._one_running() and time.monotonic() < deadline:
-                        time.sleep(0.05)
+                    if self.running:
+                        wait_for_parts(self.pid_dir, self.running)
                     raise _Killed
-
-    def _one_running(self) -> bool:
-        return any(any(Path(self.pid_dir).glob(f"{index}.*")) for index in self.running)
 
 
 def _killed_build(inputs: list[str], out: Path, cfg, finished: int = 2, executor=None) -> None:

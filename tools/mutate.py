@@ -135,8 +135,6 @@ EQUIVALENT: dict[str, str] = {
         'only an empty vocabulary reaches the default: [None] * -1 == [None] * 0',
     'stages/spans.py:TokenSpans.__init__:int+1:size = max(vocab.values(), default=-1) + 1#1':
         'one more id without bytes (length -1) at the end: that id is unknown either way',
-    'stages/spans.py:TokenSpans.__init__:binop:surfaces: list[bytes | None] = [None] * size':
-        "a local variable's annotation is never evaluated",
     'stages/spans.py:TokenSpans.__init__:int+1:self._lengths = np.array([-1 if s is None else len(s) for s in surfaces], dtype=np.int64)':
         'every use of a length is `< 0` or np.maximum(., 0): -2 and -1 agree',
     "stages/spans.py:TokenSpans._run:int+1:lengths = np.full(len(ids), -1, dtype=np.int64)":
