@@ -47,7 +47,7 @@ MODULES: dict[str, list[str]] = {
     "stages/spans.py": ["tests/test_spans.py", "tests/test_chat.py"],
     "stages/chat.py": [
         "tests/test_chat.py", "tests/test_chat_control.py", "tests/test_chat_turns.py", "tests/test_chat_history.py",
-        "tests/test_chat_prefixes.py",
+        "tests/test_chat_prefixes.py", "tests/test_chat_render.py",
     ],
     # prefix renders cut from one render of the whole conversation (split out of chat.py)
     "stages/chat_prefixes.py": ["tests/test_chat_prefixes.py", "tests/test_chat.py"],
@@ -57,7 +57,7 @@ MODULES: dict[str, list[str]] = {
     # test_executors: the workers' own code (_run_local, the Ray actor's class) called in this process
     "distribute/executors.py": ["tests/test_executors.py", "tests/test_distribute.py"],
     # a source's weight and epochs, the interleave of mixed parts (Hypothesis over weights and epochs)
-    "sources.py": ["tests/test_sources.py"],
+    "sources.py": ["tests/test_source_checks.py", "tests/test_sources.py"],
     "distribute/mixed.py": ["tests/test_sources.py"],
     "accounting.py": [
         "tests/test_accounting.py", "tests/test_hostile_inputs.py", "tests/test_split.py", "tests/test_build_output.py",
@@ -73,6 +73,7 @@ _ONCE = "set at most once per call (one branch), into a Counter made by that cal
 _LARGER_TREE = "a larger segment tree: size is still a power of two >= capacity + 1; the leaves above capacity stay 0"
 _ROOT_ODD = "at the root (i = 1, odd) one more pass only halves i to 0 and the loop ends as before: return -1"
 _NO_ROOM_ZERO = "r is never 0: a full bin (room 0) never enters the tree (update only if room[b] > 0)"
+_JINJA_LINE = "Jinja numbers lines from 1 and splits them at \\r\\n, \\r and \\n, which splitlines splits too: "
 _ZERO_GRAPH = "every term is x * 0.0: adding or subtracting one gives the same value and the same zero gradients"
 
 #: mutant id (``--list`` prints them) -> why no test can tell it from the original (an equivalent mutant)
@@ -163,6 +164,18 @@ EQUIVALENT: dict[str, str] = {
         "never read before start: the pool is used only after start set it (to the pool's size)",
     "distribute/executors.py:LocalExecutor.__init__:int-1:self._processes = 1":
         "never read before start: the pool is used only after start set it (to the pool's size)",
+    "stages/chat.py:_Template.prepare:int+1:if kwargs is not self._kwargs[0]:":
+        "the cache of converted keyword arguments then never hits: they are converted again, to the same values",
+    "stages/chat.py:ChatRenderer._compiled:compare0:n = exc.lineno if 0 < exc.lineno <= len(lines) else len(lines)":
+        _JINJA_LINE + "lineno is never 0",
+    "stages/chat.py:ChatRenderer._compiled:compare1:n = exc.lineno if 0 < exc.lineno <= len(lines) else len(lines)":
+        _JINJA_LINE + "at lineno == len(lines) the clamp gives len(lines) too",
+    "stages/chat.py:ChatRenderer._compiled:boolop:problem = str(exc.message or exc).rstrip('.')":
+        "Jinja's syntax errors always have a message, and one from a template compiled from a string is "
+        "'translated': str(exc) is exc.message",
+    "sources.py:_source:bool:ok = False":
+        "the name's problem is always appended on that path, so every caller raises ConfigError and throws the "
+        "returned Source away (Source() accepts any name)",
 }
 
 _COMPARE_SWAP = {
@@ -475,7 +488,17 @@ def _preload(tests: list[str]) -> None:
         pytest.main([*tests, "--collect-only", "-q", "-p", "no:cacheprovider"], plugins=[])
 
 
-def check(module: str, jobs: int, timeout_factor: float, log) -> dict:  # type: ignore[no-untyped-def]
+def _wanted(mutant: Mutant, lines: tuple[int, int] | None, functions: list[str] | None) -> bool:
+    """Whether ``--lines A-B`` and ``--function NAME`` (a qualified name or its prefix) keep this mutant."""
+    if lines is not None and not lines[0] <= mutant.line <= lines[1]:
+        return False
+    return not functions or any(mutant.function == f or mutant.function.startswith(f + ".") for f in functions)
+
+
+def check(  # type: ignore[no-untyped-def]
+    module: str, jobs: int, timeout_factor: float, log,
+    lines: tuple[int, int] | None = None, functions: list[str] | None = None,
+) -> dict:
     import json
     import tempfile
 
@@ -491,7 +514,7 @@ def check(module: str, jobs: int, timeout_factor: float, log) -> dict:  # type: 
             raise SystemExit(f"{module}: the unmutated tests fail ({' '.join(tests)}): fix them first")
         coverage = json.loads(Path(coverage_file).read_text())
     durations = coverage["durations"]
-    todo = mutants(module)
+    todo = [(m, tree) for m, tree in mutants(module) if _wanted(m, lines, functions)]
     log(f"{module}: {len(todo)} mutants, tests {baseline:.0f} s unmutated (with call tracing)")
     results: dict[str, list[Mutant]] = {"killed": [], "timeout": [], "survived": [], "equivalent": []}
     queue = []
@@ -530,6 +553,9 @@ def check(module: str, jobs: int, timeout_factor: float, log) -> dict:  # type: 
         results[outcome].append(mutant)
         if outcome in ("survived", "timeout"):  # a timeout on a loaded machine may hide a survivor: name it
             log(f"  {outcome} line {mutant.line}: {mutant.id}  ->  {mutant.after}")
+        done = sum(len(found) for found in results.values())
+        if done % 25 == 0:
+            log(f"  {done} of {len(todo)} done, line {mutant.line}")
     return {"tests": tests, "baseline_s": baseline, "total": len(todo), **results}
 
 
@@ -572,6 +598,8 @@ def main() -> None:
     parser.add_argument("--module", action="append", choices=sorted(MODULES), help="default: all of MODULES")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--timeout-factor", type=float, default=3.0)
+    parser.add_argument("--lines", help="only mutants on lines A-B of the module (a run in parts)")
+    parser.add_argument("--function", action="append", help="only mutants of this function or class (repeatable)")
     parser.add_argument("--list", action="store_true", help="print the mutants and exit")
     parser.add_argument("--out", help="write the report (markdown) here")
     args = parser.parse_args()
@@ -579,15 +607,23 @@ def main() -> None:
     sys.path.insert(0, str(ROOT))
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     modules = args.module or list(MODULES)
+    lines = None
+    if args.lines:
+        lo, _, hi = args.lines.partition("-")
+        lines = (int(lo or 0), int(hi) if hi else sys.maxsize)
     if args.list:
         for module in modules:
             for m, _ in mutants(module):
+                if not _wanted(m, lines, args.function):
+                    continue
                 print(f"{m.line}\t{m.id}\t-> {m.after}")
         return
     _preload(sorted({t for m in modules for t in MODULES[m]}))
     results = {}
     for module in modules:
-        results[module] = check(module, args.jobs, args.timeout_factor, lambda s: print(s, flush=True))
+        results[module] = check(
+            module, args.jobs, args.timeout_factor, lambda s: print(s, flush=True), lines, args.function
+        )
         r = results[module]
         print(
             f"{module}: {r['total']} mutants, {len(r['killed'])} killed, {len(r['timeout'])} timeout, "

@@ -107,7 +107,8 @@ def _source(where: str, data: dict[str, Any], problems: list[str]) -> Source | N
     if epochs is not None and not (math.isfinite(epochs) and epochs > 0):
         problems.append(f"{where}.epochs: must be a finite number > 0, got {epochs}")
     elif epochs is not None and epochs > MAX_EPOCHS:
-        problems.append(f"{where}.epochs: {epochs:g} is more than {MAX_EPOCHS}: each copy is a packing pass of every "
+        shown = repr(epochs).removesuffix(".0")  # all its digits: 1000.0000001 is not shown as the limit itself
+        problems.append(f"{where}.epochs: {shown} is more than {MAX_EPOCHS}: each copy is a packing pass of every "
                         "part; give fewer epochs")  # fmt: skip
     for key in ("columns", "role_weights"):
         if data.get(key) is not None and not isinstance(data[key], str):
