@@ -47,7 +47,7 @@ MODULES: dict[str, list[str]] = {
     "stages/spans.py": ["tests/test_spans.py", "tests/test_chat.py"],
     "stages/chat.py": [
         "tests/test_chat.py", "tests/test_chat_control.py", "tests/test_chat_turns.py", "tests/test_chat_history.py",
-        "tests/test_chat_prefixes.py", "tests/test_chat_render.py",
+        "tests/test_chat_prefixes.py", "tests/test_chat_render.py", "tests/test_chat_align.py",
     ],
     # prefix renders cut from one render of the whole conversation (split out of chat.py)
     "stages/chat_prefixes.py": ["tests/test_chat_prefixes.py", "tests/test_chat.py"],
@@ -58,7 +58,7 @@ MODULES: dict[str, list[str]] = {
     "distribute/executors.py": ["tests/test_executors.py", "tests/test_distribute.py"],
     # a source's weight and epochs, the interleave of mixed parts (Hypothesis over weights and epochs)
     "sources.py": ["tests/test_source_checks.py", "tests/test_sources.py"],
-    "distribute/mixed.py": ["tests/test_sources.py"],
+    "distribute/mixed.py": ["tests/test_interleave.py", "tests/test_sources.py"],
     "accounting.py": [
         "tests/test_accounting.py", "tests/test_hostile_inputs.py", "tests/test_split.py", "tests/test_build_output.py",
         "tests/test_chat_history.py",

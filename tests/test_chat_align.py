@@ -1,0 +1,211 @@
+"""The chat stage's alignment at its edges (``weightprep.stages.chat``): TRL's training mask where a tagged template
+rewrites history, a weighted message the template writes nothing for, empty and stray ``{% generation %}`` blocks,
+the error that names where a generation prompt leaves its turn, ``chat_template_kwargs``, a renderer whose results
+do not depend on what it rendered before, and how the control tokens are split into turn structure and in-turn
+markers. Expectations come from transformers' own renders (``apply_chat_template``)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from chat_support import build_chat_tokenizer
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from weightprep.batches import Chat
+from weightprep.stages.chat import ChatError, ChatRenderer
+
+SPECIALS = ("<s>", "</s>", "<|user|>", "<|assistant|>", "<|end|>")
+
+
+def _tok(template: str, plain: tuple[str, ...] = ()):
+    return build_chat_tokenizer(SPECIALS, "<s>", "</s>", template, plain=plain)
+
+
+def _chat(messages, tools=None, kwargs=None) -> Chat:
+    return Chat(messages, tools, kwargs, json.dumps({"messages": messages}).encode())
+
+
+def _plain(messages):
+    return [{k: v for k, v in m.items() if k != "weight"} for m in messages]
+
+
+def _weighted_text(tok, out, weight: float) -> str:
+    return tok.decode(out.ids[out.weights == weight].tolist())
+
+
+#: Tagged, two blocks an answer (its content, then its end), and an answer's reasoning shown in the last turn only:
+#: a rendered prefix ends with the reasoning the whole conversation drops (not prefix-preserving).
+REWRITING_TRAINING = (
+    "{% for m in messages %}{% if m.role == 'user' %}<|user|>{{ m.content }}<|end|>{% else %}<|assistant|>"
+    "{% if loop.last and m.reasoning %}<think>{{ m.reasoning }}</think>{% endif %}"
+    "{% generation %}{{ m.content }}{% endgeneration %}{% generation %}<|end|>{% endgeneration %}{% endif %}"
+    "{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
+@pytest.mark.parametrize("answers", [1, 2])
+def test_training_templates_that_rewrite_history_weigh_every_block_as_sfttrainer_masks_it(answers):
+    """Two blocks an answer, all answers of one weight: every block carries that weight (TRL's assistant mask),
+    though the template rewrites earlier turns."""
+    tok = _tok(REWRITING_TRAINING, plain=("<think>", "</think>"))
+    messages = []
+    for k in range(answers):
+        messages += [{"role": "user", "content": f"q{k}"}, {"role": "assistant", "content": f"a{k}", "reasoning": f"r{k}"}]
+    out = ChatRenderer(tok, role_weights={"assistant": 2.0}, training=True).tokens(_chat(messages))
+    ref = tok.apply_chat_template(messages, return_dict=True, return_assistant_tokens_mask=True)
+    assert out.ids.tolist() == ref["input_ids"]
+    assert (out.weights == 2.0).astype(int).tolist() == ref["assistant_masks"]
+    assert set(out.weights.tolist()) == {0.0, 2.0}
+    if answers == 2:  # the rewrite is real: without the training mask the conversation cannot be aligned
+        with pytest.raises(ChatError) as caught:
+            ChatRenderer(tok, role_weights={"assistant": 2.0}).tokens(_chat(messages))
+        assert caught.value.reason == "not_prefix_preserving"
+
+
+#: Writes nothing for a message without content.
+SKIPS_EMPTY = (
+    "{% for m in messages %}{% if m.content %}<|{{ m.role }}|>{{ m.content }}<|end|>{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
+def test_a_weighted_message_the_template_writes_nothing_for_carries_no_weight():
+    tok = _tok(SKIPS_EMPTY)
+    messages = [{"role": "user", "content": ""}, {"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
+    out = ChatRenderer(tok, role_weights={"user": 0.5, "assistant": 1.0}).tokens(_chat(messages))
+    assert out.ids.tolist() == tok.apply_chat_template(messages)["input_ids"]
+    assert _weighted_text(tok, out, 0.5) == "q<|end|>" and _weighted_text(tok, out, 1.0) == "a<|end|>"
+
+
+def _diverge(a: str, b: str) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+
+
+def test_a_generation_prompt_that_leaves_its_turn_is_refused_showing_that_turn():
+    """The message shows the generation prompt and the turn as ``messages[:i+1]`` renders it (not the next turn)."""
+    template = (
+        "{% for m in messages %}<|{{ m.role }}|>\n{{ m.content }}<|end|>{% endfor %}"
+        "{% if add_generation_prompt %}<|assistant|>:{% endif %}"
+    )
+    tok = _tok(template)
+    messages = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"},
+                {"role": "user", "content": "next question"}, {"role": "assistant", "content": "b"}]  # fmt: skip
+    prompt = tok.apply_chat_template(messages[:1], tokenize=False, add_generation_prompt=True)
+    turn = tok.apply_chat_template(messages[:2], tokenize=False)
+    at = _diverge(prompt, turn)
+    with pytest.raises(ChatError) as caught:
+        ChatRenderer(tok).tokens(_chat(messages))
+    assert caught.value.reason == "generation_prompt_mismatch" and caught.value.field == "messages[1]"
+    assert str(caught.value).endswith(
+        f"they differ at character {at}: {prompt[at - 10 : at + 20]!r} vs {turn[at - 10 : at + 20]!r}"
+    )
+
+
+#: Tagged chatml-like; with a block in the preamble, outside every assistant turn.
+TAGGED = (
+    "{% for m in messages %}{% if m.role == 'user' %}<|user|>{{ m.content }}<|end|>{% else %}<|assistant|>"
+    "{% generation %}{{ m.content }}<|end|>{% endgeneration %}{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+STRAY = "{% generation %}{{ bos_token }}{% endgeneration %}" + TAGGED
+EMPTY_BLOCK = TAGGED.replace("{{ m.content }}<|end|>{% endgeneration %}", "{{ m.content }}{% endgeneration %}<|end|>")
+
+
+def test_an_empty_generation_block_is_no_stray_block():
+    """An answer without content has an empty block (no character): nothing to weigh, nothing refused."""
+    tok = _tok(EMPTY_BLOCK)
+    messages = [{"role": "user", "content": "q"}, {"role": "assistant", "content": ""},
+                {"role": "user", "content": "r"}, {"role": "assistant", "content": "b"}]  # fmt: skip
+    out = ChatRenderer(tok).tokens(_chat(messages))
+    ref = tok.apply_chat_template(messages, return_dict=True, return_assistant_tokens_mask=True)
+    assert out.ids.tolist() == ref["input_ids"] and (out.weights > 0).astype(int).tolist() == ref["assistant_masks"]
+    assert _weighted_text(tok, out, 1.0) == "b"
+
+
+@pytest.mark.parametrize("first", [0.0, 1.0])
+def test_a_block_outside_every_answer_is_refused_only_where_every_answer_is_trained(first):
+    """SFTTrainer trains on the preamble's block; weightprep cannot tell its weight, so it refuses the conversation
+    where every answer weighs > 0. Where one weighs 0 the block is taken as that weight: 0."""
+    tok = _tok(STRAY)
+    messages = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a", "weight": first},
+                {"role": "user", "content": "r"}, {"role": "assistant", "content": "b"}]  # fmt: skip
+    render = ChatRenderer(tok)
+    if first > 0:
+        with pytest.raises(ChatError) as caught:
+            render.tokens(_chat(messages))
+        assert caught.value.reason == "generation_tag_mismatch"
+        return
+    out = render.tokens(_chat(messages))
+    assert out.ids.tolist() == tok.apply_chat_template(_plain(messages))["input_ids"]
+    assert out.weights[0] == 0.0 and tok.decode(out.ids[:1]) == "<s>"
+    assert _weighted_text(tok, out, 1.0) == "b<|end|>"
+
+
+GREETING = (
+    "{% if greeting is defined %}[{{ greeting }}]{% endif %}{% if tools %}[{{ tools | length }} tools]{% endif %}"
+    "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}<|end|>{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {}}}
+
+
+def test_chat_template_kwargs_reach_the_template():
+    tok = _tok(GREETING)
+    messages = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
+    out = ChatRenderer(tok).tokens(_chat(messages, kwargs={"greeting": "hi"}))
+    assert out.ids.tolist() == tok.apply_chat_template(messages, greeting="hi")["input_ids"]
+    assert tok.decode(out.ids.tolist()).startswith("[hi]")
+
+
+_variants = st.tuples(st.sampled_from([None, [TOOL], [TOOL, TOOL]]), st.sampled_from([None, {}, {"greeting": "hi"}]))
+
+
+@settings(max_examples=25, deadline=None)
+@given(order=st.lists(_variants, min_size=2, max_size=5))
+def test_a_renderer_gives_each_conversation_what_a_fresh_one_gives(order):
+    """Whatever the renderer rendered before (its preamble renders are kept per tools and keyword arguments): the
+    same ids, weights and turns as a new renderer's. The system message is weighted, so its turn starts after the
+    preamble, which the tools and the greeting write."""
+    tok = _tok(GREETING)
+    messages = [{"role": "system", "content": "s", "weight": 0.5}, {"role": "user", "content": "q"},
+                {"role": "assistant", "content": "a"}]  # fmt: skip
+    shared = ChatRenderer(tok)
+    for tools, kwargs in order:
+        chat = _chat(messages, tools, kwargs)
+        got, want = shared.tokens(chat), ChatRenderer(tok).tokens(chat)
+        for field in ("ids", "weights", "turns"):
+            np.testing.assert_array_equal(getattr(got, field), getattr(want, field))
+        preamble = len((f"[{kwargs['greeting']}]" if kwargs else "") + (f"[{len(tools)} tools]" if tools else ""))
+        codes = got.turns[: int(np.searchsorted(np.cumsum([len(tok.decode([i])) for i in got.ids]), preamble, "right"))]
+        assert not codes.any()  # the preamble's tokens are no message's
+
+
+#: A template whose turns start with their content (no header before it), ending in a control token; it writes
+#: ``<tool_call>`` only for an answer's tool calls.
+CONTENT_FIRST = (
+    "{% for m in messages %}{{ m.content }}{% if m.tool_calls %}<tool_call>{{ m.tool_calls }}{% endif %}<|end|>"
+    "{% endfor %}"
+)
+#: Only the answers have a header (the user's turn has none before its content).
+ANSWER_HEADER = (
+    "{% for m in messages %}{% if m.role == 'assistant' %}<|assistant|>{% endif %}{{ m.content }}<|end|>{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
+def test_turns_that_start_with_their_content_are_read_for_structure():
+    """``<|end|>`` ends a turn (structure); ``<tool_call>``, written only inside an answer, is an in-turn marker."""
+    render = ChatRenderer(_tok(CONTENT_FIRST, plain=("<tool_call>",)))
+    turn, in_turn = render.control_tokens()
+    assert in_turn == ("<tool_call>",) and "<|end|>" in turn
+
+
+def test_a_generation_prompt_token_is_a_role_header_even_where_the_user_has_none():
+    """The user's turn has no control token before its content, yet an answer's header is one token: at least one
+    of the generation prompt's tokens is the assistant's header, so ``<|assistant|>`` is turn structure."""
+    render = ChatRenderer(_tok(ANSWER_HEADER))
+    turn, in_turn = render.control_tokens()
+    assert "<|assistant|>" in turn and in_turn == ()
