@@ -10,6 +10,7 @@ prefix renders.
 from __future__ import annotations
 
 import functools
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -167,3 +168,15 @@ def reference_token_weights(enc: Any, char_w: np.ndarray) -> tuple[np.ndarray, b
             straddle |= len(values) > 1
             out[k] = char_w[s]
     return out, straddle
+
+
+def chat_record(messages: list[dict], tools: Any = None, kwargs: Any = None) -> Any:
+    """A conversation as the chat stage gets it from a record (its raw line: the messages' JSON)."""
+    from weightprep.batches import Chat
+
+    return Chat(messages, tools, kwargs, json.dumps({"messages": messages}).encode())
+
+
+def plain_messages(messages: list[dict]) -> list[dict]:
+    """The messages as ``apply_chat_template`` gets them: without weightprep's ``weight``."""
+    return [{k: v for k, v in m.items() if k != "weight"} for m in messages]

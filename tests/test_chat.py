@@ -13,8 +13,10 @@ from chat_support import (
     FAMILIES,
     TEMPLATES,
     build_chat_tokenizer,
+    chat_record,
     chat_tokenizer,
     merging_tokenizer,
+    plain_messages,
     reference_char_weights,
     reference_token_weights,
 )
@@ -36,12 +38,6 @@ from weightprep.stages.validate import check_line
 ROLE_WEIGHTS = {"assistant": 1.0}
 
 
-def _chat(messages, tools=None, kwargs=None) -> Chat:
-    return Chat(messages, tools, kwargs, json.dumps({"messages": messages}).encode())
-
-
-def _plain(messages):
-    return [{k: v for k, v in m.items() if k != "weight"} for m in messages]
 
 
 _WORDS = ["Hello", "world", "assistant", "user", "model", " spaced ", "\nnew line", "東京は", "😀🚀", "tab\there",
@@ -81,16 +77,16 @@ def _piece_tokenizer(name: str, model: str) -> PieceTokenizer:
 def test_ids_and_weights_equal_the_template_and_a_naive_reference(name, model, messages):
     fam, tok = FAMILIES[name], chat_tokenizer(name, model=model)
     renderer = ChatRenderer(tok, role_weights=ROLE_WEIGHTS, tokenize=_piece_tokenizer(name, model))
-    text = tok.apply_chat_template(_plain(messages), tokenize=False)
+    text = tok.apply_chat_template(plain_messages(messages), tokenize=False)
     enc = tok.backend_tokenizer.encode(text, add_special_tokens=False)
     ref_w, straddle = reference_token_weights(enc, reference_char_weights(fam, text, messages, ROLE_WEIGHTS))
     if straddle:  # e.g. content starting with a newline right after a header's newline: one BPE token
         with pytest.raises(ChatError) as err:
-            renderer.tokens(_chat(messages))
+            renderer.tokens(chat_record(messages))
         assert err.value.reason == "token_straddle"
         return
-    out = renderer.tokens(_chat(messages))
-    assert out.ids.tolist() == tok.apply_chat_template(_plain(messages), tokenize=True)["input_ids"]
+    out = renderer.tokens(chat_record(messages))
+    assert out.ids.tolist() == tok.apply_chat_template(plain_messages(messages), tokenize=True)["input_ids"]
     if model != "sentencepiece_legacy":  # that one reads a "▁" in front of each text between special tokens
         assert tok.decode(out.ids.tolist(), skip_special_tokens=False) == text
     np.testing.assert_array_equal(out.weights, ref_w)
@@ -123,8 +119,8 @@ def test_prefix_renders_equal_render_jinja_template(template, messages, tools):
     text = None if template is None else USES_GLOBALS if template == "uses_globals" else (TEMPLATES / f"{template}.jinja").read_text()
     tok = chat_tokenizer("chatml", text)
     renderer = ChatRenderer(tok)
-    chat = _chat(messages, tools)
-    plain = _plain(messages)
+    chat = chat_record(messages, tools)
+    plain = plain_messages(messages)
     for direct in (True, False):
         renderer.prepare(chat, plain)  # compiles the template
         renderer._template.direct = direct
@@ -180,7 +176,7 @@ def test_a_worked_example_token_by_token():
         {"role": "user", "content": "Bye"},
         {"role": "assistant", "content": "Bye."},
     ]
-    out = ChatRenderer(tok).tokens(_chat(messages))
+    out = ChatRenderer(tok).tokens(chat_record(messages))
     spans: list[tuple[float, str]] = []
     for i, w in zip(out.ids.tolist(), out.weights.tolist(), strict=True):
         piece = tok.decode([i])
@@ -209,7 +205,7 @@ def test_the_template_sees_neither_our_weight_nor_keys_without_a_value():
         {"role": "user", "content": "Hi", "tool_calls": None},
         {"role": "assistant", "content": "Hello", "weight": 2.0, "tool_calls": None},
     ]
-    out = ChatRenderer(tok, template=template).tokens(_chat(messages))
+    out = ChatRenderer(tok, template=template).tokens(chat_record(messages))
     text = tok.decode(out.ids.tolist())
     assert "Hello" in text and "[WEIGHT]" not in text and "[TOOLS]" not in text
     assert out.weights.max() == 2.0
@@ -222,7 +218,7 @@ def test_weighted_user_and_system_messages_skip_headers_and_preambles():
         {"role": "user", "content": "Hi", "weight": 0.25},
         {"role": "assistant", "content": "Salut"},
     ]
-    out = ChatRenderer(tok).tokens(_chat(messages))
+    out = ChatRenderer(tok).tokens(chat_record(messages))
     by_weight: dict[float, str] = {}
     for i, w in zip(out.ids.tolist(), out.weights.tolist(), strict=True):
         by_weight[w] = by_weight.get(w, "") + tok.decode([i])
@@ -240,9 +236,9 @@ def test_role_weights_and_a_tool_turn():
         {"role": "tool", "content": "sunny"},
         {"role": "assistant", "content": "It is sunny."},
     ]  # fmt: skip
-    out = ChatRenderer(tok, role_weights=parse_role_weights("assistant=2,tool=0.5")).tokens(_chat(messages))
-    text = tok.apply_chat_template(_plain(messages), tokenize=False)
-    assert out.ids.tolist() == tok.apply_chat_template(_plain(messages), tokenize=True)["input_ids"]
+    out = ChatRenderer(tok, role_weights=parse_role_weights("assistant=2,tool=0.5")).tokens(chat_record(messages))
+    text = tok.apply_chat_template(plain_messages(messages), tokenize=False)
+    assert out.ids.tolist() == tok.apply_chat_template(plain_messages(messages), tokenize=True)["input_ids"]
     weighted: dict[float, str] = {}
     for i, w in zip(out.ids.tolist(), out.weights.tolist(), strict=True):
         weighted[w] = weighted.get(w, "") + tok.decode([i])
@@ -257,7 +253,7 @@ def test_generation_tags_give_transformers_assistant_masks():
     tok = chat_tokenizer("chatml", template)
     messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello there."},
                 {"role": "user", "content": "More"}, {"role": "assistant", "content": "Sure: more."}]  # fmt: skip
-    out = ChatRenderer(tok).tokens(_chat(messages))
+    out = ChatRenderer(tok).tokens(chat_record(messages))
     ref = tok.apply_chat_template(messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
     assert out.ids.tolist() == ref["input_ids"]
     assert (out.weights > 0).astype(int).tolist() == ref["assistant_masks"]
@@ -282,13 +278,13 @@ def test_phi3_eos_after_the_last_message_only_ends_no_turn_before_it():
     assistant mask is where the weights are (the last answer's EOS included)."""
     tok = _phi3("phi3")
     for history in ("full", "auto"):
-        out = ChatRenderer(tok, history=history).tokens(_chat(_PHI3_CONVERSATION))
-        assert out.offsets is None and out.ids.tolist() == tok.apply_chat_template(_plain(_PHI3_CONVERSATION))["input_ids"]
+        out = ChatRenderer(tok, history=history).tokens(chat_record(_PHI3_CONVERSATION))
+        assert out.offsets is None and out.ids.tolist() == tok.apply_chat_template(plain_messages(_PHI3_CONVERSATION))["input_ids"]
         assert tok.decode(out.ids[out.weights == 0.5]) == "Paris.<|end|>\n"
         assert tok.decode(out.ids[out.weights == 2.0]) == "Berlin.<|end|>\n<|endoftext|>"
     training = (TEMPLATES / "phi3_training.jinja").read_text()
     ref = tok.apply_chat_template(
-        _plain(_PHI3_CONVERSATION), chat_template=training, return_dict=True, return_assistant_tokens_mask=True
+        plain_messages(_PHI3_CONVERSATION), chat_template=training, return_dict=True, return_assistant_tokens_mask=True
     )  # fmt: skip
     assert ref["input_ids"] == out.ids.tolist() and ref["assistant_masks"] == (out.weights > 0).astype(int).tolist()
 
@@ -299,8 +295,8 @@ def test_several_generation_blocks_in_a_turn_each_carry_its_weight(training):
     answers. Each block carries the weight of the turn that holds it; together they are transformers'
     assistant_masks (as the tokenizer's template, and as ``--chat-template training``)."""
     tok = _phi3("phi3_training")
-    out = ChatRenderer(tok, training=training).tokens(_chat(_PHI3_CONVERSATION))
-    ref = tok.apply_chat_template(_plain(_PHI3_CONVERSATION), return_dict=True, return_assistant_tokens_mask=True)
+    out = ChatRenderer(tok, training=training).tokens(chat_record(_PHI3_CONVERSATION))
+    ref = tok.apply_chat_template(plain_messages(_PHI3_CONVERSATION), return_dict=True, return_assistant_tokens_mask=True)
     assert out.ids.tolist() == ref["input_ids"] and (out.weights > 0).astype(int).tolist() == ref["assistant_masks"]
     assert tok.decode(out.ids[out.weights == 0.5]) == "Paris.<|end|>\n"
     assert tok.decode(out.ids[out.weights == 2.0]) == "Berlin.<|end|>\n<|endoftext|>"
@@ -320,15 +316,15 @@ def test_several_generation_blocks_in_a_turn_each_carry_its_weight(training):
 def test_templates_that_cannot_be_aligned_are_refused(template, messages, reason, field):
     tok = chat_tokenizer("chatml", (TEMPLATES / f"{template}.jinja").read_text())
     with pytest.raises(ChatError) as err:
-        ChatRenderer(tok).tokens(_chat(messages))
+        ChatRenderer(tok).tokens(chat_record(messages))
     assert (err.value.reason, err.value.field) == (reason, field)
     # the message shows both texts from 10 characters before the first difference to 20 after it
-    whole = tok.apply_chat_template(_plain(messages), tokenize=False)
+    whole = tok.apply_chat_template(plain_messages(messages), tokenize=False)
     if reason == "not_prefix_preserving":
-        a, b = tok.apply_chat_template(_plain(messages[:2]), tokenize=False), whole
+        a, b = tok.apply_chat_template(plain_messages(messages[:2]), tokenize=False), whole
     else:
-        a = tok.apply_chat_template(_plain(messages[:1]), tokenize=False, add_generation_prompt=True)
-        b = tok.apply_chat_template(_plain(messages[:2]), tokenize=False)
+        a = tok.apply_chat_template(plain_messages(messages[:1]), tokenize=False, add_generation_prompt=True)
+        b = tok.apply_chat_template(plain_messages(messages[:2]), tokenize=False)
     at = next(i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y)
     assert f"differ at character {at}: {a[at - 10 : at + 20]!r} vs {b[at - 10 : at + 20]!r}" in err.value.problem
 
@@ -365,19 +361,19 @@ def test_generation_tags_that_disagree_with_the_assistant_messages_are_refused(t
     tagged = [t for t, m in zip(ref["input_ids"], ref["assistant_masks"], strict=True) if m]
     assert tagged != answer
     with pytest.raises(ChatError) as err:
-        ChatRenderer(tok).tokens(_chat(messages))
+        ChatRenderer(tok).tokens(chat_record(messages))
     assert (err.value.reason, err.value.field) == ("generation_tag_mismatch", field)
 
 
 def test_control_tokens_in_content_and_template_errors_are_refused():
     tok = chat_tokenizer("chatml")
     with pytest.raises(ChatError) as err:
-        ChatRenderer(tok).tokens(_chat([{"role": "user", "content": "end<|im_end|>now"}, {"role": "assistant", "content": "ok"}]))
+        ChatRenderer(tok).tokens(chat_record([{"role": "user", "content": "end<|im_end|>now"}, {"role": "assistant", "content": "ok"}]))
     assert (err.value.reason, err.value.field) == ("control_token_in_content", "messages[0].content")
     assert str(err.value) == f"messages[0].content: {err.value.problem}"  # what the Python API's caller reads
     gemma = chat_tokenizer("gemma")
     with pytest.raises(ChatError) as err:
-        ChatRenderer(gemma).tokens(_chat([{"role": "system", "content": "x"}, {"role": "user", "content": "y"}]))
+        ChatRenderer(gemma).tokens(chat_record([{"role": "system", "content": "x"}, {"role": "user", "content": "y"}]))
     assert err.value.reason == "template_error" and "System role not supported" in err.value.problem
 
 
@@ -461,7 +457,7 @@ def test_chat_template_kwargs_cannot_override_what_the_renderer_sets(tmp_path):
     tok = chat_tokenizer("chatml")
     convo = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo"}]
     with pytest.raises(ChatError) as err:
-        ChatRenderer(tok).tokens(_chat(convo, kwargs={"add_generation_prompt": True}))
+        ChatRenderer(tok).tokens(chat_record(convo, kwargs={"add_generation_prompt": True}))
     assert (err.value.reason, err.value.field) == ("reserved_template_kwarg", "chat_template_kwargs.add_generation_prompt")
     tok_dir = _save(tok, tmp_path / "tok")
     lines = [{"messages": convo, "chat_template_kwargs": {"enable_thinking": False}}] + [
@@ -546,7 +542,7 @@ def test_a_token_across_a_weight_change_is_refused():
     enc = tok.backend_tokenizer.encode("Say it\nThe quick brown fox.\n", add_special_tokens=False)
     assert any(s < 9 < e for s, e in enc.offsets)  # the premise: a token holds "Th|e"
     with pytest.raises(ChatError) as err:
-        ChatRenderer(tok).tokens(_chat(messages))
+        ChatRenderer(tok).tokens(chat_record(messages))
     assert (err.value.reason, err.value.field) == ("token_straddle", "messages[1]")
     assert "crosses a change of weight at character 9" in err.value.problem
 
@@ -575,7 +571,7 @@ def test_a_token_merged_into_a_multibyte_character_at_a_weight_change_is_refused
 
     monkeypatch.setattr(ChatRenderer, "align", spy)
     with pytest.raises(ChatError) as err:
-        ChatRenderer(tok).tokens(_chat(messages))
+        ChatRenderer(tok).tokens(chat_record(messages))
     assert exact == [source == "bytes"]  # the span source under test was the one used
     assert (err.value.reason, err.value.field) == ("token_straddle", "messages[1]")
     token = f"token {tok.convert_tokens_to_ids('Aæ')} ('A東', characters {change - 1}-{change + 1})"
@@ -591,17 +587,17 @@ def test_a_conversation_that_starts_with_two_bos_is_refused():
     ids = tok.apply_chat_template(messages, tokenize=True)["input_ids"]
     assert ids[:3] == [tok.bos_token_id, tok.bos_token_id, tok.convert_tokens_to_ids("<|start_header_id|>")]
     with pytest.raises(ChatError) as err:
-        ChatRenderer(tok).tokens(_chat(messages))
+        ChatRenderer(tok).tokens(chat_record(messages))
     assert (err.value.reason, err.value.field) == ("double_bos", "messages")
     assert "two BOS" in err.value.problem
-    assert ChatRenderer(chat_tokenizer("llama3")).tokens(_chat(messages)).ids.tolist() == ids[1:]  # one BOS: fine
+    assert ChatRenderer(chat_tokenizer("llama3")).tokens(chat_record(messages)).ids.tolist() == ids[1:]  # one BOS: fine
 
 
 def test_offsets_that_go_backwards_or_miss_a_weighted_character_are_refused():
     """tokenizers' offsets (the path for tokenizers whose ids do not spell the text) are checked before use;
     spans from the ids' bytes are exact by construction and skip the check."""
     renderer = ChatRenderer(chat_tokenizer("chatml"))
-    chat = _chat([{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yes"}])
+    chat = chat_record([{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yes"}])
     text, char_w, turns = renderer.char_weights(chat)
     ids = np.arange(3, dtype=np.int32)
     n = len(text)

@@ -6,15 +6,12 @@ markers. Expectations come from transformers' own renders (``apply_chat_template
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
-from chat_support import build_chat_tokenizer
+from chat_support import build_chat_tokenizer, chat_record, plain_messages
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from weightprep.batches import Chat
 from weightprep.stages.chat import ChatError, ChatRenderer
 
 SPECIALS = ("<s>", "</s>", "<|user|>", "<|assistant|>", "<|end|>")
@@ -24,12 +21,6 @@ def _tok(template: str, plain: tuple[str, ...] = ()):
     return build_chat_tokenizer(SPECIALS, "<s>", "</s>", template, plain=plain)
 
 
-def _chat(messages, tools=None, kwargs=None) -> Chat:
-    return Chat(messages, tools, kwargs, json.dumps({"messages": messages}).encode())
-
-
-def _plain(messages):
-    return [{k: v for k, v in m.items() if k != "weight"} for m in messages]
 
 
 def _weighted_text(tok, out, weight: float) -> str:
@@ -54,14 +45,14 @@ def test_training_templates_that_rewrite_history_weigh_every_block_as_sfttrainer
     messages = []
     for k in range(answers):
         messages += [{"role": "user", "content": f"q{k}"}, {"role": "assistant", "content": f"a{k}", "reasoning": f"r{k}"}]
-    out = ChatRenderer(tok, role_weights={"assistant": 2.0}, training=True).tokens(_chat(messages))
+    out = ChatRenderer(tok, role_weights={"assistant": 2.0}, training=True).tokens(chat_record(messages))
     ref = tok.apply_chat_template(messages, return_dict=True, return_assistant_tokens_mask=True)
     assert out.ids.tolist() == ref["input_ids"]
     assert (out.weights == 2.0).astype(int).tolist() == ref["assistant_masks"]
     assert set(out.weights.tolist()) == {0.0, 2.0}
     if answers == 2:  # the rewrite is real: without the training mask the conversation cannot be aligned
         with pytest.raises(ChatError) as caught:
-            ChatRenderer(tok, role_weights={"assistant": 2.0}).tokens(_chat(messages))
+            ChatRenderer(tok, role_weights={"assistant": 2.0}).tokens(chat_record(messages))
         assert caught.value.reason == "not_prefix_preserving"
 
 
@@ -75,7 +66,7 @@ SKIPS_EMPTY = (
 def test_a_weighted_message_the_template_writes_nothing_for_carries_no_weight():
     tok = _tok(SKIPS_EMPTY)
     messages = [{"role": "user", "content": ""}, {"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
-    out = ChatRenderer(tok, role_weights={"user": 0.5, "assistant": 1.0}).tokens(_chat(messages))
+    out = ChatRenderer(tok, role_weights={"user": 0.5, "assistant": 1.0}).tokens(chat_record(messages))
     assert out.ids.tolist() == tok.apply_chat_template(messages)["input_ids"]
     assert _weighted_text(tok, out, 0.5) == "q<|end|>" and _weighted_text(tok, out, 1.0) == "a<|end|>"
 
@@ -97,7 +88,7 @@ def test_a_generation_prompt_that_leaves_its_turn_is_refused_showing_that_turn()
     turn = tok.apply_chat_template(messages[:2], tokenize=False)
     at = _diverge(prompt, turn)
     with pytest.raises(ChatError) as caught:
-        ChatRenderer(tok).tokens(_chat(messages))
+        ChatRenderer(tok).tokens(chat_record(messages))
     assert caught.value.reason == "generation_prompt_mismatch" and caught.value.field == "messages[1]"
     assert str(caught.value).endswith(
         f"they differ at character {at}: {prompt[at - 10 : at + 20]!r} vs {turn[at - 10 : at + 20]!r}"
@@ -119,7 +110,7 @@ def test_an_empty_generation_block_is_no_stray_block():
     tok = _tok(EMPTY_BLOCK)
     messages = [{"role": "user", "content": "q"}, {"role": "assistant", "content": ""},
                 {"role": "user", "content": "r"}, {"role": "assistant", "content": "b"}]  # fmt: skip
-    out = ChatRenderer(tok).tokens(_chat(messages))
+    out = ChatRenderer(tok).tokens(chat_record(messages))
     ref = tok.apply_chat_template(messages, return_dict=True, return_assistant_tokens_mask=True)
     assert out.ids.tolist() == ref["input_ids"] and (out.weights > 0).astype(int).tolist() == ref["assistant_masks"]
     assert _weighted_text(tok, out, 1.0) == "b"
@@ -135,11 +126,11 @@ def test_a_block_outside_every_answer_is_refused_only_where_every_answer_is_trai
     render = ChatRenderer(tok)
     if first > 0:
         with pytest.raises(ChatError) as caught:
-            render.tokens(_chat(messages))
+            render.tokens(chat_record(messages))
         assert caught.value.reason == "generation_tag_mismatch"
         return
-    out = render.tokens(_chat(messages))
-    assert out.ids.tolist() == tok.apply_chat_template(_plain(messages))["input_ids"]
+    out = render.tokens(chat_record(messages))
+    assert out.ids.tolist() == tok.apply_chat_template(plain_messages(messages))["input_ids"]
     assert out.weights[0] == 0.0 and tok.decode(out.ids[:1]) == "<s>"
     assert _weighted_text(tok, out, 1.0) == "b<|end|>"
 
@@ -155,7 +146,7 @@ TOOL = {"type": "function", "function": {"name": "f", "parameters": {}}}
 def test_chat_template_kwargs_reach_the_template():
     tok = _tok(GREETING)
     messages = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
-    out = ChatRenderer(tok).tokens(_chat(messages, kwargs={"greeting": "hi"}))
+    out = ChatRenderer(tok).tokens(chat_record(messages, kwargs={"greeting": "hi"}))
     assert out.ids.tolist() == tok.apply_chat_template(messages, greeting="hi")["input_ids"]
     assert tok.decode(out.ids.tolist()).startswith("[hi]")
 
@@ -174,7 +165,7 @@ def test_a_renderer_gives_each_conversation_what_a_fresh_one_gives(order):
                 {"role": "assistant", "content": "a"}]  # fmt: skip
     shared = ChatRenderer(tok)
     for tools, kwargs in order:
-        chat = _chat(messages, tools, kwargs)
+        chat = chat_record(messages, tools, kwargs)
         got, want = shared.tokens(chat), ChatRenderer(tok).tokens(chat)
         for field in ("ids", "weights", "turns"):
             np.testing.assert_array_equal(getattr(got, field), getattr(want, field))

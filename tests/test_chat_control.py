@@ -16,13 +16,20 @@ from unittest import mock
 
 import numpy as np
 import pytest
-from chat_support import FAMILIES, MISTRAL_V1, TEMPLATES, reference_char_weights, reference_token_weights
+from chat_support import (
+    FAMILIES,
+    MISTRAL_V1,
+    TEMPLATES,
+    chat_record,
+    plain_messages,
+    reference_char_weights,
+    reference_token_weights,
+)
 from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tokenizer_factory import _byte_level_bpe, _sentencepiece
 
-from weightprep.batches import Chat
 from weightprep.config import config_from_dict
 from weightprep.stages.chat import ChatError, ChatRenderer
 
@@ -108,16 +115,10 @@ def family_tokenizer(name: str, model: str = "byte_level") -> object:
     return tok
 
 
-def _chat(messages, tools=None, kwargs=None) -> Chat:
-    return Chat(messages, tools, kwargs, json.dumps({"messages": messages}).encode())
-
-
-def _plain(messages):
-    return [{k: v for k, v in m.items() if k != "weight"} for m in messages]
 
 
 def _ids(tok, messages, **kw) -> list[int]:
-    return tok.apply_chat_template(_plain(messages), tokenize=True, **kw)["input_ids"]
+    return tok.apply_chat_template(plain_messages(messages), tokenize=True, **kw)["input_ids"]
 
 
 def prefix_reference(tok, messages, **kw) -> np.ndarray | None:
@@ -203,17 +204,17 @@ def test_tool_call_markup_in_contents_is_tokenized_as_the_template_does(messages
     """Qwen2.5 Hermes-style data builds: ids equal apply_chat_template (<tool_call> as its added token), weights
     equal test_chat's per-character reference (the markers carry their message's weight)."""
     tok = family_tokenizer("qwen2_5")
-    text = tok.apply_chat_template(_plain(messages), tokenize=False)
+    text = tok.apply_chat_template(plain_messages(messages), tokenize=False)
     enc = tok.backend_tokenizer.encode(text, add_special_tokens=False)
     char_w = reference_char_weights(FAMILIES["chatml"], text, messages, ROLE_WEIGHTS)
     ref_w, straddle = reference_token_weights(enc, char_w)
     renderer = ChatRenderer(tok, role_weights=ROLE_WEIGHTS)
     if straddle:  # content starting with a newline right after the header's: one BPE token across the change
         with pytest.raises(ChatError) as err:
-            renderer.tokens(_chat(messages))
+            renderer.tokens(chat_record(messages))
         assert err.value.reason == "token_straddle"
         return
-    out = renderer.tokens(_chat(messages))
+    out = renderer.tokens(chat_record(messages))
     assert out.ids.tolist() == _ids(tok, messages)
     np.testing.assert_array_equal(out.weights, ref_w)
 
@@ -222,7 +223,7 @@ def test_a_worked_hermes_tool_call_puts_its_markers_as_tokens_with_the_answer_we
     tok = family_tokenizer("qwen2_5")
     call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
     messages = [{"role": "user", "content": "Weather in Paris?"}, {"role": "assistant", "content": call, "weight": 2.0}]
-    out = ChatRenderer(tok).tokens(_chat(messages))
+    out = ChatRenderer(tok).tokens(chat_record(messages))
     assert out.ids.tolist() == _ids(tok, messages)
     marker_ids = [tok.convert_tokens_to_ids(t) for t in ("<tool_call>", "</tool_call>")]
     for marker in marker_ids:
@@ -241,13 +242,13 @@ def test_think_markers_in_a_qwen3_answer_are_tokens_with_its_weight(reasoning, a
     tok = family_tokenizer("qwen3")
     content = f"<think>\n{reasoning}\n</think>\n\n{answer}"
     messages = [{"role": "user", "content": "Why?"}, {"role": "assistant", "content": content, "weight": weight}]
-    text = tok.apply_chat_template(_plain(messages), tokenize=False)
+    text = tok.apply_chat_template(plain_messages(messages), tokenize=False)
     char_w = np.zeros(len(text), dtype=np.float32)
     char_w[text.rindex("<|im_start|>assistant\n") + len("<|im_start|>assistant\n") :] = weight
     enc = tok.backend_tokenizer.encode(text, add_special_tokens=False)
     ref_w, straddle = reference_token_weights(enc, char_w)
     assert not straddle  # <think> is an added token right after the header
-    out = ChatRenderer(tok).tokens(_chat(messages))
+    out = ChatRenderer(tok).tokens(chat_record(messages))
     assert out.ids.tolist() == _ids(tok, messages)
     np.testing.assert_array_equal(out.weights, ref_w)
     assert out.weights[out.ids.tolist().index(tok.convert_tokens_to_ids("<think>"))] == weight
@@ -267,14 +268,14 @@ def test_tool_results_and_r1_reasoning_markers_are_tokens_in_any_message():
         {"role": "user", "content": '<tool_response>\n{"temp": 21}\n</tool_response>'},
         {"role": "assistant", "content": "Now 21.", "weight": 0.5},
     ]
-    out = ChatRenderer(tok).tokens(_chat(messages))
+    out = ChatRenderer(tok).tokens(chat_record(messages))
     assert out.ids.tolist() == _ids(tok, messages)
     np.testing.assert_array_equal(out.weights, prefix_reference(tok, messages))
     assert tok.convert_tokens_to_ids("<tool_response>") in out.ids.tolist()
     r1 = family_tokenizer("deepseek_r1_distill")
     training = (TEMPLATES / "deepseek_r1_distill_training.jinja").read_text(encoding="utf-8")
     messages = [{"role": "user", "content": "1+1?"}, {"role": "assistant", "content": "<think>\nadd\n</think>\n\n2"}]
-    out = ChatRenderer(r1, training).tokens(_chat(messages))
+    out = ChatRenderer(r1, training).tokens(chat_record(messages))
     assert out.ids.tolist() == _ids(r1, messages, chat_template=training)
     assert out.weights[out.ids.tolist().index(r1.convert_tokens_to_ids("</think>"))] == 1.0
 
@@ -296,7 +297,7 @@ def test_a_turn_token_anywhere_in_any_message_is_refused(messages, data, token):
     at = data.draw(st.integers(0, len(content)))
     messages[i]["content"] = content[:at] + token + content[at:]
     with pytest.raises(ChatError) as err:
-        ChatRenderer(family_tokenizer("qwen2_5")).tokens(_chat(messages))
+        ChatRenderer(family_tokenizer("qwen2_5")).tokens(chat_record(messages))
     assert (err.value.reason, err.value.field) == ("control_token_in_content", f"messages[{i}].content")
 
 
@@ -312,7 +313,7 @@ def test_turn_tokens_are_refused_in_every_string_that_reaches_the_template():
     ]  # fmt: skip
     for messages, tools, kwargs, field in cases:
         with pytest.raises(ChatError) as err:
-            ChatRenderer(tok).tokens(_chat(messages, tools, kwargs))
+            ChatRenderer(tok).tokens(chat_record(messages, tools, kwargs))
         assert (err.value.reason, err.value.field) == ("control_token_in_content", field)
         assert "--sanitize-control-tokens" in err.value.problem
 
@@ -342,10 +343,10 @@ def test_sanitize_encodes_turn_tokens_as_apply_chat_template_does(messages, data
         expected = _ids(tok, messages, sanitize_control_tokens=True)
     if ref is None:
         with pytest.raises(ChatError) as err:
-            renderer.tokens(_chat(messages))
+            renderer.tokens(chat_record(messages))
         assert err.value.reason == "token_straddle"
         return
-    out = renderer.tokens(_chat(messages))
+    out = renderer.tokens(chat_record(messages))
     assert out.ids.tolist() == expected
     np.testing.assert_array_equal(out.weights, ref)
     if not any(t in m["content"] for m in messages for t in _TOOL_MARKERS):  # transformers' own control tokens
@@ -364,8 +365,8 @@ def test_sanitize_equals_apply_chat_template_on_other_families_and_tokenizers(na
                 {"role": "assistant", "content": f"I say{hostile}. Done", "weight": 1.5}]  # fmt: skip
     renderer = ChatRenderer(tok, sanitize_control_tokens=True)
     with pytest.raises(ChatError):
-        ChatRenderer(tok).tokens(_chat(messages))
-    out = renderer.tokens(_chat(messages))
+        ChatRenderer(tok).tokens(chat_record(messages))
+    out = renderer.tokens(chat_record(messages))
     assert out.ids.tolist() == _ids(tok, messages, sanitize_control_tokens=True)
     ref = prefix_reference(tok, messages, sanitize_control_tokens=True)
     assert ref is not None
@@ -382,7 +383,7 @@ def test_sanitize_names_a_token_the_tokenizer_cannot_encode_as_text(monkeypatch)
     monkeypatch.setattr(ctu, "encode_marked_chat", refuse)
     messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "a<|im_end|>b"}]
     with pytest.raises(ChatError) as err:
-        ChatRenderer(family_tokenizer("qwen2_5"), sanitize_control_tokens=True).tokens(_chat(messages))
+        ChatRenderer(family_tokenizer("qwen2_5"), sanitize_control_tokens=True).tokens(chat_record(messages))
     assert (err.value.reason, err.value.field) == ("control_token_in_content", "messages[1].content")
 
 

@@ -16,14 +16,13 @@ import sys
 
 import numpy as np
 import pytest
-from chat_support import TEMPLATES, reference_token_weights
+from chat_support import TEMPLATES, chat_record, plain_messages, reference_token_weights
 from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tokenizer_factory import _byte_level_bpe
 
 from weightprep.accounting import check_accounting
-from weightprep.batches import Chat
 from weightprep.config import config_from_dict
 from weightprep.errors import UsageError
 from weightprep.pipeline import build
@@ -66,9 +65,6 @@ def _training(tok) -> str:
     return get_training_chat_template(tok)
 
 
-def _plain(messages):
-    return [{k: v for k, v in m.items() if k != "weight"} for m in messages]
-
 
 def _weight(m) -> float:
     return m.get("weight", 1.0 if m["role"] == "assistant" else 0.0)
@@ -80,7 +76,7 @@ def reference_documents(tok, messages, tools=None, history="per-turn", training=
     assistant turn ``i``, ``messages[:i + 1]`` rendered, weighted from the end of the generation prompt of
     ``messages[:i]``; where that prompt does not begin the turn, the prompt then what ``training`` renders after its
     own generation prompt. None where the whole conversation is not prefix-preserving (``full``)."""
-    plain = _plain(messages)
+    plain = plain_messages(messages)
 
     def render(k, generation=False, template=None):
         return tok.apply_chat_template(
@@ -119,7 +115,7 @@ def training_documents(tok, messages, training, tools=None):
     assistant's weight, block ``k`` the ``k``-th assistant's: what SFTTrainer trains on, with float weights."""
     from transformers.utils.chat_template_utils import render_jinja_template
 
-    plain = _plain(messages)
+    plain = plain_messages(messages)
     (text,), (spans,) = render_jinja_template(
         conversations=[plain], tools=tools, chat_template=training, return_assistant_tokens_mask=True,
         **tok.special_tokens_map,
@@ -131,9 +127,6 @@ def training_documents(tok, messages, training, tools=None):
         w[a:b] = _weight(m)
     return [(text, w)]
 
-
-def _chat(messages, tools=None) -> Chat:
-    return Chat(messages, tools, None, json.dumps({"messages": messages}).encode())
 
 
 def _split(out):
@@ -149,10 +142,10 @@ def check_against_reference(tok, renderer, messages, reference, tools=None):
     expected = [reference_token_weights(enc, w) for enc, (_, w) in zip(encodings, reference, strict=True)]
     if any(straddle for _, straddle in expected):
         with pytest.raises(ChatError) as err:
-            renderer.tokens(_chat(messages, tools))
+            renderer.tokens(chat_record(messages, tools))
         assert err.value.reason == "token_straddle"
         return None
-    out = renderer.tokens(_chat(messages, tools))
+    out = renderer.tokens(chat_record(messages, tools))
     docs = _split(out)
     assert len(docs) == len(reference)
     for (ids, weights), enc, (want_w, _) in zip(docs, encodings, expected, strict=True):
@@ -250,15 +243,15 @@ def _qwen3_reasoning():
 def test_qwen3_multi_turn_reasoning_is_refused_whole_and_built_per_turn():
     tok = family_tokenizer("qwen3")
     with pytest.raises(ChatError) as err:
-        ChatRenderer(tok, history="full").tokens(_chat(_qwen3_reasoning()))
+        ChatRenderer(tok, history="full").tokens(chat_record(_qwen3_reasoning()))
     assert err.value.reason == "not_prefix_preserving"
-    out = ChatRenderer(tok, history="auto").tokens(_chat(_qwen3_reasoning()))
+    out = ChatRenderer(tok, history="auto").tokens(chat_record(_qwen3_reasoning()))
     (first, w1), (second, w2) = _split(out)
     # the first turn keeps its reasoning where it is the last turn; the second document shows it stripped, as inference
     assert tok.decode(first[w1 > 0]) == "<think>\nTwo plus two.\n</think>\n\n4<|im_end|>\n"
     assert "Two plus two" not in tok.decode(second)
     assert tok.decode(second[w2 > 0]) == "<think>\nThree plus three.\n</think>\n\n6<|im_end|>\n" and set(w2[w2 > 0]) == {2.0}
-    assert second.tolist() == tok.apply_chat_template(_plain(_qwen3_reasoning()), tokenize=True)["input_ids"]
+    assert second.tolist() == tok.apply_chat_template(plain_messages(_qwen3_reasoning()), tokenize=True)["input_ids"]
 
 
 def test_deepseek_per_turn_prefilled_think_is_part_of_the_generation_prompt_and_weighs_0():
@@ -276,12 +269,12 @@ def test_deepseek_per_turn_prefilled_think_is_part_of_the_generation_prompt_and_
         renderer = ChatRenderer(tok, history=history, original=None)
         if history == "full":
             with pytest.raises(ChatError) as err:
-                renderer.tokens(_chat(messages))
+                renderer.tokens(chat_record(messages))
             assert err.value.reason == "generation_prompt_mismatch"
             continue
-        out = renderer.tokens(_chat(messages))
+        out = renderer.tokens(chat_record(messages))
     (_, _), (ids, w) = _split(out)
-    prompt = tok.apply_chat_template(_plain(messages[:3]), tokenize=False, add_generation_prompt=True)
+    prompt = tok.apply_chat_template(plain_messages(messages[:3]), tokenize=False, add_generation_prompt=True)
     assert prompt.endswith("<｜User｜>3+3?<｜Assistant｜><think>\n")
     assert tok.decode(ids) == prompt + "Three plus three.\n</think>\n\n6<｜end▁of▁sentence｜>"
     assert tok.decode(ids[w == 0]) == prompt and tok.decode(ids[w > 0]) == "Three plus three.\n</think>\n\n6<｜end▁of▁sentence｜>"
@@ -303,8 +296,8 @@ def test_deepseek_default_is_what_sft_trainer_trains_on():
         {"role": "user", "content": "3+3?"},
         {"role": "assistant", "content": "<think>\nThree plus three.\n</think>\n\n6", "weight": 0.5},
     ]
-    out = ChatRenderer(tok, history="auto").tokens(_chat(messages))
-    trl = _tokenize(tok, _plain(messages), chat_template=_training(tok), tools=None, return_assistant_tokens_mask=True)
+    out = ChatRenderer(tok, history="auto").tokens(chat_record(messages))
+    trl = _tokenize(tok, plain_messages(messages), chat_template=_training(tok), tools=None, return_assistant_tokens_mask=True)
     assert out.offsets is None and out.training == 2 and out.ids.tolist() == list(trl["input_ids"])
     assert (out.weights > 0).astype(int).tolist() == list(trl["assistant_masks"])
     assert tok.decode(out.ids[out.weights == 2.0]) == "<｜Assistant｜><think>\nTwo plus two.\n</think>\n\n4<｜end▁of▁sentence｜>"
@@ -317,10 +310,10 @@ def test_deepseek_reasoning_content_its_templates_do_not_read_it():
     tok = family_tokenizer("deepseek_r1_distill")
     messages = [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4", "reasoning_content": "Two."}]
     with pytest.raises(ChatError) as err:
-        ChatRenderer(tok, history="per-turn").tokens(_chat(messages))
+        ChatRenderer(tok, history="per-turn").tokens(chat_record(messages))
     assert (err.value.reason, err.value.field) == ("generation_prompt_mismatch", "messages[1]")
     assert "'<｜Assistant｜><think>\\n'" in err.value.problem and "reasoning_content" in err.value.problem
-    out = ChatRenderer(tok, history="auto").tokens(_chat(messages))
+    out = ChatRenderer(tok, history="auto").tokens(chat_record(messages))
     assert tok.decode(out.ids[out.weights > 0]) == "<｜Assistant｜>4<｜end▁of▁sentence｜>"
 
 
@@ -335,7 +328,7 @@ def test_spliced_documents_keep_each_token_s_message():
         {"role": "user", "content": "3+3?"}, {"role": "assistant", "content": "<think>\nThree.\n</think>\n\n6"},
     ]  # fmt: skip
     renderer = ChatRenderer(tok, history="per-turn")
-    out = renderer.tokens(_chat(messages))
+    out = renderer.tokens(chat_record(messages))
     second = slice(int(out.offsets[1]), int(out.offsets[2]))
     by_message: dict[int, list[int]] = {}
     for i, code in zip(out.ids[second].tolist(), out.turns[second].tolist(), strict=True):
@@ -361,14 +354,14 @@ def test_per_turn_refuses_what_no_template_can_render_and_tries_trl_only_for_a_g
     messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "One."},
                 {"role": "assistant", "content": "Two."}]  # fmt: skip
     with pytest.raises(ChatError) as err:
-        ChatRenderer(tok, history="per-turn").tokens(_chat(messages))
+        ChatRenderer(tok, history="per-turn").tokens(chat_record(messages))
     assert err.value.reason == "not_prefix_preserving" and not tried
     monkeypatch.undo()
     # a template (a file) TRL has no training template for: the original refusal, no training template mentioned
     odd = "{% for m in messages %}{{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}A: {% endif %}"
     convo = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo"}]
     with pytest.raises(ChatError) as err:
-        ChatRenderer(tok, odd, history="per-turn").tokens(_chat(convo))
+        ChatRenderer(tok, odd, history="per-turn").tokens(chat_record(convo))
     assert err.value.reason == "generation_prompt_mismatch" and "training template" not in err.value.problem
 
 
@@ -376,9 +369,9 @@ def test_a_template_that_keeps_history_gives_one_document_in_auto_as_in_full():
     tok = family_tokenizer("qwen3", (TEMPLATES / "qwen2_5.jinja").read_text())
     messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"},
                 {"role": "user", "content": "More"}, {"role": "assistant", "content": "Sure", "weight": 2.0}]  # fmt: skip
-    auto, full = (ChatRenderer(tok, history=h).tokens(_chat(messages)) for h in ("auto", "full"))
+    auto, full = (ChatRenderer(tok, history=h).tokens(chat_record(messages)) for h in ("auto", "full"))
     assert auto.offsets is None and auto.ids.tolist() == full.ids.tolist() and auto.weights.tolist() == full.weights.tolist()
-    per_turn = ChatRenderer(tok, history="per-turn").tokens(_chat(messages))
+    per_turn = ChatRenderer(tok, history="per-turn").tokens(chat_record(messages))
     # per-turn: the same two turns, each after its own context; the last document is the whole conversation
     (a, wa), (b, wb) = _split(per_turn)
     assert b.tolist() == full.ids.tolist() and wb[: len(a)].sum() == 0 and wb.tolist()[len(a) :] == full.weights.tolist()[len(a) :]
@@ -395,11 +388,11 @@ def test_per_turn_gives_a_weighted_tool_result_its_own_document():
         {"role": "tool", "content": "4", "weight": 0.5},
         {"role": "assistant", "content": "4", "reasoning_content": "It said 4."},
     ]  # fmt: skip
-    out = ChatRenderer(tok, history="per-turn").tokens(_chat(messages, tools))
+    out = ChatRenderer(tok, history="per-turn").tokens(chat_record(messages, tools))
     docs = _split(out)
     assert len(docs) == 3
     ids, w = docs[1]
-    assert ids.tolist() == tok.apply_chat_template(_plain(messages[:3]), tools=tools, tokenize=True)["input_ids"]
+    assert ids.tolist() == tok.apply_chat_template(plain_messages(messages[:3]), tools=tools, tokenize=True)["input_ids"]
     assert tok.decode(ids[w > 0]) == "4\n</tool_response><|im_end|>\n" and set(w[w > 0]) == {0.5}
 
 
@@ -420,8 +413,8 @@ def test_training_template_ids_and_mask_are_what_sft_trainer_trains_on(family, d
     chosen = resolve_templates(tok, "training")
     assert chosen.template == _training(tok) and chosen.original == tok.chat_template
     renderer = ChatRenderer(tok, chosen.template, history="auto", original=chosen.original, training=chosen.training)
-    trl = _tokenize(tok, _plain(messages), chat_template=chosen.template, tools=None, return_assistant_tokens_mask=True)
-    out = renderer.tokens(_chat(messages))
+    trl = _tokenize(tok, plain_messages(messages), chat_template=chosen.template, tools=None, return_assistant_tokens_mask=True)
+    out = renderer.tokens(chat_record(messages))
     assert out.offsets is None and out.ids.tolist() == list(trl["input_ids"])
     roles = [m for m in messages if m["role"] == "assistant"]
     if all(_weight(m) in (0.0, 1.0) for m in roles) and len({_weight(m) for m in roles}) == 1:
@@ -433,23 +426,23 @@ def test_training_per_turn_renders_the_context_with_the_original_and_the_turn_wi
     tok = family_tokenizer("qwen3")
     chosen = resolve_templates(tok, "training")
     renderer = ChatRenderer(tok, chosen.template, history="per-turn", original=chosen.original, training=True)
-    out = renderer.tokens(_chat(_qwen3_reasoning()))
+    out = renderer.tokens(chat_record(_qwen3_reasoning()))
     (_, _), (ids, w) = _split(out)
-    prompt = tok.apply_chat_template(_plain(_qwen3_reasoning()[:4]), tokenize=False, add_generation_prompt=True)
+    prompt = tok.apply_chat_template(plain_messages(_qwen3_reasoning()[:4]), tokenize=False, add_generation_prompt=True)
     assert "Two plus two" not in prompt and tok.decode(ids[w == 0]) == prompt
     assert tok.decode(ids[w > 0]) == "<think>\nThree plus three.\n</think>\n\n6<|im_end|>\n"
     assert out.training == 0  # the template itself renders the turns: none came from a fallback
     # a weighted tool result: its document is the original's render, weighted from its content
     messages = [*_qwen3_reasoning()[:3], {"role": "tool", "content": "ok", "weight": 0.5}]
-    ids, w = _split(renderer.tokens(_chat(messages)))[1]
-    assert ids.tolist() == tok.apply_chat_template(_plain(messages), tokenize=True)["input_ids"]
+    ids, w = _split(renderer.tokens(chat_record(messages)))[1]
+    assert ids.tolist() == tok.apply_chat_template(plain_messages(messages), tokenize=True)["input_ids"]
     assert tok.decode(ids[w > 0]) == "ok\n</tool_response><|im_end|>\n"
     # a turn the training template does not start with the generation prompt: named as such
     ds = family_tokenizer("deepseek_r1_distill")
     chosen = resolve_templates(ds, "training")
     renderer = ChatRenderer(ds, chosen.template, history="per-turn", original=chosen.original, training=True)
     with pytest.raises(ChatError, match="this turn starts: the training template renders the turn as") as err:
-        renderer.tokens(_chat([{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo"}]))
+        renderer.tokens(chat_record([{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo"}]))
     assert err.value.reason == "generation_prompt_mismatch"
 
 
@@ -465,9 +458,9 @@ def test_training_is_refused_without_a_training_template_or_without_trl(monkeypa
     # the default needs TRL only where the template cannot render a turn (DeepSeek-R1): those are refused, named
     messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "<think>\nhm\n</think>\n\nHello"}]
     with pytest.raises(ChatError) as refused:
-        ChatRenderer(family_tokenizer("deepseek_r1_distill"), history="auto").tokens(_chat(messages))
+        ChatRenderer(family_tokenizer("deepseek_r1_distill"), history="auto").tokens(chat_record(messages))
     assert refused.value.reason == "generation_prompt_mismatch" and "pip install 'weightprep[train]'" in refused.value.problem
-    assert ChatRenderer(family_tokenizer("qwen3"), history="auto").tokens(_chat(_qwen3_reasoning())).offsets is not None
+    assert ChatRenderer(family_tokenizer("qwen3"), history="auto").tokens(chat_record(_qwen3_reasoning())).offsets is not None
 
 
 def test_resolve_templates_the_tokenizers_a_file_and_trl_training_ones(tmp_path):
@@ -489,7 +482,7 @@ def test_a_deepseek_template_file_on_a_tokenizer_with_another_template_finds_its
     tok = family_tokenizer("deepseek_r1_distill", (TEMPLATES / "qwen2_5.jinja").read_text())
     messages = [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "<think>\nadd\n</think>\n\n4"}]
     template = (TEMPLATES / "deepseek_r1_distill.jinja").read_text()
-    out = ChatRenderer(tok, template, history="auto").tokens(_chat(messages))
+    out = ChatRenderer(tok, template, history="auto").tokens(chat_record(messages))
     ids, w = _split(out)[0]
     assert out.training == 1 and tok.decode(ids[w > 0]) == "<｜Assistant｜><think>\nadd\n</think>\n\n4<｜end▁of▁sentence｜>"
 
