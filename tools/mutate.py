@@ -74,6 +74,12 @@ _LARGER_TREE = "a larger segment tree: size is still a power of two >= capacity 
 _ROOT_ODD = "at the root (i = 1, odd) one more pass only halves i to 0 and the loop ends as before: return -1"
 _NO_ROOM_ZERO = "r is never 0: a full bin (room 0) never enters the tree (update only if room[b] > 0)"
 _JINJA_LINE = "Jinja numbers lines from 1 and splits them at \\r\\n, \\r and \\n, which splitlines splits too: "
+_PAIRS = "a MixedPart has one source per segment (plan_mixed makes them in pairs): strict changes nothing"
+_END_MARKER = "run_mixed never reads the end marker's segment (it goes on to the next read when records is None)"
+_SOURCE_BITS = "2 << 40, 1 << 41 or 1 << 39 still keep the sources apart: a read number would need 2**39 documents in a part"
+_ONE_READY = "one ready block is in order already (t, then read number, ascending): merging it is concatenating it"
+_MARGIN = "the margin stays above six standard deviations: only how often the exact second pass runs changes, not the keys"
+_TAKE_EDGE = "take = 0, 1 or len(every) in the other branch gives the same smallest keys"
 _ZERO_GRAPH = "every term is x * 0.0: adding or subtracting one gives the same value and the same zero gradients"
 
 #: mutant id (``--list`` prints them) -> why no test can tell it from the original (an equivalent mutant)
@@ -173,6 +179,56 @@ EQUIVALENT: dict[str, str] = {
     "stages/chat.py:ChatRenderer._compiled:boolop:problem = str(exc.message or exc).rstrip('.')":
         "Jinja's syntax errors always have a message, and one from a template compiled from a string is "
         "'translated': str(exc) is exc.message",
+    'distribute/mixed.py:_source_blocks:bool:for (j, (seg, source)) in enumerate(zip(part.segments, part.sources, strict=True)):':
+        _PAIRS,
+    'distribute/mixed.py:_interleaved_reads:bool:totals = [sum((seg.size for seg, s in zip(part.segments, part.sources, strict=True) if s == i)) f...':
+        _PAIRS,
+    'distribute/mixed.py:_interleaved_reads:int+1:yield (s, -1, None, [], 1.0, math.inf)':
+        _END_MARKER,
+    'distribute/mixed.py:_interleaved_reads:int-1:yield (s, -1, None, [], 1.0, math.inf)':
+        _END_MARKER,
+    'distribute/mixed.py:_Interleave.__init__:int+1:self.order = 0':
+        "every read number shifted by one: their order is the same",
+    'distribute/mixed.py:_Interleave.add:int+1:self.pending.append((t, np.full(len(docs), s, dtype=np.int64) * (1 << 40) + seq, docs, times))':
+        _SOURCE_BITS,
+    'distribute/mixed.py:_Interleave.add:int+1:self.pending.append((t, np.full(len(docs), s, dtype=np.int64) * (1 << 40) + seq, docs, times))#1':
+        _SOURCE_BITS,
+    'distribute/mixed.py:_Interleave.add:int-1:self.pending.append((t, np.full(len(docs), s, dtype=np.int64) * (1 << 40) + seq, docs, times))#1':
+        _SOURCE_BITS,
+    'distribute/mixed.py:_Interleave.release:boolop:if len(ready) > 1 and (order[1:] < order[:-1]).any():':
+        _ONE_READY,
+    'distribute/mixed.py:_Interleave.release:compare0:if len(ready) > 1 and (order[1:] < order[:-1]).any():':
+        _ONE_READY,
+    'distribute/mixed.py:_Interleave.release:int-1:if len(ready) > 1 and (order[1:] < order[:-1]).any():':
+        _ONE_READY,
+    'distribute/mixed.py:_Interleave.release:compare0:if len(ready) > 1 and (order[1:] < order[:-1]).any():#1':
+        "order is a permutation: no two neighbours are equal, so <= is <",
+    'distribute/mixed.py:run_mixed:int-1:keys = [(train, p) for p in range(passes)] + [(n, 0) for n in (names or ())[1:]]':
+        "[0:] adds (\"train\", 0) a second time; the dict keeps one packer for it",
+    'distribute/mixed.py:run_mixed:compare0:sink.put(((train, p), docs.take(chosen) if len(chosen) < len(docs) else docs))':
+        "taking every document gives the same documents",
+    'distribute/mixed.py:run_mixed:int-1:t = before + (np.arange(n, dtype=np.float64) + 0.5) / max(n, 1) * (after - before)':
+        "max(n, 1) only guards n = 0, where the arange is empty anyway",
+    'distribute/mixed.py:run_mixed:int-1:if source.epochs != 1:':
+        "with epochs 1 every copy count is 1: _count_repeats adds only zeros, read as 0 downstream",
+    'distribute/mixed.py:run_mixed:drop:w.close()':
+        "the rejects writers are closed (flushed) when run_mixed returns and their last reference goes (CPython)",
+    'distribute/mixed.py:_kept:int+1:return min(count, math.ceil(fraction * count + 6 * math.sqrt(count) + 16))':
+        _MARGIN,
+    'distribute/mixed.py:_kept:int-1:return min(count, math.ceil(fraction * count + 6 * math.sqrt(count) + 16))':
+        _MARGIN,
+    'distribute/mixed.py:_kept:int+1:return min(count, math.ceil(fraction * count + 6 * math.sqrt(count) + 16))#1':
+        _MARGIN,
+    'distribute/mixed.py:_kept:int-1:return min(count, math.ceil(fraction * count + 6 * math.sqrt(count) + 16))#1':
+        _MARGIN,
+    'distribute/mixed.py:part_epoch_keys:compare0:smallest = np.sort(np.partition(every, take - 1)[:take]) if 0 < take < len(every) else np.sort(ev...':
+        _TAKE_EDGE,
+    'distribute/mixed.py:part_epoch_keys:compare1:smallest = np.sort(np.partition(every, take - 1)[:take]) if 0 < take < len(every) else np.sort(ev...':
+        _TAKE_EDGE,
+    'distribute/mixed.py:part_epoch_keys:int+1:smallest = np.sort(np.partition(every, take - 1)[:take]) if 0 < take < len(every) else np.sort(ev...':
+        _TAKE_EDGE,
+    'distribute/mixed.py:part_epoch_keys:int-1:smallest = np.sort(np.partition(every, take - 1)[:take]) if 0 < take < len(every) else np.sort(ev...':
+        "a partition at index take also puts exactly the take smallest keys before it",
     "sources.py:_source:bool:ok = False":
         "the name's problem is always appended on that path, so every caller raises ConfigError and throws the "
         "returned Source away (Source() accepts any name)",
