@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from chat_support import build_chat_tokenizer, chat_record, plain_messages
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from weightprep.stages.chat import ChatError, ChatRenderer
@@ -19,8 +19,6 @@ SPECIALS = ("<s>", "</s>", "<|user|>", "<|assistant|>", "<|end|>")
 
 def _tok(template: str, plain: tuple[str, ...] = ()):
     return build_chat_tokenizer(SPECIALS, "<s>", "</s>", template, plain=plain)
-
-
 
 
 def _weighted_text(tok, out, weight: float) -> str:
@@ -156,6 +154,7 @@ _variants = st.tuples(st.sampled_from([None, [TOOL], [TOOL, TOOL]]), st.sampled_
 
 @settings(max_examples=25, deadline=None)
 @given(order=st.lists(_variants, min_size=2, max_size=5))
+@example(order=[(None, {}), (None, {"greeting": "hi"})])  # two keyword sets, no tools: each its own preamble
 def test_a_renderer_gives_each_conversation_what_a_fresh_one_gives(order):
     """Whatever the renderer rendered before (its preamble renders are kept per tools and keyword arguments): the
     same ids, weights and turns as a new renderer's. The system message is weighted, so its turn starts after the
@@ -192,6 +191,14 @@ def test_turns_that_start_with_their_content_are_read_for_structure():
     render = ChatRenderer(_tok(CONTENT_FIRST, plain=("<tool_call>",)))
     turn, in_turn = render.control_tokens()
     assert in_turn == ("<tool_call>",) and "<|end|>" in turn
+
+
+def test_a_control_token_that_only_the_preamble_writes_is_turn_structure():
+    """What the template writes before any message (``<|sys|>``) is read from the preamble, which no turn holds."""
+    template = "<|sys|>" + CONTENT_FIRST
+    render = ChatRenderer(build_chat_tokenizer((*SPECIALS, "<|sys|>"), "<s>", "</s>", template))
+    turn, in_turn = render.control_tokens()
+    assert "<|sys|>" in turn and "<|sys|>" not in in_turn
 
 
 def test_a_generation_prompt_token_is_a_role_header_even_where_the_user_has_none():

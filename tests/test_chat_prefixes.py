@@ -97,6 +97,18 @@ TRAPS = {
     "a second loop": "{% for m in messages %}{{ loop.index }}{% endfor %}{% for m in messages %}{{ m.content }}"
     "{% endfor %}",
     "messages kept": "{% set all = messages %}{% for m in messages %}{{ loop.index }}{{ all|length }}{% endfor %}",
+    "messages[1] before": "{% if messages[1] is defined %}TWO{% endif %}{% for m in messages %}{{ loop.index }}"
+    "{{ m.content }}{% endfor %}",
+    # a store of ``messages`` (here the first read of it) is refused before the reads after it are looked at
+    "messages stored": "{% set messages = messages %}{{ messages|length }}{% for m in messages %}{{ loop.index }}"
+    "{{ m.content }}{% endfor %}",
+    # the loop written as it is ("<LoopContext 2/5>") reads its length without the environment's getattr: only
+    # the syntax tree shows it
+    "loop written": "{% for m in messages %}{{ m.content }}{{ loop }}{% endfor %}",
+    # an ``elif`` writes where the generation flag is off: a prefix that ends with a user turn gets it (the role
+    # kept in a namespace: a read of ``messages[-1]`` after the loop would be seen while rendering)
+    "elif after the loop": "{% set ns = namespace(role='') %}{% for m in messages %}{{ loop.index }}{{ m.content }}"
+    "{% set ns.role = m.role %}{% endfor %}{% if add_generation_prompt %}G{% elif ns.role == 'user' %}U{% endif %}",
     "raise at the end": "{% for m in messages %}{{ loop.index }}{{ m.content }}{% if m.role == 'user' and loop.last %}"
     "{{ raise_exception('ends with a user turn') }}{% endif %}{% endfor %}",
 }  # fmt: skip
@@ -105,6 +117,10 @@ TRAPS = {
 @pytest.mark.parametrize("why", TRAPS)
 def test_a_template_whose_prefixes_are_not_cuts_is_rendered_prefix_by_prefix(why):
     assert not _check_every_prefix(TRAPS[why], CONVERSATION)
+
+
+def test_a_one_message_conversation_is_cut_from_one_render():
+    assert _check_every_prefix(CHATML, CONVERSATION[:1])
 
 
 def test_loops_over_other_values_may_look_ahead():

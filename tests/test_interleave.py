@@ -252,6 +252,46 @@ def test_a_builds_documents_go_on_in_t_source_read_order(tmp_path, sample_tok):
     assert [r for t, r in tags if t == "z"] == list(range(150))  # one source: the order read
 
 
+def _write_columnar(path: Path, texts: list[str], kind: str) -> None:
+    """``texts`` as a ``text`` column in batches (row groups) of 64 rows: Parquet, an Arrow stream (what
+    ``datasets`` writes) or an Arrow file."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.table({"text": texts})
+    if kind == "parquet":
+        pq.write_table(table, path, row_group_size=64)
+        return
+    with pa.OSFile(str(path), "wb") as f:
+        writer = pa.ipc.new_stream(f, table.schema) if kind == "stream" else pa.ipc.new_file(f, table.schema)
+        for batch in table.to_batches(max_chunksize=64):
+            writer.write_batch(batch)
+        writer.close()
+
+
+@pytest.mark.parametrize("kind", ["parquet", "stream", "file"])
+def test_a_columnar_source_is_mixed_in_proportion_to_the_rows_it_has_read(kind, tmp_path, sample_tok):
+    """A Parquet or Arrow source reads batches of 64 rows; each batch's share of the file is known as it is read
+    (rows, stream position, batches), so its 256 rows spread over the part like the 16 lines of a JSONL source:
+    before line r of ``a`` (at t = (r + 1/2) / 16) come about 256 t columnar rows, never all of them first.
+    (Before, a columnar file's size was known only at its end: every row at t = 0, the whole file first.)"""
+    a = tmp_path / "a.jsonl"
+    a.write_text(_fixed_lines("a", 16, 256), encoding="utf-8")
+    q = tmp_path / f"q.{'parquet' if kind == 'parquet' else 'arrow'}"
+    _write_columnar(q, [f"<q.{r}> kappa {r % 5}" for r in range(256)], kind)
+    cfg = config_from_dict({"pack": {"seq_len": 1024, "enabled": False}, "read": {"block_bytes": 1024}})
+    build([], tmp_path / "out", cfg, tokenizer=sample_tok, sources=[Source("a", (str(a),)), Source("q", (str(q),))],
+          executor=SerialExecutor())  # fmt: skip
+    tags = _unpacked_tags(tmp_path / "out", sample_tok)
+    assert Counter(t for t, _ in tags) == {"a": 16, "q": 256}
+    assert [r for t, r in tags if t == "q"] == list(range(256))
+    before = [sum(t == "q" for t, _ in tags[:i]) for i, tag in enumerate(tags) if tag[0] == "a"]
+    expected = [256 * (r + 0.5) / 16 for r in range(16)]
+    # exact for rows and batches; an Arrow stream's share is of its bytes, the schema's before its first batch
+    slack = 4 if kind == "stream" else 0
+    assert all(abs(got - want) <= slack for got, want in zip(before, expected, strict=True)), (before, expected)
+
+
 # ---- a weight that the source's weight takes beyond float32 names its record -----------------------------------
 
 # piece weights (each valid alone) that a source's weight may take past float32's largest, and its edges: the

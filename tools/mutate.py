@@ -81,6 +81,9 @@ _ONE_READY = "one ready block is in order already (t, then read number, ascendin
 _MARGIN = "the margin stays above six standard deviations: only how often the exact second pass runs changes, not the keys"
 _TAKE_EDGE = "take = 0, 1 or len(every) in the other branch gives the same smallest keys"
 _ZERO_GRAPH = "every term is x * 0.0: adding or subtracting one gives the same value and the same zero gradients"
+_HEADER_UNUSED = "headers is empty only when no probe shape was read (read is empty): header is used in that loop only"
+_CACHE_KEY = "a cache key only: dicts equal but for their key order get their own entries, each rendered alike"
+_NAMES_TEST = "_names_ok is read only as `not _names_ok(...)`: None refuses as False does"
 
 #: mutant id (``--list`` prints them) -> why no test can tell it from the original (an equivalent mutant)
 EQUIVALENT: dict[str, str] = {
@@ -232,6 +235,42 @@ EQUIVALENT: dict[str, str] = {
     "sources.py:_source:bool:ok = False":
         "the name's problem is always appended on that path, so every caller raises ConfigError and throws the "
         "returned Source away (Source() accepts any name)",
+    "stages/chat.py:ChatRenderer._turn_structure:bool:ats = [turn.find(m['content']) for turn, m in zip(turns, messages, strict=True)]":
+        "turns has one entry per message (range(len(messages))): strict changes nothing on equal lengths",
+    "stages/chat.py:ChatRenderer._turn_structure:int+1:header = min(headers, default=1)": _HEADER_UNUSED,
+    "stages/chat.py:ChatRenderer._turn_structure:int-1:header = min(headers, default=1)": _HEADER_UNUSED,
+    "stages/chat.py:ChatRenderer._turn_structure:int+1:found.update(pattern.findall(text[:len(prefixes[0])]))":
+        "text[:len(P_1)] is the preamble and turn 0, a system or user turn in every probe shape, whose tokens the "
+        "loop adds anyway (found.update(pattern.findall(turn)))",
+    "stages/chat.py:ChatRenderer._empty:bool:key = ('', '') if chat.tools is None and chat.template_kwargs is None else (json.dumps(chat.tools...":
+        _CACHE_KEY,
+    "stages/chat.py:ChatRenderer._empty:bool:key = ('', '') if chat.tools is None and chat.template_kwargs is None else (json.dumps(chat.tools...#1":
+        _CACHE_KEY,
+    "stages/chat.py:ChatRenderer.char_weights:int-1:owners = assistants if len(tagged_spans) == len(assistants) else [assistants[-1]] * len(tagged_sp...":
+        "that branch runs only when every assistant weighs the same (in_order): any assistant gives that weight",
+    "stages/chat.py:ChatRenderer.char_weights:bool:for ((a, b), i) in zip(tagged_spans, owners, strict=True):":
+        "owners is assistants where the lengths are equal, else a list of len(tagged_spans): always equal lengths",
+    "stages/chat.py:ChatRenderer.char_weights:compare0:claimed[k] = a < b":
+        "claimed is read only for blocks with a < b (stray): an empty block's flag is never read",
+    "stages/chat.py:ChatRenderer.char_weights:int+1:probes = [self.render(self.prepare(chat, [*messages[:i], {**m, 'content': p}]), i + 1)[0] for p i...":
+        "a probe conversation has i + 1 messages: rendering its first i + 2 renders all of them, as i + 1 does",
+    "stages/chat_prefixes.py:compile_tracked:int+1:loop.body.insert(0, probe.set_lineno(loop.lineno))":
+        "the probe (an if without body) only makes Jinja give the loop a loop object, which it does for a read of "
+        "`loop` anywhere in the body; it writes nothing wherever it stands",
+    "stages/chat_prefixes.py:_prefix_shape:boolop:if env.is_async or env.finalize is not None or env.autoescape is not False:":
+        "the one environment the chat stage compiles with (transformers' sandbox) is synchronous, with no finalize "
+        "and no autoescape: all three tests are false, so `and` is false as `or` is",
+    "stages/chat_prefixes.py:_prefix_shape:bool:if any((True for _ in tree.find_all((nodes.Extends, nodes.Include, nodes.Import, nodes.FromImport...":
+        "the environment has no loader: extends, include and import raise at render, cut or not (template_error "
+        "either way); a block renders in place, and its names are checked with the rest of the tree",
+    "stages/chat_prefixes.py:_prefix_shape:boolop:if loop.else_ or loop.test is not None or loop.recursive:":
+        "each alone is harmless or caught: a filtered loop iterates a generator, not the messages (no start is "
+        "tracked: no cuts); else writes only for no message (never cut); recursion needs a bare `loop(...)`, "
+        "which _names_ok refuses",
+    "stages/chat_prefixes.py:_names_ok:return_none:return False": _NAMES_TEST,
+    "stages/chat_prefixes.py:_names_ok:return_none:return False#1": _NAMES_TEST,
+    "stages/chat_prefixes.py:_names_ok:return_none:return False#2": _NAMES_TEST,
+    "stages/chat_prefixes.py:_names_ok:return_none:return False#3": _NAMES_TEST,
 }
 
 _COMPARE_SWAP = {

@@ -195,6 +195,9 @@ class TrackedLoop(LoopContext):
         tracker.starts.append(tracker.position)
         return item
 
+    def __repr__(self) -> str:  # what ``{{ loop }}`` writes: Jinja's own loop's text, whatever renders it
+        return f"<LoopContext {self.index}/{self.length}>"
+
 
 def tracked_getattr(sandboxed: Any) -> Any:
     """``sandboxed`` (an environment's getattr), noting reads that look ahead (``loop.last``) on the tracker."""

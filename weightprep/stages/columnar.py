@@ -67,15 +67,16 @@ def dataset_dir_files(directory: str | Path) -> list[str] | None:
     return [str(storage.join(directory, f)) for f in files]
 
 
-def _open_arrow(path: str) -> Any:
+def _open_arrow(path: str) -> tuple[Any, Any]:
+    """The file and a reader of its batches (an Arrow stream, as ``datasets`` writes, or an Arrow file)."""
     import pyarrow as pa
 
     source = pa.PythonFile(storage.open_input(path), mode="r") if storage.is_url(path) else pa.memory_map(path)
     try:
-        return pa.ipc.open_stream(source)
+        return source, pa.ipc.open_stream(source)
     except pa.ArrowInvalid:
         source.seek(0)
-        return pa.ipc.open_file(source)
+        return source, pa.ipc.open_file(source)
 
 
 def _parquet(path: str) -> Any:
@@ -92,7 +93,7 @@ def _parquet(path: str) -> Any:
 def _schema(path: str) -> Any:
     if path.endswith(".parquet"):
         return _parquet(path).schema_arrow
-    return _open_arrow(path).schema
+    return _open_arrow(path)[1].schema
 
 
 def check_schema(path: str, columns: dict[str, str]) -> None:
@@ -130,39 +131,52 @@ def _json_default(value: Any) -> Any:
     return str(value)
 
 
-def _batches(path: str, rows: int) -> Iterator[Any]:
+def _batches(path: str, rows: int) -> Iterator[tuple[Any, float]]:
+    """The record batches of ``path``, each with the share of the file behind it once it is read: of the rows
+    for Parquet (the footer counts them), of the bytes for an Arrow stream (its position), of the batches for an
+    Arrow file."""
     import pyarrow as pa
 
     if path.endswith(".parquet"):
         parquet = _parquet(path)
+        total, done = max(1, parquet.metadata.num_rows), 0
         if storage.is_url(path):  # one row group at a time: pyarrow would otherwise fetch them all in one range
-            for group in range(parquet.num_row_groups):
-                yield from parquet.iter_batches(batch_size=rows, row_groups=[group])
-            return
-        yield from parquet.iter_batches(batch_size=rows)
+            groups = ([g] for g in range(parquet.num_row_groups))
+            batches = (b for g in groups for b in parquet.iter_batches(batch_size=rows, row_groups=g))
+        else:
+            batches = parquet.iter_batches(batch_size=rows)
+        for batch in batches:
+            done += batch.num_rows
+            yield batch, done / total
         return
-    reader = _open_arrow(path)
+    source, reader = _open_arrow(path)
     if isinstance(reader, pa.ipc.RecordBatchFileReader):
         for i in range(reader.num_record_batches):
-            yield reader.get_batch(i)
-    else:
-        yield from reader
+            yield reader.get_batch(i), (i + 1) / reader.num_record_batches
+        return
+    size = max(1, source.size())
+    for batch in reader:
+        yield batch, source.tell() / size
 
 
-def columnar_blocks(record: InputFile, rows: int, columns: dict[str, str]) -> Iterator[Block]:
-    """``Block``s of JSON lines, one per row of ``record.path``; fills in its size, hash and row count."""
+def columnar_blocks(record: InputFile, rows: int, columns: dict[str, str], size: int | None = None) -> Iterator[Block]:
+    """``Block``s of JSON lines, one per row of ``record.path``; fills in its size, hash and row count. Before
+    each block ``record.size`` is the bytes of the file behind it (its share of ``size``, the file's size, read
+    from the store if not given), as a JSONL file's is, for progress and a mixed part's share of its source."""
     check_schema(record.path, columns)
+    size = storage.size(record.path) if size is None else size
     row = 0
-    for batch in _batches(record.path, rows):
+    for batch, done in _batches(record.path, rows):
         names = [columns.get(n, n) for n in batch.schema.names]
         table = batch.rename_columns(names) if names != batch.schema.names else batch
         lines = [json.dumps(r, ensure_ascii=False, default=_json_default) for r in table.to_pylist()]
+        record.size = min(size, round(done * size))
         if lines:
             data = ("\n".join(lines) + "\n").encode("utf-8", "surrogatepass")
             yield Block(record.path, row, len(lines), data)
         row += len(lines)
     record.lines = row
-    digest = hashlib.sha256()
+    digest, record.size = hashlib.sha256(), 0
     for chunk in storage.iter_chunks(record.path):
         digest.update(chunk)
         record.size += len(chunk)

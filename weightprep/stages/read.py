@@ -229,7 +229,7 @@ def read_blocks(
     file, and size, hash and line count are the range's. ``size``: the whole file's size where the plan knows it
     (an object is then read to there without asking the store for it)."""
     if record.path.endswith(COLUMNAR_SUFFIXES):
-        yield from columnar_blocks(record, max(64, block_bytes // 2048), columns or {})
+        yield from columnar_blocks(record, max(64, block_bytes // 2048), columns or {}, size)
         return
     ranged = bool(start or end is not None)
     if ranged and is_compressed(record.path):
