@@ -188,11 +188,11 @@ def test_a_source_option_without_a_path_is_one_problem():
                                   "give fewer epochs"),
     ],
 )  # fmt: skip
-def test_a_bad_option_value_names_the_whole_option(text, problem):
+def test_a_bad_option_value_names_the_whole_option_then_the_field(text, problem):
+    """``--source a=a.jsonl,weight=yes: weight: ...`` (not ``...weight=yes.weight: ``, which reads as one value)."""
     with pytest.raises(ConfigError) as caught:
         parse_source_option(text)
-    (got,) = caught.value.problems
-    assert got.startswith(f"--source {text}") and got.endswith(problem)
+    assert caught.value.problems == [f"--source {text}: {problem}"]
 
 
 # ---- epochs: at most MAX_EPOCHS -------------------------------------------------------------------------------

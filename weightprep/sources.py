@@ -64,69 +64,70 @@ class Source:
                 "columns": self.columns, "role_weights": self.role_weights}  # fmt: skip
 
 
-def _number(where: str, key: str, value: Any, problems: list[str]) -> float | None:
-    """``value`` as a float, or None and a problem naming ``where.key``."""
+def _number(field: str, key: str, value: Any, problems: list[str]) -> float | None:
+    """``value`` as a float, or None and a problem naming ``field + key``."""
     if isinstance(value, str):
         try:
             value = float(value)
         except ValueError:
-            problems.append(f"{where}.{key}: expected a number, got {value!r}")
+            problems.append(f"{field}{key}: expected a number, got {value!r}")
             return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        problems.append(f"{where}.{key}: expected a number, got {type(value).__name__} {value!r}")
+        problems.append(f"{field}{key}: expected a number, got {type(value).__name__} {value!r}")
         return None
     try:
         return float(value)
     except OverflowError:
-        problems.append(f"{where}.{key}: {value} is too large")
+        problems.append(f"{field}{key}: {value} is too large")
         return None
 
 
-def _source(where: str, data: dict[str, Any], problems: list[str]) -> Source | None:
-    """One source from its mapping, its problems appended (naming ``where``)."""
+def _source(field: str, data: dict[str, Any], problems: list[str]) -> Source | None:
+    """One source from its mapping, its problems appended, each naming its key after ``field`` (``sources[2].``,
+    ``--source a=x.jsonl,epochs=0: ``)."""
     for key in data:
         if key not in _KEYS:
-            problems.append(f"{where}.{key}: unknown key; expected one of {', '.join(_KEYS)}")
+            problems.append(f"{field}{key}: unknown key; expected one of {', '.join(_KEYS)}")
     name, path = data.get("name"), data.get("path")
     ok = True
     if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
-        problems.append(f"{where}.name: expected a name of letters, digits and '_', at most 100 (it names the split "
+        problems.append(f"{field}name: expected a name of letters, digits and '_', at most 100 (it names the split "
                         f"validation_NAME), got {name!r}")  # fmt: skip
         ok = False
     if isinstance(path, str):
         path = [path]
     if not isinstance(path, list) or not path or not all(isinstance(p, str) and p for p in path):
-        problems.append(f"{where}.path: expected a file, directory or glob (or a list of them), got {path!r}")
+        problems.append(f"{field}path: expected a file, directory or glob (or a list of them), got {path!r}")
         ok = False
-    weight = _number(where, "weight", data.get("weight", 1.0), problems)
+    weight = _number(field, "weight", data.get("weight", 1.0), problems)
     if weight is not None:
         weight += 0.0  # -0.0 is 0: no "-0" in the manifest and the table, no -0.0 token weights
     if weight is not None and not is_valid_weight(weight):
-        problems.append(f"{where}.weight: must be a finite number >= 0, got {weight}{weight_overflow_note(weight)}")
-    epochs = _number(where, "epochs", data.get("epochs", 1.0), problems)
+        problems.append(f"{field}weight: must be a finite number >= 0, got {weight}{weight_overflow_note(weight)}")
+    epochs = _number(field, "epochs", data.get("epochs", 1.0), problems)
     if epochs is not None and not (math.isfinite(epochs) and epochs > 0):
-        problems.append(f"{where}.epochs: must be a finite number > 0, got {epochs}")
+        problems.append(f"{field}epochs: must be a finite number > 0, got {epochs}")
     elif epochs is not None and epochs > MAX_EPOCHS:
         shown = repr(epochs).removesuffix(".0")  # all its digits: 1000.0000001 is not shown as the limit itself
-        problems.append(f"{where}.epochs: {shown} is more than {MAX_EPOCHS}: each copy is a packing pass of every "
+        problems.append(f"{field}epochs: {shown} is more than {MAX_EPOCHS}: each copy is a packing pass of every "
                         "part; give fewer epochs")  # fmt: skip
     for key in ("columns", "role_weights"):
         if data.get(key) is not None and not isinstance(data[key], str):
-            problems.append(f"{where}.{key}: expected a string, got {data[key]!r}")
+            problems.append(f"{field}{key}: expected a string, got {data[key]!r}")
     if data.get("columns") is not None and isinstance(data["columns"], str):
         from weightprep.stages.columnar import parse_columns
 
         try:
             parse_columns(data["columns"])
         except UsageError as exc:
-            problems.append(f"{where}.columns: {exc}".replace("--columns: ", ""))
+            problems.append(f"{field}columns: {exc}".replace("--columns: ", ""))
     if isinstance(data.get("role_weights"), str):
         from weightprep.stages.chat import parse_role_weights
 
         try:
             parse_role_weights(data["role_weights"])
         except ConfigError as exc:
-            problems.extend(f"{where}.{p}" for p in exc.problems)
+            problems.extend(f"{field}{p}" for p in exc.problems)
     if not ok:
         return None
     return Source(name, tuple(path), weight, epochs, data.get("columns"), data.get("role_weights"))  # type: ignore
@@ -150,7 +151,7 @@ def parse_source_option(text: str) -> Source:
         if key in data:
             problems.append(f"{where}: {key} given twice")
         data[key] = value
-    source = _source(where, data, problems)
+    source = _source(f"{where}: ", data, problems)
     if problems:
         raise ConfigError(problems)
     assert source is not None
@@ -167,7 +168,7 @@ def sources_from_data(data: Any, origin: str | None = None) -> list[Source]:
         if not isinstance(item, dict):
             problems.append(f"sources[{i}]: expected a mapping of {', '.join(_KEYS)}, got {item!r}")
             continue
-        source = _source(f"sources[{i}]", item, problems)
+        source = _source(f"sources[{i}].", item, problems)
         if source is not None:
             sources.append(source)
     if problems:
@@ -180,7 +181,7 @@ def check_source_names(sources: list[Source]) -> None:
     as a declaration is too: a ``Source`` made in Python (``build(sources=...)``) skips the parsing."""
     problems: list[str] = []
     for s in sources:
-        _source(f"source {s.name!r}", {"name": s.name, "path": list(s.paths), "weight": s.weight, "epochs": s.epochs,
+        _source(f"source {s.name!r}.", {"name": s.name, "path": list(s.paths), "weight": s.weight, "epochs": s.epochs,
                                       "columns": s.columns, "role_weights": s.role_weights}, problems)  # fmt: skip
     if problems:
         raise ConfigError(problems)
