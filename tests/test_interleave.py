@@ -229,8 +229,7 @@ def test_a_builds_documents_go_on_in_t_source_read_order(tmp_path, sample_tok):
     """Shares that are exact binary fractions make the order known in advance: 16 records of 256 bytes (4 a block
     of 1024 bytes) in source ``a``, 16 of 128 bytes (8 a block) in ``b`` and 4 of 1024 bytes (one a block) in
     ``c``, so record r is at t = (r + 1/2) / N of its source's N records, and ``b`` reads records 4-7 before
-    ``a`` does: ties go to ``a``, the earlier source. A compressed source ``z`` reads ahead of its blocks (its
-    share is 1 after its first), so all its later blocks are at t = 1: they keep the order they were read in."""
+    ``a`` does: ties go to ``a``, the earlier source. A compressed source ``z`` goes on in the order read."""
     a = tmp_path / "a.jsonl"
     a.write_text(_fixed_lines("a", 16, 256), encoding="utf-8")
     b = tmp_path / "b.jsonl"
@@ -252,12 +251,16 @@ def test_a_builds_documents_go_on_in_t_source_read_order(tmp_path, sample_tok):
     assert [r for t, r in tags if t == "z"] == list(range(150))  # one source: the order read
 
 
-def _write_columnar(path: Path, texts: list[str], kind: str) -> None:
-    """``texts`` as a ``text`` column in batches (row groups) of 64 rows: Parquet, an Arrow stream (what
-    ``datasets`` writes) or an Arrow file."""
+def _write_source(path: Path, texts: list[str], kind: str) -> None:
+    """``texts`` as records of one piece: a ``text`` column in batches (row groups) of 64 rows (Parquet, an Arrow
+    stream as ``datasets`` writes, an Arrow file), or compressed JSON lines."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    if kind in ("gz", "zst"):
+        data = "".join(json.dumps({"pieces": [{"text": t, "weight": 1.0}]}) + "\n" for t in texts).encode()
+        path.write_bytes(gzip.compress(data) if kind == "gz" else __import__("zstandard").compress(data))
+        return
     table = pa.table({"text": texts})
     if kind == "parquet":
         pq.write_table(table, path, row_group_size=64)
@@ -269,16 +272,21 @@ def _write_columnar(path: Path, texts: list[str], kind: str) -> None:
         writer.close()
 
 
-@pytest.mark.parametrize("kind", ["parquet", "stream", "file"])
-def test_a_columnar_source_is_mixed_in_proportion_to_the_rows_it_has_read(kind, tmp_path, sample_tok):
-    """A Parquet or Arrow source reads batches of 64 rows; each batch's share of the file is known as it is read
-    (rows, stream position, batches), so its 256 rows spread over the part like the 16 lines of a JSONL source:
-    before line r of ``a`` (at t = (r + 1/2) / 16) come about 256 t columnar rows, never all of them first.
-    (Before, a columnar file's size was known only at its end: every row at t = 0, the whole file first.)"""
+_SUFFIX = {"parquet": "parquet", "stream": "arrow", "file": "arrow", "gz": "jsonl.gz", "zst": "jsonl.zst"}
+
+
+@pytest.mark.parametrize("kind", list(_SUFFIX))
+def test_a_columnar_or_compressed_source_is_mixed_in_proportion_to_what_it_has_read(kind, tmp_path, sample_tok):
+    """A source whose bytes behind a block are not its offset: a Parquet or Arrow file read in batches of 64 rows
+    (its share: of rows, of the stream's bytes, of batches) and a compressed file, whose buffers read far ahead of
+    the blocks (its share: the compressed bytes consumed, in proportion to the decompressed bytes handed on). Its
+    256 records spread over the part like the 16 lines of a JSONL source: before line r of ``a`` (t = (r + 1/2) /
+    16) come about 256 t of them. (Before, a columnar file's share was 0 until its end and a small compressed
+    file's 1 after its first block: all of it first, or all of it after its first block at the end.)"""
     a = tmp_path / "a.jsonl"
     a.write_text(_fixed_lines("a", 16, 256), encoding="utf-8")
-    q = tmp_path / f"q.{'parquet' if kind == 'parquet' else 'arrow'}"
-    _write_columnar(q, [f"<q.{r}> kappa {r % 5}" for r in range(256)], kind)
+    q = tmp_path / f"q.{_SUFFIX[kind]}"
+    _write_source(q, [f"<q.{r}> kappa {r % 5}" for r in range(256)], kind)
     cfg = config_from_dict({"pack": {"seq_len": 1024, "enabled": False}, "read": {"block_bytes": 1024}})
     build([], tmp_path / "out", cfg, tokenizer=sample_tok, sources=[Source("a", (str(a),)), Source("q", (str(q),))],
           executor=SerialExecutor())  # fmt: skip
@@ -287,8 +295,9 @@ def test_a_columnar_source_is_mixed_in_proportion_to_the_rows_it_has_read(kind, 
     assert [r for t, r in tags if t == "q"] == list(range(256))
     before = [sum(t == "q" for t, _ in tags[:i]) for i, tag in enumerate(tags) if tag[0] == "a"]
     expected = [256 * (r + 0.5) / 16 for r in range(16)]
-    # exact for rows and batches; an Arrow stream's share is of its bytes, the schema's before its first batch
-    slack = 4 if kind == "stream" else 0
+    # exact for rows and batches; bytes are not rows: an Arrow stream's schema, a compressed file's header and its
+    # shorter first lines (<q.0> ... <q.9>)
+    slack = 0 if kind in ("parquet", "file") else 4
     assert all(abs(got - want) <= slack for got, want in zip(before, expected, strict=True)), (before, expected)
 
 

@@ -21,7 +21,6 @@ from weightprep.batches import Documents, Records, Reject, Rows
 from weightprep.config import BuildConfig
 from weightprep.constants import IGNORE_INDEX
 from weightprep.distribute.plan import InputPart
-from weightprep.errors import is_columnar, is_compressed
 from weightprep.stages.assemble import assemble
 from weightprep.stages.chat import ChatRenderer, parse_role_weights, render_chats
 from weightprep.stages.chat_templates import resolve_templates, template_sha256
@@ -148,22 +147,18 @@ class Chats:
 
 
 def parsed_blocks(
-    part: InputPart, record: InputFile, cfg: BuildConfig, chats: Chats | None, *, exact: bool = False
+    part: InputPart, record: InputFile, cfg: BuildConfig, chats: Chats | None
 ) -> Iterator[tuple[Records, list[Reject], int]]:
     """Validated records (conversations rendered by ``chats``; None: left as they are) and, when skipping, rejects
-    of every block of ``part``, with the input bytes consumed so far (``exact``: of a plain file, the bytes of the
-    part up to the block's end, rather than what the buffered reader has read ahead). In strict mode the first bad
-    line of the block, in input order, is raised."""
+    of every block of ``part``, with the input bytes behind the block (``InputFile.behind``: of the part, without
+    what the buffered readers have read ahead). In strict mode the first bad line of the block, in input order, is
+    raised."""
     skip = cfg.validate.on_invalid == "skip"
     columns = parse_columns(cfg.read.columns)
     # a whole file's size is known from the plan: an object is then opened without another metadata request
     window = {"size": part.end} if part.whole else {"start": part.start, "end": part.end}
-    plain = exact and not (is_compressed(part.path) or is_columnar(part.path))
     for block in read_blocks(record, cfg.read.block_bytes, cfg.read.max_line_bytes, columns, **window):
-        # a block ends where its last line does (a too-long line: past its newline); a supplied final newline
-        # is not in the file
-        end = block.offset + (block.too_long + 1 if block.too_long else len(block.data))
-        consumed = min(end, part.end) - part.start if plain else record.size
+        consumed = record.behind
         rejects: list[Reject] = []
         records = parse_block(block, rejects)
         if chats is not None:

@@ -89,7 +89,7 @@ def _source_blocks(
         if source != s:
             continue
         record = files[j] = InputFile(seg.path)
-        for records, rejects, consumed in parsed_blocks(seg, record, cfg, chats, exact=True):
+        for records, rejects, consumed in parsed_blocks(seg, record, cfg, chats):
             yield j, records, rejects, done + min(consumed, seg.size)
         done += seg.size
 

@@ -160,9 +160,8 @@ def _batches(path: str, rows: int) -> Iterator[tuple[Any, float]]:
 
 
 def columnar_blocks(record: InputFile, rows: int, columns: dict[str, str], size: int | None = None) -> Iterator[Block]:
-    """``Block``s of JSON lines, one per row of ``record.path``; fills in its size, hash and row count. Before
-    each block ``record.size`` is the bytes of the file behind it (its share of ``size``, the file's size, read
-    from the store if not given), as a JSONL file's is, for progress and a mixed part's share of its source."""
+    """``Block``s of JSON lines, one per row of ``record.path``; fills in its size, hash and row count, and before
+    each block ``record.behind``: its share of the file's ``size`` (read from the store if not given)."""
     check_schema(record.path, columns)
     size = storage.size(record.path) if size is None else size
     row = 0
@@ -170,13 +169,13 @@ def columnar_blocks(record: InputFile, rows: int, columns: dict[str, str], size:
         names = [columns.get(n, n) for n in batch.schema.names]
         table = batch.rename_columns(names) if names != batch.schema.names else batch
         lines = [json.dumps(r, ensure_ascii=False, default=_json_default) for r in table.to_pylist()]
-        record.size = min(size, round(done * size))
+        record.behind = min(size, round(done * size))
         if lines:
             data = ("\n".join(lines) + "\n").encode("utf-8", "surrogatepass")
             yield Block(record.path, row, len(lines), data)
         row += len(lines)
     record.lines = row
-    digest, record.size = hashlib.sha256(), 0
+    digest = hashlib.sha256()
     for chunk in storage.iter_chunks(record.path):
         digest.update(chunk)
         record.size += len(chunk)

@@ -16,8 +16,8 @@ file given twice is an error (its records would be counted twice).
 
 from __future__ import annotations
 
+import functools
 import glob
-import gzip
 import hashlib
 import io
 import os
@@ -44,12 +44,16 @@ _BOM = b"\xef\xbb\xbf"
 
 @dataclass
 class InputFile:
-    """One input file; ``size``, ``sha256`` and ``lines`` are filled as it is read."""
+    """One input file; ``size``, ``sha256`` and ``lines`` are filled as it is read. ``behind``: the bytes of the
+    file behind the last block handed on, read-ahead left out (a compressed file's: the compressed bytes that the
+    decompressor has consumed, in proportion to the decompressed bytes handed on of those it has made; a columnar
+    file's: its share of rows or batches) -- what a mixed part's share of its source and progress are counted in."""
 
     path: str
     size: int = 0
     sha256: str = ""
     lines: int = 0
+    behind: int = 0
     _hash: Any = field(default_factory=hashlib.sha256, repr=False)
 
     def as_manifest(self) -> dict[str, object]:
@@ -97,46 +101,75 @@ class _RangeReader(io.RawIOBase):
         super().close()
 
 
-class _ZstdReader(io.RawIOBase):
-    """Decompresses a (multi-frame) zstd stream and, unlike ``zstandard.stream_reader``, raises
-    ``EOFError`` when the input ends inside a frame, so a truncated file is never read as complete."""
+class _Decompressor(io.RawIOBase):
+    """Decompresses a stream of gzip members or zstd frames, as many as it holds, and, unlike
+    ``zstandard.stream_reader``, raises ``EOFError`` when the input ends inside one, so a truncated file is never
+    read as complete (zero bytes after a gzip member are padding, as ``gzip`` reads them). ``fed`` counts the
+    compressed bytes consumed, ``made`` the bytes made of them: ``behind`` estimates from them the compressed bytes
+    behind a decompressed offset, however far the buffers read ahead."""
 
-    def __init__(self, raw: BinaryIO) -> None:
-        try:
-            import zstandard
-        except ImportError:  # pragma: no cover - a declared dependency
-            raise UsageError("reading .zst input needs zstandard: pip install zstandard") from None
-        self._new = zstandard.ZstdDecompressor().decompressobj
+    def __init__(self, raw: BinaryIO, kind: str) -> None:
+        if kind == "gz":
+            self._new: Any = functools.partial(zlib.decompressobj, wbits=31)  # 16 + MAX_WBITS: a gzip header
+        else:
+            try:
+                import zstandard
+            except ImportError:  # pragma: no cover - a declared dependency
+                raise UsageError("reading .zst input needs zstandard: pip install zstandard") from None
+            self._new = zstandard.ZstdDecompressor().decompressobj
+        self._kind = kind
         self._dobj = self._new()
         self._raw = raw
         self._buf = memoryview(b"")
+        self._input = b""  # compressed bytes read and not yet consumed
         self._in_frame = False
+        self.fed = self.made = 0
 
     def readable(self) -> bool:
         return True
 
     def readinto(self, buffer: Any) -> int:
         while not self._buf:
-            chunk = self._raw.read(1 << 16)
-            if not chunk:
-                if self._in_frame:
-                    raise EOFError("zstd stream ended before the end of its last frame")
-                return 0
-            self._buf = memoryview(self._decompress(chunk))
+            if not self._input:
+                self._input = self._raw.read(1 << 16)
+                if not self._input:
+                    if self._in_frame:
+                        unit = "member" if self._kind == "gz" else "frame"
+                        raise EOFError(f"{self._kind} stream ended before the end of its last {unit}")
+                    return 0
+            self._buf = memoryview(self._step())
         n = min(len(buffer), len(self._buf))
         buffer[:n] = self._buf[:n]
         self._buf = self._buf[n:]
         return n
 
-    def _decompress(self, chunk: bytes) -> bytes:
-        out = []
-        while chunk:
-            self._in_frame = True
-            out.append(self._dobj.decompress(chunk))
-            if not self._dobj.eof:
-                break
-            chunk, self._dobj, self._in_frame = self._dobj.unused_data, self._new(), False
-        return b"".join(out)
+    def _step(self) -> bytes:
+        """One call of the decompressor on the input held (gzip: at most 1 MiB out of it, so that a line of
+        hundreds of MB compressed to little is never made whole), keeping what it did not consume."""
+        chunk = self._input
+        if self._kind == "gz" and not self._in_frame and self.fed:  # after a member: padding, or the next one
+            kept = chunk.lstrip(b"\x00")
+            self.fed += len(chunk) - len(kept)
+            chunk = self._input = kept
+            if not chunk:
+                return b""
+        self._in_frame = True
+        if self._kind == "gz":
+            out = self._dobj.decompress(chunk, 1 << 20)
+            rest = self._dobj.unused_data if self._dobj.eof else self._dobj.unconsumed_tail
+        else:
+            out = self._dobj.decompress(chunk)
+            rest = self._dobj.unused_data if self._dobj.eof else b""
+        self.fed += len(chunk) - len(rest)
+        self.made += len(out)
+        if self._dobj.eof:
+            self._dobj, self._in_frame = self._new(), False
+        self._input = rest
+        return out
+
+    def behind(self, end: int) -> int:
+        """The compressed bytes behind decompressed offset ``end``: those consumed, in proportion."""
+        return min(self.fed, self.fed * end // self.made) if self.made else self.fed
 
 
 def expand_inputs(patterns: list[str] | tuple[str, ...]) -> list[str]:
@@ -201,13 +234,13 @@ def check_inputs(paths: list[str], columns: dict[str, str] | None = None) -> Non
             check_schema(p, columns or {})
 
 
-def _open(record: InputFile, raw: BinaryIO) -> BinaryIO:
+def _open(record: InputFile, raw: BinaryIO) -> tuple[BinaryIO, _Decompressor | None]:
+    """The file's (decompressed) stream, hashed and counted as it is read, and its decompressor (None: plain)."""
     hashed: Any = io.BufferedReader(_HashingReader(raw, record), buffer_size=1 << 20)
-    if record.path.endswith(".gz"):
-        return gzip.GzipFile(fileobj=hashed, mode="rb")  # type: ignore[return-value]
-    if record.path.endswith(".zst"):
-        return io.BufferedReader(_ZstdReader(hashed), buffer_size=1 << 20)  # type: ignore[return-value]
-    return hashed  # type: ignore[no-any-return]
+    if is_compressed(record.path):
+        decompressor = _Decompressor(hashed, record.path.rsplit(".", 1)[-1])
+        return io.BufferedReader(decompressor, buffer_size=1 << 20), decompressor  # type: ignore[return-value]
+    return hashed, None
 
 
 def read_blocks(
@@ -238,7 +271,8 @@ def read_blocks(
     with storage.open_input(record.path, start, end if end is not None else size) as raw:
         if ranged and not storage.is_url(record.path):
             raw = _RangeReader(raw, (end if end is not None else os.fstat(raw.fileno()).st_size) - start)
-        yield from _Lines(record, _open(record, raw), block_bytes, max_line_bytes, start=start).blocks()
+        stream, decompressor = _open(record, raw)
+        yield from _Lines(record, stream, block_bytes, max_line_bytes, start=start, decompressor=decompressor).blocks()
     # hash only complete once the stream is drained (the compressed trailer included)
     record.sha256 = record._hash.hexdigest()
 
@@ -257,8 +291,12 @@ def _head(parts: list[bytes]) -> bytes:
 class _Lines:
     """The block cutter: ``pending`` holds the start of a line whose newline has not come yet."""
 
-    def __init__(self, record: InputFile, stream: BinaryIO, block_bytes: int, max_line_bytes: int, start: int = 0) -> None:
+    def __init__(
+        self, record: InputFile, stream: BinaryIO, block_bytes: int, max_line_bytes: int, start: int = 0,
+        decompressor: _Decompressor | None = None,
+    ) -> None:  # fmt: skip
         self.record, self.stream, self.max_line = record, stream, max_line_bytes
+        self.start, self.decompressor = start, decompressor
         # reading at most max_line bytes at a time means a line inside one read is never too long
         self.step = max(1, min(block_bytes, max_line_bytes))
         self.line, self.offset = 1, start  # number and stream offset of the next line to hand on
@@ -298,6 +336,17 @@ class _Lines:
         return block
 
     def blocks(self) -> Iterator[Block]:
+        """The blocks, ``record.behind`` set before each is handed on."""
+        for block in self._blocks():
+            # a block ends where its last line does (a too-long line: past its newline)
+            end = block.offset + (block.too_long + 1 if block.too_long else len(block.data))
+            if self.decompressor is not None:  # an estimate, whose ratio moves as members are read: kept rising
+                self.record.behind = max(self.record.behind, self.decompressor.behind(end))
+            else:  # the bytes read so far bound it: a supplied final newline is not in the file
+                self.record.behind = min(end - self.start, self.record.size)
+            yield block
+
+    def _blocks(self) -> Iterator[Block]:
         try:
             chunk = self._read(max(self.step, len(_BOM)))  # the whole BOM, if any, in the first read
             if self.at_file_start and chunk.startswith(_BOM):
