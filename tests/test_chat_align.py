@@ -207,3 +207,24 @@ def test_a_generation_prompt_token_is_a_role_header_even_where_the_user_has_none
     render = ChatRenderer(_tok(ANSWER_HEADER))
     turn, in_turn = render.control_tokens()
     assert "<|assistant|>" in turn and in_turn == ()
+
+
+#: EOS after the last message only where it is a user's: the render of [user] ends with EOS, that of [user,
+#: assistant] does not -- not an EOS written after every render (Phi-3's), which turns would end before.
+EOS_AFTER_USER = (
+    "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}<|end|>{% endfor %}"
+    "{% if messages[-1].role == 'user' %}</s>{% endif %}{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+EOS_AFTER_ASSISTANT = EOS_AFTER_USER.replace("'user'", "'assistant'")
+EOS_AFTER_EVERY_RENDER = "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}<|end|>{% endfor %}</s>"
+#: the same, refusing to render no message (it reads the first message's role)
+EOS_AFTER_EVERY_RENDER_OF_SOME = "{% if messages[0]['role'] == 'system' %}[s]{% endif %}" + EOS_AFTER_EVERY_RENDER
+
+
+@pytest.mark.parametrize(
+    ("template", "trails"),
+    [(EOS_AFTER_USER, False), (EOS_AFTER_ASSISTANT, False), (EOS_AFTER_EVERY_RENDER, True),
+     (EOS_AFTER_EVERY_RENDER_OF_SOME, True)],
+)  # fmt: skip
+def test_an_eos_is_a_trailer_only_where_every_render_ends_with_it(template, trails):
+    assert ChatRenderer(_tok(template))._trails_eos() is trails

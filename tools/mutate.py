@@ -52,6 +52,10 @@ MODULES: dict[str, list[str]] = {
     # prefix renders cut from one render of the whole conversation (split out of chat.py)
     "stages/chat_prefixes.py": ["tests/test_chat_prefixes.py", "tests/test_chat.py"],
     "stages/chat_templates.py": ["tests/test_chat_history.py"],
+    # lines and their bytes: the block cutter, the decompressor and each block's bytes behind it
+    "stages/read.py": [
+        "tests/test_decompress.py", "tests/test_hostile_fuzz.py", "tests/test_hostile_inputs.py", "tests/test_interleave.py",
+    ],
     # test_chat_turns: turn rows across parts; test_sources: mixed parts (several byte ranges a part)
     "distribute/merge.py": ["tests/test_distribute.py", "tests/test_chat_turns.py", "tests/test_sources.py"],
     # test_executors: the workers' own code (_run_local, the Ray actor's class) called in this process
@@ -84,6 +88,8 @@ _ZERO_GRAPH = "every term is x * 0.0: adding or subtracting one gives the same v
 _HEADER_UNUSED = "headers is empty only when no probe shape was read (read is empty): header is used in that loop only"
 _CACHE_KEY = "a cache key only: dicts equal but for their key order get their own entries, each rendered alike"
 _NAMES_TEST = "_names_ok is read only as `not _names_ok(...)`: None refuses as False does"
+_JOINED = ("the search of every string joined only decides whether to search string by string: a token in one string "
+           "is in the join too, and a match across two sends it to the per-string search, which finds none")
 
 #: mutant id (``--list`` prints them) -> why no test can tell it from the original (an equivalent mutant)
 EQUIVALENT: dict[str, str] = {
@@ -271,6 +277,22 @@ EQUIVALENT: dict[str, str] = {
     "stages/chat_prefixes.py:_names_ok:return_none:return False#1": _NAMES_TEST,
     "stages/chat_prefixes.py:_names_ok:return_none:return False#2": _NAMES_TEST,
     "stages/chat_prefixes.py:_names_ok:return_none:return False#3": _NAMES_TEST,
+    "stages/chat.py:ChatRenderer._trails_eos:int+1:one, two = (self.render(prepared, k)[0] for k in (1, 2))#2":
+        "the probe conversation has two messages: rendering its first three renders both, as two does",
+    "stages/chat.py:ChatRenderer._check_control_tokens:negate:if self._joinable is None:": _JOINED,
+    "stages/chat.py:ChatRenderer._check_control_tokens:compare0:if self._joinable is None:": _JOINED,
+    "stages/chat.py:ChatRenderer._check_control_tokens:not:self._joinable = not any((_SEPARATOR in t for t in self.control_tokens()[0]))":
+        _JOINED,
+    "stages/chat.py:ChatRenderer._check_control_tokens:compare0:self._joinable = not any((_SEPARATOR in t for t in self.control_tokens()[0]))":
+        _JOINED,
+    "stages/chat.py:ChatRenderer._check_control_tokens:int+1:self._joinable = not any((_SEPARATOR in t for t in self.control_tokens()[0]))":
+        _JOINED,
+    "stages/chat.py:ChatRenderer._check_control_tokens:negate:if self._joinable:": _JOINED,
+    "stages/chat.py:ChatRenderer.documents:compare0:if exc.reason == 'generation_prompt_mismatch' and self.original is None:#1":
+        "with original None the per-turn loop meets the same mismatch at the same message (G_i and P_i+1 are the "
+        "same renders of messages[:i+1]) and returns the same _trained document; with original set the template is "
+        "TRL's training template, whose answers are weighed by their {% generation %} blocks: char_weights never "
+        "raises generation_prompt_mismatch there",
 }
 
 _COMPARE_SWAP = {
