@@ -54,7 +54,8 @@ MODULES: dict[str, list[str]] = {
     "stages/chat_templates.py": ["tests/test_chat_history.py"],
     # lines and their bytes: the block cutter, the decompressor and each block's bytes behind it
     "stages/read.py": [
-        "tests/test_decompress.py", "tests/test_hostile_fuzz.py", "tests/test_hostile_inputs.py", "tests/test_interleave.py",
+        "tests/test_read.py", "tests/test_decompress.py", "tests/test_hostile_fuzz.py", "tests/test_hostile_inputs.py",
+        "tests/test_interleave.py",
     ],
     # test_chat_turns: turn rows across parts; test_sources: mixed parts (several byte ranges a part)
     "distribute/merge.py": ["tests/test_distribute.py", "tests/test_chat_turns.py", "tests/test_sources.py"],

@@ -56,9 +56,6 @@ class InputFile:
     behind: int = 0
     _hash: Any = field(default_factory=hashlib.sha256, repr=False)
 
-    def as_manifest(self) -> dict[str, object]:
-        return {"path": self.path, "bytes": self.size, "sha256": self.sha256, "lines": self.lines}
-
 
 class _HashingReader(io.RawIOBase):
     """Passes reads through while hashing and counting the raw (compressed) bytes."""
@@ -79,14 +76,12 @@ class _HashingReader(io.RawIOBase):
 
 
 class _RangeReader(io.RawIOBase):
-    """The next ``size`` bytes of ``raw``, then end of file."""
+    """The next ``size`` bytes of ``raw``, then end of file (read by ``_HashingReader``; ``raw`` is closed by
+    whoever opened it)."""
 
     def __init__(self, raw: BinaryIO, size: int) -> None:
         self._raw = raw
         self._left = size
-
-    def readable(self) -> bool:
-        return True
 
     def readinto(self, buffer: Any) -> int:
         if self._left <= 0:
@@ -95,10 +90,6 @@ class _RangeReader(io.RawIOBase):
         n = self._raw.readinto(view)  # type: ignore[attr-defined]
         self._left -= n or 0
         return n or 0
-
-    def close(self) -> None:
-        self._raw.close()
-        super().close()
 
 
 class _Decompressor(io.RawIOBase):

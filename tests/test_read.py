@@ -1,0 +1,86 @@
+"""The read stage's bytes (``weightprep.stages.read``): a byte range of a file is read as exactly its lines, numbered
+from 1 with the file's own offsets; every file's size and SHA-256 are of its raw bytes (the range's, for a range);
+``InputFile.behind`` ends at what was read. Each against a reference computed here from the file's bytes."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+
+import pytest
+import zstandard
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from weightprep.stages.read import InputFile, read_blocks
+
+
+def _line(i: int, width: int) -> bytes:
+    return json.dumps({"pieces": [{"text": f"{i}:" + "y" * width, "weight": 1}]}).encode() + b"\n"
+
+
+def _blocks(path, block_bytes: int, **window) -> tuple[list, InputFile]:
+    record = InputFile(str(path))
+    out = []
+    for block in read_blocks(record, block_bytes, **window):
+        out.append((block.first_line, block.n_lines, block.offset, block.data, record.behind))
+    return out, record
+
+
+@settings(max_examples=60, deadline=None)
+@given(widths=st.lists(st.integers(0, 90), min_size=1, max_size=25), data=st.data(),
+       block_bytes=st.sampled_from([1, 7, 64, 4096]))  # fmt: skip
+def test_a_byte_range_is_read_as_exactly_its_lines(tmp_path_factory, widths, data, block_bytes):
+    lines = [_line(i, w) for i, w in enumerate(widths)]
+    starts = [0]
+    for line in lines:
+        starts.append(starts[-1] + len(line))
+    a = data.draw(st.integers(0, len(lines) - 1))
+    b = data.draw(st.integers(a + 1, len(lines)))
+    path = tmp_path_factory.mktemp("r") / "in.jsonl"
+    raw = b"".join(lines)
+    path.write_bytes(raw)
+    blocks, record = _blocks(path, block_bytes, start=starts[a], end=starts[b])
+    assert b"".join(d for *_, d, _ in blocks) == b"".join(lines[a:b])
+    # lines numbered from 1 within the range, offsets of the file
+    got = [(first, off) for first, _, off, _, _ in blocks]
+    want, line, off = [], 1, starts[a]
+    for first, n, offset, d, _ in blocks:
+        want.append((line, off))
+        line, off = line + n, off + len(d)
+    assert got == want and line - 1 == b - a == record.lines
+    piece = raw[starts[a] : starts[b]]
+    assert record.size == len(piece) and record.sha256 == hashlib.sha256(piece).hexdigest()
+    behind = [bh for *_, bh in blocks]
+    assert behind == [off + len(d) - starts[a] for _, _, off, d, _ in blocks] and behind[-1] == len(piece)
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "jsonl.gz", "jsonl.zst"])
+def test_a_files_size_and_hash_are_of_its_raw_bytes(kind, tmp_path):
+    data = b"".join(_line(i, i % 50) for i in range(300))
+    raw = {"jsonl": data, "jsonl.gz": gzip.compress(data), "jsonl.zst": zstandard.compress(data)}[kind]
+    path = tmp_path / f"in.{kind}"
+    path.write_bytes(raw)
+    blocks, record = _blocks(path, 512)
+    assert b"".join(d for *_, d, _ in blocks) == data
+    assert (record.size, record.sha256, record.lines) == (len(raw), hashlib.sha256(raw).hexdigest(), 300)
+    assert blocks[-1][-1] == len(raw)
+
+
+def test_a_range_past_the_end_of_the_file_stops_at_its_end(tmp_path):
+    """A file shorter than the range asked for (it shrank after the plan): its lines, nothing invented."""
+    data = b"".join(_line(i, 3) for i in range(5))
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(data)
+    blocks, record = _blocks(path, 16, start=0, end=len(data) + 100)
+    assert b"".join(d for *_, d, _ in blocks) == data and record.size == len(data) and record.lines == 5
+
+
+def test_a_file_without_a_final_newline_is_behind_by_its_size_not_the_newline_supplied(tmp_path):
+    path = tmp_path / "in.jsonl"
+    data = _line(0, 5) + _line(1, 5).rstrip(b"\n")
+    path.write_bytes(data)
+    blocks, record = _blocks(path, 1 << 16)
+    assert b"".join(d for *_, d, _ in blocks) == data + b"\n"
+    assert blocks[-1][-1] == record.size == len(data)
