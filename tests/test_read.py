@@ -46,7 +46,7 @@ def test_a_byte_range_is_read_as_exactly_its_lines(tmp_path_factory, widths, dat
     # lines numbered from 1 within the range, offsets of the file
     got = [(first, off) for first, _, off, _, _ in blocks]
     want, line, off = [], 1, starts[a]
-    for first, n, offset, d, _ in blocks:
+    for _, n, _, d, _ in blocks:
         want.append((line, off))
         line, off = line + n, off + len(d)
     assert got == want and line - 1 == b - a == record.lines
