@@ -228,3 +228,54 @@ EOS_AFTER_EVERY_RENDER_OF_SOME = "{% if messages[0]['role'] == 'system' %}[s]{% 
 )  # fmt: skip
 def test_an_eos_is_a_trailer_only_where_every_render_ends_with_it(template, trails):
     assert ChatRenderer(_tok(template))._trails_eos() is trails
+
+
+# ---- align: the tokens' weights from the characters' (offsets given here, as the two span sources give them) ----
+
+
+def _align(text: str, char_w: list[float], spans: list[tuple[int, int]], ids=None, exact: bool = True):
+    tok = _tok(GREETING)
+    chat = chat_record([{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}])
+    ids = np.arange(10, 10 + len(spans), dtype=np.int32) if ids is None else np.asarray(ids, dtype=np.int32)
+    starts, ends = (np.array([s[k] for s in spans], dtype=np.int64) for k in (0, 1))
+    w = np.asarray(char_w, dtype=np.float32)
+    return ChatRenderer(tok).align(chat, text, w, np.zeros(len(text), dtype=np.int32), ids, starts, ends, exact=exact)
+
+
+@pytest.mark.parametrize(
+    ("spans", "straddler"),
+    [
+        ([(0, 1), (0, 2)], 1),  # a multi-byte character split: its first byte alone, then its last with the next
+        ([(0, 1), (1, 3)], 1),  # the last token crosses the change
+        ([(0, 2), (2, 3)], 0),  # the first one does
+    ],
+)
+def test_a_token_across_a_change_of_weight_is_refused_wherever_it_stands(spans, straddler):
+    """Character 1 changes weight (0 to 1 in "xy": x is weight 0); in "xyz" character 2 does."""
+    text, w = ("xy", [0.0, 1.0]) if spans[-1][1] == 2 else ("xyz", [0.0, 0.0, 1.0] if straddler else [0.0, 1.0, 1.0])
+    with pytest.raises(ChatError) as caught:
+        _align(text, w, spans)
+    assert caught.value.reason == "token_straddle" and f"token {10 + straddler} " in caught.value.problem
+
+
+def test_tokens_that_end_at_a_change_are_not_across_it():
+    out = _align("xyz", [0.0, 1.0, 1.0], [(0, 1), (1, 2), (2, 3)])
+    assert out.weights.tolist() == [0.0, 1.0, 1.0]
+
+
+def test_characters_of_weight_0_in_no_token_are_allowed_where_weighted_ones_are_not():
+    """tokenizers' offsets (checked): trailing spaces of weight 0 outside every token are fine."""
+    out = _align("ab  ", [1.0, 1.0, 0.0, 0.0], [(0, 2)], exact=False)
+    assert out.weights.tolist() == [1.0]
+    with pytest.raises(ChatError) as caught:
+        _align("ab  ", [1.0, 1.0, 0.5, 0.0], [(0, 2)], exact=False)  # any weight above 0
+    assert caught.value.reason == "bad_offsets" and "weighted character 2 " in caught.value.problem
+
+
+def test_one_bos_or_a_bos_second_is_not_two_leading_bos():
+    bos = _tok(GREETING).bos_token_id
+    assert _align("<s>", [0.0, 0.0, 0.0], [(0, 3)], ids=[bos]).ids.tolist() == [bos]
+    assert _align("x<s>", [0.0] * 4, [(0, 1), (1, 4)], ids=[11, bos]).ids.tolist() == [11, bos]
+    with pytest.raises(ChatError) as caught:
+        _align("<s><s>", [0.0] * 6, [(0, 3), (3, 6)], ids=[bos, bos])
+    assert caught.value.reason == "double_bos"

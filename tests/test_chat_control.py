@@ -415,3 +415,24 @@ def test_sanitize_from_the_cli_and_the_config(tmp_path):
     assert manifest["config"]["chat"]["sanitize_control_tokens"] is True
     assert manifest["counts"]["documents"] == 1
     assert config_from_dict({"chat": {"sanitize_control_tokens": True}}).chat.sanitize_control_tokens is True
+
+
+def test_sanitize_with_a_tokenizer_that_adds_bos_itself_encodes_pieces_without_it():
+    """A legacy SentencePiece tokenizer whose post-processor puts ``<s>`` before every encoding it is asked for with
+    special tokens (Llama-2's and Mistral's do): the chat's pieces are encoded without them, as
+    ``apply_chat_template`` encodes the whole."""
+    import copy
+
+    from tokenizers import processors
+
+    tok = copy.deepcopy(family_tokenizer("mistral_v1", "sentencepiece_legacy"))
+    tok.backend_tokenizer.post_processor = processors.TemplateProcessing(
+        single="<s> $A", special_tokens=[("<s>", tok.bos_token_id)]
+    )
+    assert tok("hi")["input_ids"][0] == tok.bos_token_id  # it does add BOS
+    turn, _ = ChatRenderer(tok).control_tokens()
+    messages = [{"role": "user", "content": f"say {''.join(turn)} now"},
+                {"role": "assistant", "content": f"I say{''.join(turn)}.\nDone", "weight": 1.5}]  # fmt: skip
+    out = ChatRenderer(tok, sanitize_control_tokens=True).tokens(chat_record(messages))
+    assert out.ids.tolist() == _ids(tok, messages, sanitize_control_tokens=True)
+    np.testing.assert_array_equal(out.weights, prefix_reference(tok, messages, sanitize_control_tokens=True))

@@ -289,6 +289,16 @@ EQUIVALENT: dict[str, str] = {
     "stages/chat.py:ChatRenderer._check_control_tokens:int+1:self._joinable = not any((_SEPARATOR in t for t in self.control_tokens()[0]))":
         _JOINED,
     "stages/chat.py:ChatRenderer._check_control_tokens:negate:if self._joinable:": _JOINED,
+    "stages/chat.py:ChatRenderer._marked_offsets:int+1:enc, shift = (backend.encode('\\n' + piece, add_special_tokens=False), 1) if i else (None, 0)#1":
+        "for the first piece enc is None, so the next line encodes it again and sets shift to 0 whatever it was",
+    "stages/chat.py:ChatRenderer._marked_offsets:int+1:ends += [at + max(e - shift, 0) for _, e in enc.offsets[drop:]]":
+        "tokenizers gives each token of a non-empty piece at least its first character (SentencePiece's prepended "
+        "'\u2581' included: (0, 1)), and after the newline dropped at least one past it: no end is below 1 there",
+    "stages/chat.py:ChatRenderer._token_spans:bool:for (d, enc) in zip(missing, tokenize.encodings([texts[d] for d in missing]), strict=True):":
+        "encodings gives one encoding per text: strict changes nothing on equal lengths",
+    "stages/chat.py:ChatRenderer.align:boolop:if len(changes) and len(ids):":
+        "no change: the search runs on nothing and finds no straddler; changes but no token: some weighted character "
+        "is in no token, which _check_offsets refused (exact spans cover the text, so no token means no text)",
     "stages/chat.py:ChatRenderer.documents:compare0:if exc.reason == 'generation_prompt_mismatch' and self.original is None:#1":
         "with original None the per-turn loop meets the same mismatch at the same message (G_i and P_i+1 are the "
         "same renders of messages[:i+1]) and returns the same _trained document; with original set the template is "
