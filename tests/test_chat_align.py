@@ -279,3 +279,30 @@ def test_one_bos_or_a_bos_second_is_not_two_leading_bos():
     with pytest.raises(ChatError) as caught:
         _align("<s><s>", [0.0] * 6, [(0, 3), (3, 6)], ids=[bos, bos])
     assert caught.value.reason == "double_bos"
+
+
+def test_each_token_takes_its_first_characters_weight_and_an_empty_token_none():
+    """A token at the last character takes that character's weight; an empty token (an end offset at its start, as
+    tokenizers gives an added EOS) carries nothing, even at the end of the text."""
+    assert _align("xyz", [0.0, 1.0, 2.0], [(0, 1), (1, 2), (2, 3)]).weights.tolist() == [0.0, 1.0, 2.0]
+    assert _align("x", [1.0], [(0, 1), (1, 1)]).weights.tolist() == [1.0, 0.0]
+    assert _align("xy", [1.0, 1.0], [(0, 2), (2, 2)]).weights.tolist() == [1.0, 0.0]
+
+
+def test_a_token_across_a_turn_boundary_names_the_message_that_starts_there():
+    """The change of weight at the first character of the answer's turn is in the answer's characters
+    (messages[1]); one past every message's characters is the conversation's ("messages")."""
+    tok = _tok(GREETING)
+    chat = chat_record([{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}])
+    renderer = ChatRenderer(tok)
+    text = renderer.char_weights(chat)[0]
+    boundary = len("<|user|>q<|end|>")
+    assert text.startswith("<|user|>q<|end|><|assistant|>")
+    for extra, at, field in [("", boundary, "messages[1]"), ("tail", len(text) + 2, "messages")]:
+        full = text + extra
+        w = np.zeros(len(full), dtype=np.float32)
+        w[at:] = 1.0
+        ids = np.array([10], dtype=np.int32)
+        with pytest.raises(ChatError) as caught:
+            renderer.align(chat, full, w, np.zeros(len(full), dtype=np.int32), ids, np.array([0]), np.array([len(full)]))
+        assert caught.value.reason == "token_straddle" and caught.value.field == field

@@ -77,8 +77,9 @@ def test_a_large_file_is_behind_by_what_its_blocks_hold_not_by_its_read_ahead(tm
     path = tmp_path / "big.jsonl.gz"
     raw = gzip.compress(data)
     path.write_bytes(raw)
-    got, ends, _ = _read(path, 1 << 20)
+    got, ends, record = _read(path, 1 << 20)
     assert got == data and len(ends) > 3
+    assert len(raw) > 2 << 20 and record.size == len(raw)  # counted over many reads of the raw file
     for end, behind in ends:
         assert abs(behind - len(raw) * end / len(data)) <= (1 << 16) + 64, (end, behind)
     assert [b for _, b in ends] == sorted(b for _, b in ends)

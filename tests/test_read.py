@@ -84,3 +84,67 @@ def test_a_file_without_a_final_newline_is_behind_by_its_size_not_the_newline_su
     blocks, record = _blocks(path, 1 << 16)
     assert b"".join(d for *_, d, _ in blocks) == data + b"\n"
     assert blocks[-1][-1] == record.size == len(data)
+
+
+@settings(max_examples=60, deadline=None)
+@given(lengths=st.lists(st.integers(0, 4000), min_size=1, max_size=12),
+       block_bytes=st.sampled_from([7, 300, 1500, 1 << 16]), final_newline=st.booleans())  # fmt: skip
+def test_lines_beyond_the_limit_come_alone_with_their_head_and_the_rest_keep_their_numbers(
+    tmp_path_factory, lengths, block_bytes, final_newline
+):
+    """With a limit of 1500 bytes a line: a longer line is handed on alone (one line, too_long = its length, its
+    first HEAD_BYTES bytes, its own offset), never whole; every other line as it is; numbers and offsets go on
+    after it as in the file."""
+    from weightprep.stages.read import HEAD_BYTES
+
+    limit = 1500
+    lines = [(f"{i}|".encode() + b"z" * n)[: max(n, 1)] for i, n in enumerate(lengths)]
+    raw = b"\n".join(lines) + (b"\n" if final_newline else b"")
+    path = tmp_path_factory.mktemp("l") / "in.jsonl"
+    path.write_bytes(raw)
+    record = InputFile(str(path))
+    got = []  # (line number, offset, bytes or head, too_long)
+    for block in read_blocks(record, block_bytes, limit):
+        if block.too_long:
+            assert block.n_lines == 1
+            got.append((block.first_line, block.offset, block.data, block.too_long))
+            continue
+        offset = block.offset
+        for k, line in enumerate(block.data.split(b"\n")[:-1]):
+            got.append((block.first_line + k, offset, line, 0))
+            offset += len(line) + 1
+    want, offset = [], 0
+    for i, line in enumerate(lines):
+        long = len(line) > limit
+        want.append((i + 1, offset, line[:HEAD_BYTES] if long else line, len(line) if long else 0))
+        offset += len(line) + 1
+    assert got == want
+    assert record.lines == len(lines) and record.size == len(raw)
+
+
+def test_a_missing_file_is_named_as_missing_not_as_a_pattern(tmp_path):
+    from weightprep.errors import UsageError
+    from weightprep.stages.read import check_inputs, expand_inputs
+
+    missing = str(tmp_path / "missing.jsonl")
+    assert expand_inputs([missing]) == [missing]
+    with pytest.raises(UsageError, match="input file not found"):
+        check_inputs(expand_inputs([missing]))
+
+
+@pytest.mark.parametrize("columns", [None, {"body": "text"}])
+def test_a_parquet_file_without_a_record_column_is_refused_before_reading_rows(columns, tmp_path):
+    """check_inputs reads the schema only: no column is a record's (or, renamed, one is)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from weightprep.errors import UsageError
+    from weightprep.stages.read import check_inputs
+
+    path = tmp_path / "t.parquet"
+    pq.write_table(pa.table({"body": ["x"]}), path)
+    if columns is None:
+        with pytest.raises(UsageError, match="no column holds a record"):
+            check_inputs([str(path)])
+    else:
+        check_inputs([str(path)], columns)

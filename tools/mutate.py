@@ -47,7 +47,7 @@ MODULES: dict[str, list[str]] = {
     "stages/spans.py": ["tests/test_spans.py", "tests/test_chat.py"],
     "stages/chat.py": [
         "tests/test_chat.py", "tests/test_chat_control.py", "tests/test_chat_turns.py", "tests/test_chat_history.py",
-        "tests/test_chat_prefixes.py", "tests/test_chat_render.py", "tests/test_chat_align.py",
+        "tests/test_chat_prefixes.py", "tests/test_chat_render.py", "tests/test_chat_align.py", "tests/test_chat_fallbacks.py",
     ],
     # prefix renders cut from one render of the whole conversation (split out of chat.py)
     "stages/chat_prefixes.py": ["tests/test_chat_prefixes.py", "tests/test_chat.py"],
@@ -55,7 +55,7 @@ MODULES: dict[str, list[str]] = {
     # lines and their bytes: the block cutter, the decompressor and each block's bytes behind it
     "stages/read.py": [
         "tests/test_read.py", "tests/test_decompress.py", "tests/test_hostile_fuzz.py", "tests/test_hostile_inputs.py",
-        "tests/test_interleave.py",
+        "tests/test_interleave.py", "tests/test_storage.py",
     ],
     # test_chat_turns: turn rows across parts; test_sources: mixed parts (several byte ranges a part)
     "distribute/merge.py": ["tests/test_distribute.py", "tests/test_chat_turns.py", "tests/test_sources.py"],
@@ -299,6 +299,16 @@ EQUIVALENT: dict[str, str] = {
     "stages/chat.py:ChatRenderer.align:boolop:if len(changes) and len(ids):":
         "no change: the search runs on nothing and finds no straddler; changes but no token: some weighted character "
         "is in no token, which _check_offsets refused (exact spans cover the text, so no token means no text)",
+    'stages/chat.py:ChatRenderer._char_turns:int+1:for k in range(len(messages) + 1):':
+        'a render of more messages than the conversation has is the whole conversation: the extra boundary is never read',
+    'stages/chat.py:ChatRenderer._char_turns:compare0:if a is not None and b is not None and (b > a):#2':
+        'b == a: turns[a:b] is empty, so writing it changes nothing',
+    'stages/chat.py:ChatRenderer.tokens_batch:bool:for (d, found) in zip(plain, spans, strict=True):':
+        '_token_spans returns one result per text: strict changes nothing on equal lengths',
+    'stages/chat.py:render_chats:return_none:return records':
+        'Chats calls render_chats only for records that hold conversations (it returns the others itself)',
+    'stages/chat.py:render_chats:bool:results = dict(zip(todo, located, strict=True))':
+        'tokens_batch returns one result per conversation given: strict changes nothing on equal lengths',
     "stages/chat.py:ChatRenderer.documents:compare0:if exc.reason == 'generation_prompt_mismatch' and self.original is None:#1":
         "with original None the per-turn loop meets the same mismatch at the same message (G_i and P_i+1 are the "
         "same renders of messages[:i+1]) and returns the same _trained document; with original set the template is "
