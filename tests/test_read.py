@@ -148,3 +148,15 @@ def test_a_parquet_file_without_a_record_column_is_refused_before_reading_rows(c
             check_inputs([str(path)])
     else:
         check_inputs([str(path)], columns)
+
+
+def test_a_range_longer_than_the_readers_buffer_is_read_to_its_last_byte(tmp_path):
+    """1 MiB of lines and an empty one: the range is read in two calls, the second for its last byte."""
+    line = b"w" * 1023 + b"\n"
+    data = line * 1024 + b"\n" + line
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(data)
+    end = (1 << 20) + 1
+    blocks, record = _blocks(path, 1 << 16, start=0, end=end)
+    assert b"".join(d for *_, d, _ in blocks) == data[:end]
+    assert record.size == end and record.lines == 1025 and blocks[-1][-1] == end

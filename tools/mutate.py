@@ -309,6 +309,16 @@ EQUIVALENT: dict[str, str] = {
         'Chats calls render_chats only for records that hold conversations (it returns the others itself)',
     'stages/chat.py:render_chats:bool:results = dict(zip(todo, located, strict=True))':
         'tokens_batch returns one result per conversation given: strict changes nothing on equal lengths',
+    "stages/read.py:_RangeReader.readinto:compare0:if self._left <= 0:":
+        "at _left == 0 the read goes on into an empty view: the file gives 0 bytes, _left stays 0, 0 is returned",
+    "stages/read.py:_RangeReader.readinto:return_none:return 0":
+        "_HashingReader, its only reader, takes what it returns as `n or 0`: None is 0",
+    "stages/read.py:_RangeReader.readinto:int+1:self._left -= n or 0":
+        "n is 0 only at the file's end, after which every read gives 0 again: _left only gates reads",
+    "stages/read.py:expand_inputs:int+1:found = [c for c in _files(p) if not c.rsplit('/', 1)[-1].startswith('.') and c.endswith(_DIR_SUF...":
+        "rsplit('/', 2)[-1] is still the last component of the path",
+    "stages/read.py:_head:compare0:if n >= HEAD_BYTES:":
+        "at n == HEAD_BYTES the loop goes on appending empty slices (p[:0]): the same bytes",
     "stages/chat.py:ChatRenderer.documents:compare0:if exc.reason == 'generation_prompt_mismatch' and self.original is None:#1":
         "with original None the per-turn loop meets the same mismatch at the same message (G_i and P_i+1 are the "
         "same renders of messages[:i+1]) and returns the same _trained document; with original set the template is "
