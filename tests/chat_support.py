@@ -180,3 +180,21 @@ def chat_record(messages: list[dict], tools: Any = None, kwargs: Any = None) -> 
 def plain_messages(messages: list[dict]) -> list[dict]:
     """The messages as ``apply_chat_template`` gets them: without weightprep's ``weight``."""
     return [{k: v for k, v in m.items() if k != "weight"} for m in messages]
+
+
+def fastokens_wrong_on(monkeypatch, word: str = "weird") -> None:
+    """The build's fastokens encoder made to disagree with tokenizers (first id + 1) on every text holding ``word``:
+    what the tokenizer guard must catch."""
+    from weightprep.stages import tokenize as stage
+
+    real = stage._FastokensEncoder.__call__
+
+    def wrong(self, texts):
+        ids, offsets = real(self, texts)
+        ids = ids.copy()
+        for i, t in enumerate(texts):
+            if word in t:
+                ids[offsets[i]] += 1
+        return ids, offsets
+
+    monkeypatch.setattr(stage._FastokensEncoder, "__call__", wrong)

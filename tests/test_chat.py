@@ -15,6 +15,7 @@ from chat_support import (
     build_chat_tokenizer,
     chat_record,
     chat_tokenizer,
+    fastokens_wrong_on,
     merging_tokenizer,
     plain_messages,
     reference_char_weights,
@@ -142,19 +143,7 @@ def test_prefix_renders_equal_render_jinja_template(template, messages, tools):
 
 
 def test_the_guard_names_the_conversation_fastokens_gets_wrong(tmp_path, monkeypatch):
-    from weightprep.stages import tokenize as stage
-
-    real = stage._FastokensEncoder.__call__
-
-    def wrong_on_weird(self, texts):
-        ids, offsets = real(self, texts)
-        ids = ids.copy()
-        for i, t in enumerate(texts):
-            if "weird" in t:
-                ids[offsets[i]] += 1
-        return ids, offsets
-
-    monkeypatch.setattr(stage._FastokensEncoder, "__call__", wrong_on_weird)
+    fastokens_wrong_on(monkeypatch)
     tok_dir = _save(chat_tokenizer("chatml"), tmp_path / "tok")
     fine = {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "fine"}]}
     weird = {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "weird"}]}

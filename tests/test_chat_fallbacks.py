@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from chat_support import chat_record, chat_tokenizer, plain_messages
+from chat_support import chat_record, chat_tokenizer, fastokens_wrong_on, plain_messages
 from test_chat_history import _training, family_tokenizer
 
 from weightprep.batches import split_turn_code
@@ -137,23 +137,6 @@ def _marked_and_plain():
     return marked, plain
 
 
-def _wrong_on_weird(monkeypatch):
-    """The build's fastokens encoder made to disagree with tokenizers on every text holding "weird"."""
-    from weightprep.stages import tokenize as stage
-
-    real = stage._FastokensEncoder.__call__
-
-    def wrong(self, texts):
-        ids, offsets = real(self, texts)
-        ids = ids.copy()
-        for i, t in enumerate(texts):
-            if "weird" in t:
-                ids[offsets[i]] += 1
-        return ids, offsets
-
-    monkeypatch.setattr(stage._FastokensEncoder, "__call__", wrong)
-
-
 def test_sanitize_in_a_batch_tokenizes_plain_conversations_with_the_build_tokenizer_and_its_guard(monkeypatch):
     """With sanitize, only a document holding marked control tokens is encoded as apply_chat_template's sanitize
     encodes it; the others of the same batch are tokenized by the build's tokenizer, whose guard checks them. Each
@@ -169,7 +152,7 @@ def test_sanitize_in_a_batch_tokenizes_plain_conversations_with_the_build_tokeni
         assert got.ids.tolist() == alone.ids.tolist() and got.weights.tolist() == alone.weights.tolist()
         ids = tok.apply_chat_template(plain_messages(messages), tokenize=True, sanitize_control_tokens=True)["input_ids"]
         assert got.ids.tolist() == ids
-    _wrong_on_weird(monkeypatch)
+    fastokens_wrong_on(monkeypatch)
     renderer = ChatRenderer(tok, tokenize=PieceTokenizer(tok, backend="fastokens"), sanitize_control_tokens=True)
     with pytest.raises(BackendMismatch) as err:
         renderer.tokens_batch([chat_record(marked), chat_record(plain)])
@@ -180,7 +163,7 @@ def test_the_guard_names_the_batch_s_conversation_by_its_number_without_where(mo
     """``tokens_batch`` without ``where``: the tokenizer guard's error names the conversation by its 1-based number in
     the batch, also after a conversation that failed before tokenizing."""
     pytest.importorskip("fastokens")
-    _wrong_on_weird(monkeypatch)
+    fastokens_wrong_on(monkeypatch)
     tok = chat_tokenizer("chatml")
     fine = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "fine"}]
     _, weird = _marked_and_plain()
