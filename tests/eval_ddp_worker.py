@@ -11,6 +11,9 @@ import os
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from train_support import end_distributed_worker  # noqa: E402
+
 
 def main() -> None:
     from transformers import AutoModelForCausalLM
@@ -37,3 +40,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    end_distributed_worker()

@@ -28,3 +28,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    ts.end_distributed_worker()

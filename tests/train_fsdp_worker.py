@@ -9,7 +9,6 @@ weighted loss, so its weight is still a sharded DTensor when read), ``root`` (on
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -64,9 +63,4 @@ def main(out_dir: str) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1])
-    # End here, not in the interpreter's teardown: there, torch 2.13's gloo group (still referenced by FSDP2's
-    # device mesh after destroy_process_group) aborts the process about one run in ten on a loaded machine with
-    # "terminate called without an active exception", after every result above is written (seen in CI).
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    ts.end_distributed_worker()
