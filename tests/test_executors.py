@@ -189,10 +189,12 @@ class _FakeRay:
         self.initialized = False
 
     def cluster_resources(self):
-        return {"CPU": self.cpus}
+        if isinstance(self.cpus, Exception):
+            raise self.cpus
+        return {} if self.cpus is None else {"CPU": self.cpus}  # None: Ray reports no CPU resource at all
 
     def nodes(self):
-        return [{"Alive": True, "Resources": {"CPU": c}} for c in self.node_cpus] + [
+        return [{"Alive": True, "Resources": {} if c is None else {"CPU": c}} for c in self.node_cpus] + [
             {"Alive": False, "Resources": {"CPU": 1000.0}}
         ]
 
@@ -227,6 +229,8 @@ class _FakeRay:
         if timeout is not None:
             self.waited.append(len(refs))
             return refs, []
+        if num_returns > len(refs):  # as Ray refuses it
+            raise ValueError("num_returns cannot be greater than the number of objects provided to ray.wait")
         return refs[:num_returns], refs[num_returns:]
 
     def get(self, ref):
@@ -258,6 +262,9 @@ def fake_ray(monkeypatch):
         (1, 8.0, (4.0, 4.0), 10, 1, 4.0),
         (None, 6.0, (4.0, 2.0), 1, 1, 4.0),  # a single part: as wide as the largest machine
         (3, 2.0, (2.0,), 0, 1, 2.0),  # no parts: still one actor (the build maps nothing)
+        (2, 1.0, (1.0,), 10, 2, 0.5),  # half a CPU an actor: still one thread
+        (None, None, (None, 4.0), 10, 1, 1.0),  # no CPU resource reported: counted as one
+        (None, 1.5, (None, 0.5, 0.5, 0.5), 10, 1, 0.5),  # a node without CPUs is no wider than the others
     ],
 )
 def test_ray_actors_their_cpus_and_threads(fake_ray, workers, cluster, nodes, n_parts, actors, cpus):
@@ -347,3 +354,10 @@ def test_starting_a_ray_executor_again_ends_what_the_last_start_began(fake_ray):
     executor.start(RecordingJob(), 4)
     assert fake_ray.killed == first and fake_ray.shutdowns == 1  # its actors and the cluster it had started
     assert len(fake_ray.inits) == 2
+
+
+def test_ray_stops_the_cluster_it_started_when_sizing_it_fails(fake_ray):
+    fake_ray.cpus = RuntimeError("the cluster went away")
+    with pytest.raises(RuntimeError, match="went away"):
+        RayExecutor(2).start(RecordingJob(), 4)
+    assert fake_ray.shutdowns == 1 and not fake_ray.initialized
