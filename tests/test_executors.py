@@ -361,3 +361,12 @@ def test_ray_stops_the_cluster_it_started_when_sizing_it_fails(fake_ray):
     with pytest.raises(RuntimeError, match="went away"):
         RayExecutor(2).start(RecordingJob(), 4)
     assert fake_ray.shutdowns == 1 and not fake_ray.initialized
+
+
+def test_each_executor_name_makes_its_executor_and_an_unknown_one_is_refused():
+    ray = executors.make_executor("ray", 2, "ray://head:10001")
+    assert type(ray) is RayExecutor and ray.workers == 2 and ray.address == "ray://head:10001"
+    assert type(executors.make_executor("local", 3)) is LocalExecutor
+    assert type(executors.make_executor("serial")) is SerialExecutor
+    with pytest.raises(UsageError, match="unknown executor 'dask'"):
+        executors.make_executor("dask")

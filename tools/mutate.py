@@ -319,6 +319,8 @@ EQUIVALENT: dict[str, str] = {
         "rsplit('/', 2)[-1] is still the last component of the path",
     "stages/read.py:_head:compare0:if n >= HEAD_BYTES:":
         "at n == HEAD_BYTES the loop goes on appending empty slices (p[:0]): the same bytes",
+    "distribute/executors.py:RayExecutor.close:bool:self._ray, self._owned = (None, False)":
+        "_owned is read only in close, after _ray is set, and start sets both: with _ray None, close returns first",
     "stages/chat.py:ChatRenderer.documents:compare0:if exc.reason == 'generation_prompt_mismatch' and self.original is None:#1":
         "with original None the per-turn loop meets the same mismatch at the same message (G_i and P_i+1 are the "
         "same renders of messages[:i+1]) and returns the same _trained document; with original set the template is "
