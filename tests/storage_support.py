@@ -15,7 +15,8 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-#: fault(method, path, headers) -> None (forward), "error" (answer 503) or "drop" (cut the body half way)
+#: fault(method, path, headers) -> None (forward), "error" (answer 503), "denied" (answer 403: a persistent error),
+#: "drop" (cut the body half way) or "hold" (wait until ``FaultProxy.release`` is set, then forward)
 Fault = Callable[[str, str, object], "str | None"]
 
 
@@ -66,6 +67,8 @@ class FaultProxy:
         self.requests: list[tuple[str, str, str | None]] = []
         self.fault: Fault | None = None
         self.injected: list[tuple[str, str, str]] = []
+        self.holding = threading.Event()  # set when a request is held ("hold")
+        self.release = threading.Event()  # set to let held requests go on
         proxy = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -81,9 +84,15 @@ class FaultProxy:
                 action = proxy.fault(self.command, self.path, self.headers) if proxy.fault else None
                 if action:
                     proxy.injected.append((action, self.command, self.path))
-                if action == "error":
-                    data = b"<Error><Code>ServiceUnavailable</Code><Message>injected</Message></Error>"
-                    self.send_response(503)
+                if action == "hold":  # the client is killed meanwhile: the request never reaches the store
+                    proxy.holding.set()
+                    proxy.release.wait(120)
+                    self.close_connection = True
+                    return
+                if action in ("error", "denied"):
+                    code, status = ("ServiceUnavailable", 503) if action == "error" else ("AccessDenied", 403)
+                    data = f"<Error><Code>{code}</Code><Message>injected</Message></Error>".encode()
+                    self.send_response(status)
                     self.send_header("Content-Type", "application/xml")
                     self.send_header("Content-Length", str(len(data)))
                     self.end_headers()

@@ -20,7 +20,7 @@ from weightprep.cli import main
 from weightprep.config import config_from_dict
 from weightprep.errors import UsageError
 from weightprep.pipeline import build
-from weightprep.stages import store_output
+from weightprep.stages import publish
 from weightprep.stages.read import expand_inputs
 
 DATA = SAMPLE_RAW.read_bytes()[: SAMPLE_RAW.read_bytes().index(b"\n", 60_000) + 1]
@@ -177,7 +177,7 @@ def test_the_commit_writes_the_loadable_files_last(mem, monkeypatch):
         monkeypatch.setattr(storage, name, record)
     build(["memory://in/raw.jsonl"], "memory://out/shards", _cfg())
     published = [w.rsplit("/", 1)[-1] for w in writes if w.startswith("memory://out/shards/")]
-    assert published[-3:] == ["state.json", "dataset_info.json", "weightprep_manifest.json"]
+    assert published[-3:] == ["dataset_info.json", "state.json", "weightprep_manifest.json"]
     assert all(n.startswith("data-") for n in published[:-3])
 
 
@@ -197,7 +197,7 @@ def test_the_commit_of_a_build_with_splits_writes_dataset_dict_json_after_every_
     build([], "memory://out/mixed", cfg, sources=sources)
     published = [w[len("memory://out/mixed/") :] for w in writes if w.startswith("memory://out/mixed/")]
     splits = ("train", "validation_a", "validation_b")
-    assert published == [f"{s}/{f}" for s in splits for f in ("state.json", "dataset_info.json")] + [
+    assert published == [f"{s}/{f}" for s in splits for f in ("dataset_info.json", "state.json")] + [
         "dataset_dict.json", "weightprep_manifest.json"]
 
 
@@ -350,9 +350,9 @@ def test_storage_options_per_protocol_and_the_cli_flag():
     result = CliRunner().invoke(main, ["inspect", "memory://nothing", "--storage-options", "{not json"])
     assert result.exit_code == 2 and "not valid JSON" in result.output
     assert storage.join("s3://b/p/", "x", "y.json") == "s3://b/p/x/y.json"
-    assert store_output._split("s3://b/p/out") == ("s3://b/p", "out")
+    assert publish._split("s3://b/p/out") == ("s3://b/p", "out")
     with pytest.raises(UsageError, match="not its root"):
-        store_output._split("s3://bucket")
+        publish._split("s3://bucket")
 
 
 def test_compressed_and_save_to_disk_inputs_by_url(mem, tmp_path, local_reference):

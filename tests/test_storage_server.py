@@ -202,8 +202,13 @@ def test_an_existing_output_needs_overwrite(s3):
     with pytest.raises(UsageError, match="already exists; pass --overwrite"):
         build([SMALL], out, _cfg())
     storage.write_bytes(f"{out}/stale.txt", b"from the earlier build")
-    build([SMALL], out, _cfg(), overwrite=True)
-    assert _objects(out) == earlier  # the earlier build's objects are gone, the new ones are the same bytes
+    manifest = build([SMALL], out, _cfg(), overwrite=True)
+    now = _objects(out)
+    # the earlier build's objects are gone; the new shards have the same bytes under names the earlier build did
+    # not use (it stayed loadable until the new one was complete: weightprep.stages.publish)
+    (shard,) = [s["filename"] for s in manifest["shards"]]
+    assert shard != "data-00000-of-00001.arrow" and now[shard] == earlier["data-00000-of-00001.arrow"]
+    assert sorted(now) == sorted({*earlier, shard} - {"data-00000-of-00001.arrow"})
 
 
 def test_readers_open_the_output_by_url(s3, serial_build):

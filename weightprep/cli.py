@@ -7,6 +7,9 @@ Each subcommand lives beside the code it drives and is imported only when it run
 from __future__ import annotations
 
 import importlib
+import sys
+import traceback
+from typing import Any
 
 import click
 
@@ -30,6 +33,17 @@ class _LazyGroup(click.Group):
             return None
         module, attr, _ = _COMMANDS[cmd_name]
         return getattr(importlib.import_module(module), attr)
+
+    def main(self, *args: Any, **kwargs: Any) -> Any:
+        from weightprep.commands._output import redacting_streams
+
+        # no URL secret in anything the command line prints, parsing errors included (weightprep.redact)
+        with redacting_streams():
+            try:
+                return super().main(*args, **kwargs)
+            except Exception:  # a bug: its traceback, printed here while the streams are still redacted
+                traceback.print_exc()
+                sys.exit(1)
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         rows = [(name, short) for name, (_, _, short) in _COMMANDS.items()]

@@ -97,11 +97,19 @@ def record_position(path: str, line: int) -> str:
     return f"{path}: row {line}" if is_columnar(path) else f"{path}:{line}"
 
 
+def kind_path(path: str) -> str:
+    """The part of ``path`` whose suffix says what kind of file it is: a URL without its query and fragment (a
+    presigned URL ends ``data.jsonl?X-Amz-Signature=...``), a local path as it is."""
+    if "://" in path:
+        return path.split("#", 1)[0].split("?", 1)[0]
+    return path
+
+
 def is_columnar(path: str) -> bool:
     """True for Parquet and Arrow inputs, whose records are rows (numbered from 0), not lines."""
-    return path.endswith((".parquet", ".arrow"))
+    return kind_path(path).endswith((".parquet", ".arrow"))
 
 
 def is_compressed(path: str) -> bool:
     """True for the compressed inputs weightprep reads (.gz, .zst)."""
-    return path.endswith((".gz", ".zst"))
+    return kind_path(path).endswith((".gz", ".zst"))

@@ -43,11 +43,11 @@ from weightprep.sources import Source, check_source_names, manifest_sources
 from weightprep.stages.chat import CHAT_REASONS
 from weightprep.stages.chat_templates import TRAINING, manifest_chat, tokenizer_template
 from weightprep.stages.columnar import parse_columns
+from weightprep.stages.publish import open_output, prepare_output
 from weightprep.stages.read import check_inputs, expand_inputs
 from weightprep.stages.rejects import REJECTS_NAME
 from weightprep.stages.split import TRAIN, VALIDATION, cut_from_keys, fraction_cut
 from weightprep.stages.tokenize import FastokensPrefetch
-from weightprep.stages.write import open_output, prepare_output
 from weightprep.tokenizer import (
     TokenizerFiles,
     load_tokenizer,
@@ -144,7 +144,7 @@ def _build(
     summary = tokenizer_summary(tok)
     specials = special_tokens(tok, add_bos=ADD_BOS[cfg.tokenizer.add_bos])
     # the output's work directory: here, once (a part makes only its own directory in it); a prefix in a store for
-    # a URL --out, which every worker writes its parts to (weightprep.stages.store_output)
+    # a URL --out, which every worker writes its parts to (weightprep.stages.publish)
     output = open_output(out_path, resume_key(cfg, inputs, tok, summary, __version__, sources), resume=resume)
     # workers load the tokenizer themselves if None; they open the input objects with the metadata listed here
     job = PartJob(cfg, tokenizer, output.work_dir, sources=sources, known=storage.known_metadata(inputs))

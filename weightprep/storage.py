@@ -33,11 +33,12 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from weightprep.errors import UsageError, WeightprepError
+from weightprep.redact import redact
 
 __all__ = [
     "StorageError", "is_url", "configure", "session", "parse_options", "current_options", "options_for", "filesystem", "join", "size",
     "exists", "isfile", "isdir", "known_metadata", "glob", "listdir", "read_text", "open_input", "open_text", "stat_key", "put_file",
-    "write_bytes", "copy", "remove", "find", "arrow_filesystem", "retry", "protocol",
+    "write_bytes", "copy", "remove", "remove_tree", "names_under", "find", "arrow_filesystem", "retry", "protocol",
 ]
 
 _URL = re.compile(r"^(?P<protocol>[A-Za-z][A-Za-z0-9+.-]+)://")
@@ -149,7 +150,7 @@ def options_for(proto: str) -> dict[str, Any]:
 def _missing(url: str, proto: str, exc: Exception) -> UsageError:
     extra = EXTRAS.get(proto)
     fix = f"pip install 'weightprep[{extra}]'" if extra else "install the fsspec filesystem package of this protocol"
-    return UsageError(f"{url}: {proto}:// needs a package that is not installed ({exc}): {fix}")
+    return UsageError(f"{redact(url)}: {proto}:// needs a package that is not installed ({exc}): {fix}")
 
 
 def filesystem(url: str) -> tuple[Any, str]:
@@ -168,7 +169,7 @@ def filesystem(url: str) -> tuple[Any, str]:
         if extra is not None and importlib.util.find_spec(EXTRA_PACKAGES[extra]) is None:
             # fsspec registers some protocols (abfss://) only once their package is installed
             raise _missing(url, proto, ImportError(f"{EXTRA_PACKAGES[extra]} is not installed")) from None
-        raise UsageError(f"{url}: unknown protocol {proto}:// (known: s3, gs, az, hf, https, memory, ...)") from None
+        raise UsageError(f"{redact(url)}: unknown protocol {proto}:// (known: s3, gs, az, hf, https, memory, ...)") from None
     try:
         return fsspec.core.url_to_fs(url, **options_for(proto))  # type: ignore[no-any-return]
     except ImportError as exc:
@@ -196,8 +197,16 @@ _TRANSIENT_MODULES = ("aiohttp", "botocore", "urllib3", "requests", "http", "goo
                       "fsspec", "s3fs", "gcsfs", "adlfs", "ssl", "socket", "asyncio")
 
 
+#: Errors of the stores' client libraries that no retry can fix (botocore's, by name: no import of botocore here):
+#: a request that is invalid as written (``Invalid bucket name``), credentials or a region that are missing.
+_PERSISTENT_NAMES = frozenset({
+    "ParamValidationError", "NoCredentialsError", "PartialCredentialsError", "NoRegionError", "InvalidRegionError",
+    "UnknownServiceError", "InvalidEndpointConfigurationError", "InvalidS3AddressingStyleError", "UnknownSignatureVersionError",
+})
+
+
 def _transient(exc: BaseException) -> bool:
-    if isinstance(exc, _PERSISTENT):
+    if isinstance(exc, _PERSISTENT) or any(c.__name__ in _PERSISTENT_NAMES for c in type(exc).__mro__):
         return False
     if isinstance(exc, (OSError, ConnectionError, TimeoutError, EOFError)):
         return True  # s3fs/gcsfs turn a 5xx or a dropped connection into an OSError
@@ -215,7 +224,7 @@ def _backoff(attempt: int) -> float:
 def _failed(url: str, what: str, exc: BaseException, attempts: int) -> StorageError:
     tries = f" after {attempts} tries with backoff" if attempts > 1 else ""
     return StorageError(
-        f"{url}: {what} failed{tries} ({type(exc).__name__}: {exc}); check the store, the object and the "
+        f"{redact(url)}: {what} failed{tries} ({type(exc).__name__}: {redact(str(exc))}); check the store, the object and the "
         "credentials (--storage-options), then build again (--resume keeps the finished parts)"
     )
 
@@ -230,7 +239,7 @@ def retry(fn: Callable[[], T], url: str, what: str) -> T:
             if not isinstance(exc, Exception) or isinstance(exc, StorageError):
                 raise
             if isinstance(exc, FileNotFoundError):
-                raise StorageError(f"{url}: not found ({what})") from None
+                raise StorageError(f"{redact(url)}: not found ({what})") from None
             if not _transient(exc) or attempt >= retries():
                 raise _failed(url, what, exc, attempt + 1) from None
             time.sleep(_backoff(attempt))
@@ -292,7 +301,7 @@ def _lookup(url: str) -> dict[str, Any] | None:
 def _info(url: str) -> dict[str, Any]:
     found = _lookup(url)
     if found is None:
-        raise StorageError(f"{url}: not found (reading its metadata)")
+        raise StorageError(f"{redact(url)}: not found (reading its metadata)")
     return found
 
 
@@ -497,7 +506,7 @@ def arrow_filesystem(url: str) -> tuple[Any, str]:
 
 def _writable(url: str) -> tuple[Any, str]:
     if protocol(url) in READ_ONLY:
-        raise UsageError(f"{url}: {protocol(url)}:// is read-only; write the output to a store (s3://, gs://, ...) or disk")
+        raise UsageError(f"{redact(url)}: {protocol(url)}:// is read-only; write the output to a store (s3://, gs://, ...) or disk")
     fs, p = filesystem(url)
     if protocol(url) in ("file", "local"):
         # a store has no directories; a local disk does, and fsspec's LocalFileSystem does not make them by default
@@ -518,20 +527,71 @@ def write_bytes(url: str, data: bytes) -> None:
 
 
 def copy(src: str, dst: str) -> None:
-    """Copy an object within its store (server-side where the store can)."""
+    """Copy one object to one key within its store (server-side where the store can). Both names are literal: no
+    glob character in them is expanded (fsspec's ``copy`` would expand them; ``cp_file`` does not)."""
     fs, p = _writable(dst)
     _, q = filesystem(src)
     _forget(dst)
-    retry(lambda: fs.copy(q, p), dst, f"copying {src} to it")
+    retry(lambda: fs.cp_file(q, p), dst, f"copying {redact(src)} to it")
 
 
-def remove(url: str, *, recursive: bool = False) -> None:
-    """Remove an object (or, ``recursive``, every object under a prefix); a missing one is not an error."""
+def remove(url: str) -> None:
+    """Remove the one object ``url`` (a literal name: fsspec's ``rm`` would expand glob characters in it; its
+    ``rm_file`` does not); a missing one is not an error."""
     fs, p = _writable(url)
     _forget(url)
 
     def rm() -> None:
         with contextlib.suppress(FileNotFoundError):
-            fs.rm(p, recursive=recursive)
+            fs.rm_file(p)
 
     retry(rm, url, "removing it")
+
+
+def remove_tree(url: str) -> list[str]:
+    """Remove every object under the prefix ``url``: the exact keys a listing found, one by one (never a pattern,
+    never a key of a sibling prefix that shares the name's start: ``out`` is not ``out2``). Returns the URLs
+    removed. A filesystem with directories (``file://``, ``memory://``) loses the empty ones under ``url`` too;
+    a store has none."""
+    found = list(find(url))
+    for key in found:
+        remove(key)
+    fs, p = filesystem(url)
+    if protocol(url) in ("file", "local"):
+        for root, _dirs, _files in sorted(os.walk(p), key=lambda t: -len(t[0])):  # deepest first
+            with contextlib.suppress(OSError):
+                os.rmdir(root)
+    elif protocol(url) == "memory":
+        for d in sorted((d for d in fs.pseudo_dirs if d == p.rstrip("/") or d.startswith(p.rstrip("/") + "/")),
+                        key=len, reverse=True):
+            with contextlib.suppress(OSError):
+                fs.rmdir(d)
+    _forget(url)
+    return found
+
+
+#: Protocols whose first path component is a bucket (or container) that must exist before anything is written.
+BUCKETED = ("s3", "s3a", "gs", "gcs", "az", "abfs", "abfss")
+
+
+def names_under(url: str) -> list[str]:
+    """The names (not URLs) directly under the prefix ``url``, files and prefixes alike, sorted: a literal listing
+    for callers that match names themselves (never a glob). A missing prefix has none; a missing bucket is an
+    error that says so."""
+    fs, p = filesystem(url)
+
+    def ls() -> list[str]:
+        try:
+            return [str(e).rstrip("/").rsplit("/", 1)[-1] for e in fs.ls(p, detail=False)]
+        except FileNotFoundError:
+            return []
+
+    names = retry(ls, url, "listing it")
+    if not names and protocol(url) in BUCKETED:
+        bucket = p.strip("/").split("/", 1)[0]
+        if not retry(lambda: fs.exists(bucket), url, "checking that its bucket exists"):
+            raise UsageError(
+                f"{redact(url)}: the bucket {bucket} does not exist, or these credentials cannot see it: create it "
+                "first, or check --storage-options"
+            )
+    return sorted(names)

@@ -186,8 +186,8 @@ class PartJob:
 
     def _call_store(self, part: InputPart | MixedPart, progress: ProgressFn | None) -> dict[str, Any]:
         """A part of a build whose work directory is a prefix in an object store (no shared disk): run into a local
-        scratch directory, uploaded with its ``result.json`` last (``weightprep.stages.store_output``)."""
-        from weightprep.stages.store_output import read_result, upload_part
+        scratch directory, uploaded with its ``result.json`` last (``weightprep.stages.publish``)."""
+        from weightprep.stages.publish import read_result, upload_part
 
         final = storage.join(self.work_dir, f"{part.index:05d}")
         done = read_result(final)

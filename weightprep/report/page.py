@@ -20,6 +20,7 @@ import numpy as np
 from weightprep import storage
 from weightprep.constants import IGNORE_INDEX, INPUT_IDS, LABELS, WEIGHTS
 from weightprep.errors import record_position
+from weightprep.redact import redact
 from weightprep.report.stats import SplitStats, document_turns, row_segments, split_stats
 from weightprep.report.svg import composition_svg, histogram_svg
 from weightprep.report.tokens import token_groups
@@ -183,7 +184,7 @@ def _rejects_list(directory: Path | str, manifest: dict[str, Any]) -> str:
                 if len(original) > 200:
                     original = original[:200] + "…"
                 rows.append(
-                    f'<tr class="reject"><td class="k">{escape(record_position(str(r.get("source")), where))}</td>'
+                    f'<tr class="reject"><td class="k">{escape(redact(record_position(str(r.get("source")), where)))}</td>'
                     f'<td class="k">{escape(str(r.get("reason")))}</td><td class="k">{escape(str(r.get("field")))}</td>'
                     f'<td class="text">{escape(str(r.get("problem")))}</td><td class="text">{escape(original)}</td></tr>'
                 )
@@ -295,11 +296,11 @@ def _render_report(directory: Path | str, *, tokenizer: str | None, rows: int, m
     config = manifest.get("config") or {}
     seq_len = int((config.get("pack") or {}).get("seq_len") or 0)
     inputs = "".join(
-        f'<tr><td class="k">{escape(str(i.get("path")))}</td><td>{i.get("lines", 0):,}</td><td>{i.get("bytes", 0):,}</td>'
+        f'<tr><td class="k">{escape(redact(str(i.get("path"))))}</td><td>{i.get("lines", 0):,}</td><td>{i.get("bytes", 0):,}</td>'
         f'<td class="k">{escape(str(i.get("sha256", ""))[:16])}</td></tr>'
         for i in manifest.get("inputs") or []
     )
-    name = escape(str(directory).rstrip("/") or ".")
+    name = escape(redact(str(directory)).rstrip("/") or ".")
     parts = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from weightprep import storage
 from weightprep.batches import Block
-from weightprep.errors import UsageError
+from weightprep.errors import UsageError, kind_path
 
 if TYPE_CHECKING:
     from weightprep.stages.read import InputFile
@@ -91,7 +91,7 @@ def _parquet(path: str) -> Any:
 
 
 def _schema(path: str) -> Any:
-    if path.endswith(".parquet"):
+    if kind_path(path).endswith(".parquet"):
         return _parquet(path).schema_arrow
     return _open_arrow(path)[1].schema
 
@@ -137,7 +137,7 @@ def _batches(path: str, rows: int) -> Iterator[tuple[Any, float]]:
     Arrow file."""
     import pyarrow as pa
 
-    if path.endswith(".parquet"):
+    if kind_path(path).endswith(".parquet"):
         parquet = _parquet(path)
         total, done = max(1, parquet.metadata.num_rows), 0
         if storage.is_url(path):  # one row group at a time: pyarrow would otherwise fetch them all in one range

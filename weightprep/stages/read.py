@@ -29,7 +29,7 @@ from typing import Any, BinaryIO
 
 from weightprep import storage
 from weightprep.batches import Block
-from weightprep.errors import InputError, UsageError, is_compressed
+from weightprep.errors import InputError, UsageError, is_columnar, is_compressed, kind_path
 from weightprep.stages.columnar import COLUMNAR_SUFFIXES, check_schema, columnar_blocks, dataset_dir_files
 
 __all__ = ["InputFile", "read_blocks", "check_inputs", "expand_inputs", "SUFFIXES", "HEAD_BYTES"]
@@ -216,12 +216,12 @@ def check_inputs(paths: list[str], columns: dict[str, str] | None = None) -> Non
             raise UsageError(f"input file not found: {p}")
         if not storage.isfile(p):
             raise UsageError(f"input is not a regular file: {p}")
-        if not p.endswith(SUFFIXES):
+        if not kind_path(p).endswith(SUFFIXES):
             raise UsageError(
                 f"{p}: expected a .jsonl, .jsonl.gz or .jsonl.zst file (one JSON object per line), a .parquet file "
                 "or a datasets.save_to_disk directory"
             )
-        if p.endswith(COLUMNAR_SUFFIXES):
+        if is_columnar(p):
             check_schema(p, columns or {})
 
 
@@ -229,7 +229,7 @@ def _open(record: InputFile, raw: BinaryIO) -> tuple[BinaryIO, _Decompressor | N
     """The file's (decompressed) stream, hashed and counted as it is read, and its decompressor (None: plain)."""
     hashed: Any = io.BufferedReader(_HashingReader(raw, record), buffer_size=1 << 20)
     if is_compressed(record.path):
-        decompressor = _Decompressor(hashed, record.path.rsplit(".", 1)[-1])
+        decompressor = _Decompressor(hashed, kind_path(record.path).rsplit(".", 1)[-1])
         return io.BufferedReader(decompressor, buffer_size=1 << 20), decompressor  # type: ignore[return-value]
     return hashed, None
 
@@ -252,7 +252,7 @@ def read_blocks(
     it starts just after a newline). Lines are then numbered from 1 within the range, byte offsets stay those of the
     file, and size, hash and line count are the range's. ``size``: the whole file's size where the plan knows it
     (an object is then read to there without asking the store for it)."""
-    if record.path.endswith(COLUMNAR_SUFFIXES):
+    if is_columnar(record.path):
         yield from columnar_blocks(record, max(64, block_bytes // 2048), columns or {}, size)
         return
     ranged = bool(start or end is not None)

@@ -24,6 +24,7 @@ from typing import IO, Any
 
 from weightprep.batches import Reject
 from weightprep.errors import is_columnar
+from weightprep.redact import redact
 
 __all__ = ["REJECTS_NAME", "RejectsWriter", "reject_as_json"]
 
@@ -35,7 +36,7 @@ def reject_as_json(reject: Reject) -> dict[str, Any]:
     """The rejects.jsonl object of one reject (see the module docstring)."""
     where = {"row": reject.line} if is_columnar(reject.path) else {"line": reject.line, "byte_offset": reject.offset}
     entry: dict[str, Any] = {
-        "source": reject.path,
+        "source": redact(reject.path),  # what a file is called, never its URL's secrets
         **where,
         "reason": reject.reason,
         "field": reject.field,

@@ -11,20 +11,9 @@ With a validation split (``--validation-fraction``/``--validation-records``) it 
 ``DatasetDict.save_to_disk``: ``out/dataset_dict.json``, ``out/train/...`` and ``out/validation/...``, each
 split a directory as above without the manifest, which stays at ``out/`` and lists every shard with its split.
 
-Everything is written into a hidden temporary directory beside ``out`` (``.NAME.tmp-PID``) and
-moved into place by a rename only when the whole build has succeeded. Each input part writes its
-``shard-i.arrow`` shards under ``.NAME.tmp-PID/parts/NNNNN/`` (``ShardWriter``); the driver moves them, in
-part order, to their final ``data-i-of-n`` names (``Output.publish``). The directory's ``plan.json`` names the
-build it belongs to, so ``--resume`` can adopt the directory of a killed build of the same plan. Publication is atomic, so a failed, interrupted or
-SIGKILLed build leaves nothing at ``out``, or the previous complete dataset. Replacing an existing
-``out`` is two renames (``out`` -> ``.NAME.old-PID``, temporary -> ``out``); a kill between them
-leaves the previous dataset in ``.NAME.old-PID``, and the next build to ``out`` puts it back
-before doing anything else. Leftovers of builds whose process is gone are removed then too.
-``--overwrite`` replaces only a directory that holds a weightprep manifest (or nothing at all),
-and never one that holds an input. Every file is written at a fixed name inside the temporary
-directory: no input can make a path escape it.
-An output in an object store (``--out s3://...``) has no rename: ``weightprep.stages.store_output`` commits it
-instead, with the loadable files last. Shards are capped at ``max_shard_bytes``; a rerun with the same inputs, configuration and
+Each input part writes its ``shard-i.arrow`` shards into its own directory (``ShardWriter``); how they become the
+``data-i-of-n`` files of ``out``, all at once, on a local disk or in an object store, is
+``weightprep.stages.publish``'s. Shards are capped at ``max_shard_bytes``; a rerun with the same inputs, configuration and
 tokenizer writes byte-identical files (no timestamps, no random fingerprints).
 """
 
@@ -32,9 +21,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import re
-import shutil
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -42,7 +28,6 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from weightprep import storage
 from weightprep.arrow import from_numpy
 from weightprep.batches import Rows, split_turn_code
 from weightprep.constants import (
@@ -57,10 +42,10 @@ from weightprep.constants import (
     UNPACKED_COLUMNS,
     WEIGHTS,
 )
-from weightprep.errors import UsageError
+from weightprep.redact import redact_record
 
-__all__ = ["features", "arrow_schema", "ShardWriter", "Output", "prepare_output", "recover_stale", "loadable_files",
-           "shard_name", "open_output"]
+__all__ = ["features", "arrow_schema", "ShardWriter", "loadable_files",
+           "shard_name"]
 
 _DTYPES = {INPUT_IDS: "int32", LABELS: "int32", WEIGHTS: "float32", POSITION_IDS: "int32", ATTENTION_MASK: "int8"}
 
@@ -89,92 +74,6 @@ def arrow_schema(seq_len: int, *, packed: bool) -> pa.Schema:
     ]
     meta = json.dumps({"info": {"features": features(seq_len, packed=packed)}}, separators=(", ", ": "))
     return pa.schema(fields, metadata={"huggingface": meta})
-
-
-_STALE = re.compile(r"^\.(?P<name>.+)\.(?P<kind>tmp|old)-(?P<pid>\d+)$")
-
-
-def _alive(pid: int) -> bool:
-    """Whether process ``pid`` still runs (a zombie counts as gone)."""
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        return stat.rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True
-
-
-def recover_stale(out: Path, *, keep_resumable: bool = False) -> None:
-    """Undo what a killed build to ``out`` left behind (see the module docstring).
-
-    A ``.NAME.old-PID`` of a dead process is the previous dataset, caught between the two renames of
-    a replace: if ``out`` is missing it is put back, else removed. A ``.NAME.tmp-PID`` of a dead
-    process is an unfinished build: removed, unless ``keep_resumable`` and it holds the ``plan.json`` of a
-    build whose finished parts ``--resume`` can reuse. Directories of live processes are left alone.
-    """
-    parent = out.parent
-    if not parent.is_dir():
-        return
-    stale = []
-    for p in parent.iterdir():
-        m = _STALE.match(p.name)
-        if m and m["name"] == out.name and not _alive(int(m["pid"])):
-            stale.append((m["kind"] != "old", p))  # old ones first
-    for _, p in sorted(stale):
-        if p.name.startswith(f".{out.name}.old-") and not out.exists():
-            p.rename(out)
-        elif keep_resumable and (p / Output.PLAN).is_file():
-            continue
-        else:
-            shutil.rmtree(p, ignore_errors=True)
-
-
-def open_output(out: str | Path, plan_key: str, *, resume: bool = False) -> Any:
-    """The build's output: ``Output`` for a local directory, ``weightprep.stages.store_output.StoreOutput`` for a
-    URL (an object store)."""
-    if storage.is_url(out):
-        from weightprep.stages.store_output import StoreOutput
-
-        return StoreOutput(str(out), plan_key, resume=resume)
-    return Output(Path(out), plan_key, resume=resume)
-
-
-def prepare_output(
-    out: str | Path, *, overwrite: bool, inputs: Sequence[str] = (), resume: bool = False
-) -> Path | str:
-    """Check that ``out`` can be written; return it as a Path (a URL: as a string, ``store_output``). Fails before
-    any work is done."""
-    if storage.is_url(out):
-        from weightprep.stages.store_output import prepare_store_output
-
-        return prepare_store_output(str(out), overwrite=overwrite, inputs=inputs, resume=resume)
-    out = Path(out)
-    if out.name in ("", ".", ".."):
-        out = Path(os.path.abspath(out))
-    recover_stale(out, keep_resumable=resume)
-    resolved = out.resolve()
-    for p in inputs:
-        if not storage.is_url(p) and resolved in Path(p).resolve().parents:
-            raise UsageError(f"input {p} is inside the output path {out}; choose another --out")
-    if out.exists() or out.is_symlink():
-        if not overwrite:
-            raise UsageError(f"output path {out} already exists; pass --overwrite to replace it, or choose another --out")
-        if not out.is_dir() or out.is_symlink():
-            raise UsageError(f"output path {out} exists and is not a directory; remove it or choose another --out")
-        if not (out / MANIFEST_NAME).is_file() and any(out.iterdir()):
-            raise UsageError(
-                f"output path {out} is not a weightprep output (no {MANIFEST_NAME}); --overwrite only replaces "
-                "earlier builds: remove it yourself or choose another --out"
-            )
-    out.parent.mkdir(parents=True, exist_ok=True)
-    return out
 
 
 class _ShardSet:
@@ -327,85 +226,6 @@ class ShardWriter:
             shard_set.abort()
 
 
-class Output:
-    """The build's temporary directory beside ``out`` and its publication (see the module docstring).
-
-    ``plan_key`` (what a resumed build must share with the one it resumes) is kept in its ``plan.json``; with
-    ``resume`` it adopts the temporary directory of a dead earlier build of the same key instead of starting
-    empty, so the parts that build finished are not done again (``--resume``)."""
-
-    PLAN = "plan.json"
-
-    def __init__(self, out: Path, plan_key: str, *, resume: bool = False) -> None:
-        self.out = out
-        self.tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
-        adopted = False
-        if self.tmp.exists():
-            shutil.rmtree(self.tmp)
-        if resume:
-            for candidate in sorted(out.parent.glob(f".{out.name}.tmp-*")):
-                m = _STALE.match(candidate.name)
-                plan = candidate / self.PLAN
-                if m and m["name"] == out.name and not _alive(int(m["pid"])) and plan.is_file():
-                    if not adopted and plan.read_text() == plan_key:
-                        candidate.rename(self.tmp)
-                        adopted = True
-                    else:  # another plan (or a second leftover of this one): of no use to this build
-                        shutil.rmtree(candidate, ignore_errors=True)
-        self.tmp.mkdir(parents=True, exist_ok=True)
-        (self.tmp / self.PLAN).write_text(plan_key)
-        #: where the parts' jobs write (``weightprep.distribute.job.PartJob``)
-        self.work_dir = self.tmp.absolute() / "parts"
-        self.work_dir.mkdir(exist_ok=True)
-
-    def publish(
-        self,
-        sets: dict[str, list[tuple[Path, int]]],
-        manifest: dict[str, Any],
-        *,
-        seq_len: int,
-        packed: bool,
-        turns: bool,
-        discard: Path | None = None,
-    ) -> dict[str, Any]:
-        """Move each split's shards (``sets``: ``""`` or ``train``/``validation`` -> shard files with their rows, in
-        order) to ``data-i-of-n``, write the metadata files and the manifest, remove ``discard`` (what is left of
-        the parts' work) and move the directory to ``out``."""
-        per_set = {}
-        for name, parts in sets.items():
-            directory = self.tmp / name if name else self.tmp
-            directory.mkdir(parents=True, exist_ok=True)
-            if not parts:
-                schema = arrow_schema(seq_len, packed=packed)
-                parts = [(_ShardSet(directory, schema, 1).empty_shard(), 0)]
-            n = len(parts)
-            entries = []
-            for i, (path, rows) in enumerate(parts):
-                final = directory / shard_name(i, n)
-                path.rename(final)
-                entries.append({"filename": final.relative_to(self.tmp).as_posix(), "rows": rows, "bytes": final.stat().st_size})
-            per_set[name] = entries
-        manifest, files = loadable_files(per_set, manifest, seq_len=seq_len, packed=packed, turns=turns)
-        for rel, data in files[:-1]:  # the manifest is written last, below
-            (self.tmp / rel).write_bytes(data)
-        (self.tmp / self.PLAN).unlink(missing_ok=True)
-        if discard is not None:
-            shutil.rmtree(discard, ignore_errors=True)
-        (self.tmp / MANIFEST_NAME).write_bytes(files[-1][1])
-        if self.out.exists():
-            old = self.out.parent / f".{self.out.name}.old-{os.getpid()}"
-            self.out.rename(old)
-            self.tmp.rename(self.out)
-            shutil.rmtree(old)
-        else:
-            self.tmp.rename(self.out)
-        return manifest
-
-    def abort(self) -> None:
-        """Remove everything written so far (the output path is left untouched)."""
-        shutil.rmtree(self.tmp, ignore_errors=True)
-
-
 def shard_name(i: int, n: int) -> str:
     """The published name of shard ``i`` of ``n`` (``Dataset.save_to_disk``'s)."""
     return f"data-{i:05d}-of-{n:05d}.arrow"
@@ -418,6 +238,7 @@ def loadable_files(
     split's ``state.json`` and ``dataset_info.json``, ``dataset_dict.json`` (with splits), the manifest last.
     ``per_set``: each split's (``""``: the output's) shard entries, ``{"filename", "rows", "bytes"}``."""
     shards = [{**e, "split": name} if name else e for name, entries in per_set.items() for e in entries]
+    manifest = redact_record(manifest)  # inputs and sources by URL: recorded without their secrets
     manifest = {**manifest, "shards": shards, "turns_file": TURNS_NAME if turns else None}
     manifest_text = json.dumps(manifest, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
     digest = hashlib.sha256(manifest_text.encode()).hexdigest()
@@ -454,7 +275,7 @@ def _metadata(
         "homepage": "",
         "license": "",
     }
-    return [
-        ("state.json", (json.dumps(state, indent=2, sort_keys=True) + "\n").encode()),
+    return [  # state.json last: it switches a split to its shards (weightprep.stages.publish writes in this order)
         ("dataset_info.json", (json.dumps(info, indent=2, sort_keys=True) + "\n").encode()),
+        ("state.json", (json.dumps(state, indent=2, sort_keys=True) + "\n").encode()),
     ]

@@ -20,6 +20,7 @@ from click.core import ParameterSource
 from weightprep.commands._errors import reports_errors
 from weightprep.commands._storage import Location, as_location, storage_options
 from weightprep.errors import ConfigError, UsageError
+from weightprep.redact import redact_record
 
 __all__ = ["train", "run_training", "TrainOptions"]
 
@@ -304,7 +305,7 @@ def run_training(opts: TrainOptions) -> dict[str, Any]:
 
         plot = plot_losses(trainer.state.log_history, Path(opts["output_dir"], "loss.png"), title=model_id)
         summary["loss_plot"] = str(plot) if plot else None
-        Path(opts["output_dir"], "weightprep_train.json").write_text(json.dumps(summary, indent=2) + "\n")
+        Path(opts["output_dir"], "weightprep_train.json").write_text(json.dumps(redact_record(summary), indent=2) + "\n")
         click.echo(
             f"trained {summary['global_step']} steps, loss {summary['train_loss']:.4f} ({opts['normalize']}-normalized), "
             f"{policy.precision}, {policy.attn_implementation}, {summary['processes']} process(es); saved to "

@@ -1,0 +1,240 @@
+"""The commit of a build to an object store (``weightprep.stages.publish``) on fsspec's ``memory://`` filesystem:
+killed at every single write of the commit, the output is the earlier build or the new one, never nothing, and the
+next build finishes or undoes the commit; names are literal; a failed commit leaves the earlier build.
+
+A kill is simulated in-process, as a kill -9 is seen from the store: from the chosen write on, no write, copy or
+removal of the build's process reaches the store any more (every one raises ``_Killed``, which no code of weightprep
+catches), so neither the failed build's clean-up nor its undo can run."""
+
+from __future__ import annotations
+
+import json
+
+import fsspec
+import pytest
+from conftest import SAMPLE_RAW
+
+from weightprep import storage
+from weightprep.config import config_from_dict
+from weightprep.constants import MANIFEST_NAME
+from weightprep.errors import UsageError
+from weightprep.manifest import read_manifest, shard_batches
+from weightprep.pipeline import build
+from weightprep.stages import publish
+
+LINES = SAMPLE_RAW.read_bytes().splitlines(keepends=True)
+OLD = b"".join(LINES[:40])
+NEW = b"".join(LINES[40:70]) + b'{"pieces": "not a list"}\n'  # one reject: the commit has a sidecar to move
+OUT = "memory://out/shards"
+
+
+def _cfg():
+    return config_from_dict({"pack": {"seq_len": 128}, "validate": {"on_invalid": "skip"}})
+
+
+@pytest.fixture
+def mem(monkeypatch):
+    fs = fsspec.filesystem("memory")
+    fs.store.clear()
+    fs.pseudo_dirs.clear()
+    fs.pseudo_dirs.append("")
+    monkeypatch.setenv("WEIGHTPREP_STORAGE_BACKOFF", "0")
+    fs.pipe_file("/in/old.jsonl", OLD)
+    fs.pipe_file("/in/new.jsonl", NEW)
+    yield fs
+    fs.store.clear()
+
+
+class _Killed(BaseException):
+    """What every store write raises once the simulated process is dead."""
+
+
+_WRITES = ("pipe_file", "put_file", "cp_file", "rm_file")
+
+
+class _KillAt:
+    """Counts the store's writes from the commit's journal on; from write ``at`` on, every write raises."""
+
+    def __init__(self, monkeypatch, fs, at: int | None) -> None:
+        self.at, self.seen, self.started = at, [], False
+        for name in _WRITES:
+            real = getattr(type(fs), name)
+
+            def write(self_fs, path, *args, _real=real, _name=name, **kwargs):
+                target = args[0] if _name in ("put_file", "cp_file") else path
+                if str(target).endswith("/" + publish._JOURNAL) and _name == "pipe_file":
+                    self.started = True
+                if self.started:
+                    if self.at is not None and len(self.seen) >= self.at:
+                        raise _Killed(f"{_name} {target}")
+                    self.seen.append((_name, str(target)))
+                return _real(self_fs, path, *args, **kwargs)
+
+            monkeypatch.setattr(type(fs), name, write)
+
+
+def _rows(url: str) -> list[list[int]]:
+    """The rows ``datasets.load_from_disk`` gives for ``url``, from a fresh copy (datasets downloads a remote
+    dataset to one temporary directory per process and path, where an earlier load's files would linger)."""
+    import tempfile
+
+    import datasets
+
+    fs, path = storage.filesystem(url)
+    with tempfile.TemporaryDirectory() as local:
+        fs.get(path + "/", local + "/", recursive=True)
+        return [r["input_ids"] for r in datasets.load_from_disk(local, keep_in_memory=True)]
+
+
+def _objects(fs, prefix: str) -> dict[str, bytes]:
+    return {k[len(prefix) + 1 :]: fs.cat_file(k) for k in fs.find(prefix)}
+
+
+def _leftovers(fs) -> list[str]:
+    return [p for p in fs.ls("/out", detail=False) if p.rsplit("/", 1)[-1].startswith(".shards.tmp-")]
+
+
+@pytest.fixture
+def builds(mem, tmp_path):
+    """The rows and manifests of the earlier build (OLD) and of the new one (NEW) as each alone gives them."""
+    old = build(["memory://in/old.jsonl"], "memory://ref/old", _cfg())
+    new = build(["memory://in/new.jsonl"], "memory://ref/new", _cfg())
+    assert new["counts"]["rejected"] and _rows("memory://ref/old") != _rows("memory://ref/new")
+    return {"old": (_rows("memory://ref/old"), old), "new": (_rows("memory://ref/new"), new)}
+
+
+def _commit_writes(mem, monkeypatch, builds) -> int:
+    """How many store writes the commit of NEW over OLD makes (a complete run, counted)."""
+    build(["memory://in/old.jsonl"], OUT, _cfg())
+    with monkeypatch.context() as m:
+        counter = _KillAt(m, mem, None)
+        build(["memory://in/new.jsonl"], OUT, _cfg(), overwrite=True)
+    assert _rows(OUT) == builds["new"][0]
+    mem.rm("/out", recursive=True)
+    return len(counter.seen)
+
+
+def test_a_kill_at_every_write_of_the_commit_leaves_the_old_or_the_new_build(mem, monkeypatch, builds):
+    n = _commit_writes(mem, monkeypatch, builds)
+    assert n >= 12  # journal, shard, sidecar, 3 loadable files, then the tidying
+    outcomes = []
+    for at in range(n):
+        build(["memory://in/old.jsonl"], OUT, _cfg())
+        with monkeypatch.context() as m:
+            killer = _KillAt(m, mem, at)
+            with pytest.raises(_Killed):
+                build(["memory://in/new.jsonl"], OUT, _cfg(), overwrite=True)
+        assert len(killer.seen) == at
+        # what a reader sees now, through datasets (state.json) and through weightprep (the manifest and the shards
+        # it lists): in each, the old build or the new one, whole; the manifest is never ahead of the rows
+        rows, manifest = _rows(OUT), read_manifest(OUT)
+        which = "old" if rows == builds["old"][0] else "new"
+        assert rows == builds[which][0], f"kill at write {at} ({killer.seen[-1:]}): datasets sees neither build"
+        listed = "old" if manifest["counts"] == builds["old"][1]["counts"] else "new"
+        assert manifest["counts"] == builds[listed][1]["counts"], f"kill at write {at}: a manifest of neither build"
+        by_manifest = [r.tolist() for s in manifest["shards"] for b in shard_batches(OUT, s)
+                       for r in b.column("input_ids").to_numpy(zero_copy_only=False)]
+        assert by_manifest == builds[listed][0], f"kill at write {at}: the manifest's shards are not its build's"
+        assert (which, listed) != ("old", "new"), f"kill at write {at}: the manifest switched before the rows"
+        outcomes.append(which)
+        # the next build to the output finishes or undoes the commit first, then replaces it as asked
+        build(["memory://in/new.jsonl"], OUT, _cfg(), overwrite=True)
+        assert _rows(OUT) == builds["new"][0] and _leftovers(mem) == []
+        manifest = read_manifest(OUT)
+        listed = {s["filename"] for s in manifest["shards"]}
+        extra = {"dataset_info.json", "state.json", MANIFEST_NAME, "rejects.jsonl"}
+        assert set(_objects(mem, "/out/shards")) == listed | extra, f"kill at write {at}: objects left behind"
+        mem.rm("/out", recursive=True)
+    # the sweep crossed the commit point: early kills leave the old build, late ones the new
+    assert outcomes[0] == "old" and outcomes[-1] == "new" and outcomes == sorted(outcomes, key=["old", "new"].index)
+
+
+def test_a_killed_commit_is_finished_or_undone_without_overwrite(mem, monkeypatch, builds):
+    """Recovery does not need --overwrite: it restores what the killed build was allowed to do. An undone commit
+    keeps the killed build's finished parts (``--resume`` reuses them); a finished one leaves nothing."""
+    n = _commit_writes(mem, monkeypatch, builds)
+    for at, expected in ((2, "old"), (n - 1, "new")):
+        build(["memory://in/old.jsonl"], OUT, _cfg())
+        with monkeypatch.context() as m:
+            _KillAt(m, mem, at)
+            with pytest.raises(_Killed):
+                build(["memory://in/new.jsonl"], OUT, _cfg(), overwrite=True)
+        with pytest.raises(UsageError, match="already exists; pass --overwrite"):
+            build(["memory://in/old.jsonl"], OUT, _cfg())  # recovers first, then refuses
+        assert _rows(OUT) == builds[expected][0]
+        left = [k for p in _leftovers(mem) for k in mem.find(p)]
+        if expected == "new":
+            assert left == []
+        else:
+            assert left and all("/parts/" in k or k.endswith("/plan.json") for k in left), left
+        mem.rm("/out", recursive=True)
+
+
+def test_a_failed_commit_puts_the_earlier_build_back(mem, monkeypatch, builds):
+    build(["memory://in/old.jsonl"], OUT, _cfg())
+    before = _objects(mem, "/out/shards")
+    real = storage.write_bytes
+
+    def refuse_manifest(url, data):
+        if url == f"{OUT}/{MANIFEST_NAME}":
+            raise storage.StorageError(f"{url}: writing it failed (AccessDenied)")
+        return real(url, data)
+
+    monkeypatch.setattr(storage, "write_bytes", refuse_manifest)
+    with pytest.raises(UsageError, match="AccessDenied"):
+        build(["memory://in/new.jsonl"], OUT, _cfg(), overwrite=True)
+    assert _objects(mem, "/out/shards") == before  # state.json had been replaced: written back
+    assert _leftovers(mem) == []
+
+
+def test_shards_of_a_replaced_build_are_never_overwritten(mem, builds):
+    """The new shards take names the earlier build does not use, so its state.json never points at new bytes."""
+    build(["memory://in/old.jsonl"], OUT, _cfg())
+    old_shards = {k: v for k, v in _objects(mem, "/out/shards").items() if k.endswith(".arrow")}
+    manifest = build(["memory://in/new.jsonl"], OUT, _cfg(), overwrite=True)
+    names = [s["filename"] for s in manifest["shards"]]
+    assert not set(names) & set(old_shards)
+    tag = mem.cat_file(next(p for p in mem.find("/ref") if p.endswith("state.json")))  # any build's: valid JSON
+    assert json.loads(tag)["_data_files"]
+    assert all(n.endswith(f"-{names[0].rsplit('-', 1)[-1]}") for n in names)  # one tag for the whole build
+    manifest = build(["memory://in/new.jsonl"], OUT, _cfg(), overwrite=True)  # and back to the plain names
+    assert [s["filename"] for s in manifest["shards"]] == sorted(old_shards)
+    assert _rows(OUT) == builds["new"][0]
+
+
+GLOB_NAMES = ["many/*", "run[1X]", "r?n", "all/**", "set{a,b}"]
+
+
+@pytest.mark.parametrize("name", GLOB_NAMES)
+def test_an_output_name_is_literal(mem, name):
+    """Neighbours that the name would match as a pattern, and leftovers of other builds beside them, are never
+    touched: by the build, by --overwrite, or by a failed commit's undo."""
+    base = "/g/" + name.rsplit("/", 1)[0] if "/" in name else "/g"
+    neighbours = {
+        f"{base}/run1/data-00000-of-00001.arrow": b"a", f"{base}/runX/{MANIFEST_NAME}": b"{}",
+        f"{base}/note.txt": b"n", f"{base}/b/weightprep_manifest.json": b"{}", f"{base}/seta/x": b"x",
+        f"{base}/.run1.tmp-0123456789abcdef/plan.json": b"p", f"{base}/.note.tmp-0123456789abcdef/plan.json": b"p",
+        f"{base}/rXn/state.json": b"{}", f"{base}/all/deep/er": b"d",
+    }
+    for path, data in neighbours.items():
+        mem.pipe_file(path, data)
+    out = f"memory://g/{name}"
+    build(["memory://in/old.jsonl"], out, _cfg())
+    build(["memory://in/new.jsonl"], out, _cfg(), overwrite=True)
+    assert read_manifest(out)["counts"]["records"] == NEW.count(b"\n")
+    for path, data in neighbours.items():
+        assert mem.cat_file(path) == data, f"{path} changed"
+    storage.remove_tree(out)
+    for path, data in neighbours.items():
+        assert mem.cat_file(path) == data, f"{path} changed by remove_tree({out})"
+
+
+def test_a_sibling_that_shares_the_name_start_is_not_removed(mem):
+    mem.pipe_file("/out/shards2/weightprep_manifest.json", b"{}")
+    mem.pipe_file("/out/.shards2.tmp-0123456789abcdef/plan.json", b"p")
+    mem.pipe_file("/out/.shards.tmp-not-hex/keep", b"k")  # not a name weightprep makes
+    build(["memory://in/old.jsonl"], OUT, _cfg())
+    build(["memory://in/new.jsonl"], OUT, _cfg(), overwrite=True)
+    assert mem.cat_file("/out/shards2/weightprep_manifest.json") == b"{}"
+    assert mem.cat_file("/out/.shards2.tmp-0123456789abcdef/plan.json") == b"p"
+    assert mem.cat_file("/out/.shards.tmp-not-hex/keep") == b"k"
