@@ -137,6 +137,61 @@ class FaultProxy:
         self.server.server_close()
 
 
+class RangeServer:
+    """A plain HTTP server on loopback that serves ``files`` (path -> bytes) with HEAD and Range requests, as a web
+    server or a presigned-URL endpoint does, and only to a request whose basic auth is ``auth`` (user, password):
+    the credentials of an ``http://user:password@host/...`` URL must reach it."""
+
+    def __init__(self, files: dict[str, bytes], auth: tuple[str, str]) -> None:
+        import base64
+
+        expected = "Basic " + base64.b64encode(f"{auth[0]}:{auth[1]}".encode()).decode()
+        self.requests: list[tuple[str, str]] = []
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def _any(self) -> None:
+                server.requests.append((self.command, self.path))
+                data = files.get(self.path.split("?", 1)[0])
+                status, headers = 200, {}
+                if self.headers.get("Authorization") != expected:
+                    status, data = 401, b"unauthorized"
+                elif data is None:
+                    status, data = 404, b"not found"
+                elif rng := self.headers.get("Range"):
+                    start, _, end = rng.removeprefix("bytes=").partition("-")
+                    first, last = int(start), min(int(end) if end else len(data) - 1, len(data) - 1)
+                    headers["Content-Range"] = f"bytes {first}-{last}/{len(data)}"
+                    status, data = 206, data[first : last + 1]
+                self.send_response(status)
+                for k, v in headers.items():
+                    self.send_header(k, v)
+                self.send_header("Accept-Ranges", "bytes")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(data)
+
+            do_GET = do_HEAD = _any
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    @property
+    def port(self) -> int:
+        return int(self.server.server_address[1])
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
 def s3_options(endpoint: str) -> dict[str, object]:
     """Storage options for the loopback server; botocore's own retries off, so weightprep's are what is tested."""
     return {

@@ -13,7 +13,10 @@ A URL can carry a secret in two places:
 >>> redact("error: https://bob:hunter2@host/data.jsonl?X-Amz-Signature=abc&v=2: not found")
 'error: https://***@host/data.jsonl?X-Amz-Signature=***&v=***: not found'
 
-Credentials given the other ways (``--storage-options``, the environment, profiles) are never recorded in the
+Libraries echo parts of a URL without its scheme (botocore: ``Invalid bucket name "KEY:SECRET@bucket"``), so the
+secrets of every URL seen (``remember``: ``weightprep.storage`` calls it for each URL it opens, ``redact`` for each
+URL it masks) and the secret-looking values of storage options (``remember_options``) are kept for this process, and
+masked wherever they appear. Credentials given the other ways (the environment, profiles) are never recorded in the
 first place. The rule works on any text, so it applies to a whole message as well as to one URL; ``redact_record``
 applies it to every string of a JSON-like record (a manifest, a reject).
 """
@@ -23,7 +26,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-__all__ = ["redact", "redact_record", "MASK"]
+__all__ = ["redact", "redact_record", "remember", "remember_options", "MASK"]
 
 #: What replaces a secret.
 MASK = "***"
@@ -31,8 +34,24 @@ MASK = "***"
 #: A URL inside text: a scheme, then everything up to whitespace, a quote or an angle bracket.
 _URL = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*://)(?P<rest>[^\s'\"<>`]*)")
 
+#: Secrets seen in this process (``remember``), masked wherever they appear; shorter strings are too common to mask.
+_KNOWN: set[str] = set()
+_SHORTEST = 4
+#: Storage option keys whose string values are secrets (``key``, ``secret``, ``token``, ``sas_token``, ...).
+_SECRET_KEYS = re.compile(r"key|secret|token|passw|credential|signature|sas|auth", re.IGNORECASE)
+
 #: Punctuation that ends a sentence or a message's "URL: problem" rather than the URL.
 _TRAILING = ".,:;)]}"
+
+
+def _keep(secret: str) -> None:
+    if len(secret) >= _SHORTEST:
+        _KNOWN.add(secret)
+
+
+def _remember_params(params: str) -> None:
+    for part in params.split("&"):
+        _keep(part.split("=", 1)[-1])
 
 
 def _mask_params(params: str) -> str:
@@ -55,22 +74,46 @@ def _redact_url(match: re.Match[str]) -> str:
     cut = min((i for i in (rest.find("/"), rest.find("?"), rest.find("#")) if i >= 0), default=len(rest))
     authority, tail = rest[:cut], rest[cut:]
     if "@" in authority:
-        authority = MASK + "@" + authority.rsplit("@", 1)[1]
+        userinfo, host = authority.rsplit("@", 1)
+        _keep(userinfo)
+        for piece in userinfo.split(":"):
+            _keep(piece)
+        authority = MASK + "@" + host
     fragment = ""
     if "#" in tail:
         tail, fragment = tail.split("#", 1)
+        _remember_params(fragment)
         fragment = "#" + _mask_params(fragment)
     if "?" in tail:
         path, query = tail.split("?", 1)
+        _remember_params(query)
         tail = path + "?" + _mask_params(query)
     return scheme + authority + tail + fragment + trailing
 
 
+def remember(url: str) -> None:
+    """Keep the secrets of ``url`` (its userinfo, its query and fragment values) for every later ``redact``."""
+    _URL.sub(_redact_url, url)
+
+
+def remember_options(options: Any) -> None:
+    """Keep the string values of secret-looking keys of storage options (nested per protocol)."""
+    if isinstance(options, dict):
+        for k, v in options.items():
+            if isinstance(v, str) and _SECRET_KEYS.search(str(k)):
+                _keep(v)
+            else:
+                remember_options(v)
+
+
 def redact(text: str) -> str:
-    """``text`` with the userinfo, query values and fragment values of every URL in it replaced by ``***``."""
-    if "://" not in text:
-        return text
-    return _URL.sub(_redact_url, text)
+    """``text`` with the userinfo, query values and fragment values of every URL in it, and every secret seen
+    before (``remember``), replaced by ``***``."""
+    if "://" in text:
+        text = _URL.sub(_redact_url, text)
+    for secret in sorted((k for k in _KNOWN if k in text), key=len, reverse=True):
+        text = text.replace(secret, MASK)
+    return text
 
 
 def redact_record(value: Any) -> Any:

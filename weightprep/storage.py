@@ -33,10 +33,10 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from weightprep.errors import UsageError, WeightprepError
-from weightprep.redact import redact
+from weightprep.redact import redact, remember, remember_options
 
 __all__ = [
-    "StorageError", "is_url", "configure", "session", "parse_options", "current_options", "options_for", "filesystem", "join", "size",
+    "StorageError", "is_url", "read_fresh", "configure", "session", "parse_options", "current_options", "options_for", "filesystem", "join", "size",
     "exists", "isfile", "isdir", "known_metadata", "glob", "listdir", "read_text", "open_input", "open_text", "stat_key", "put_file",
     "write_bytes", "copy", "remove", "remove_tree", "names_under", "find", "arrow_filesystem", "retry", "protocol",
 ]
@@ -106,6 +106,7 @@ def configure(options: dict[str, Any] | str | None) -> None:
     to every URL. Library code passes ``storage_options=`` to ``build()``/``load_shards()`` instead (``session``)."""
     global _DEFAULT
     _DEFAULT = parse_options(options)
+    remember_options(_DEFAULT)
 
 
 @contextlib.contextmanager
@@ -124,6 +125,7 @@ def session(
     token = _SESSION.set(
         _Session(parse_options(options) if options is not None else current_options(), dict(known or {}))
     )
+    remember_options(_SESSION.get().options)  # type: ignore[union-attr]
     try:
         yield
     finally:
@@ -157,6 +159,7 @@ def filesystem(url: str) -> tuple[Any, str]:
     """The fsspec filesystem of ``url`` and the path in it."""
     import fsspec
 
+    remember(url)  # whatever a library echoes of it later is masked (weightprep.redact)
     proto = protocol(url)
     try:
         fsspec.get_filesystem_class(proto)
@@ -371,6 +374,7 @@ def listdir(url: str) -> list[str]:
 def find(url: str) -> dict[str, int]:
     """Every object under the prefix ``url`` (recursively): URL -> size."""
     fs, p = filesystem(url)
+    fs.invalidate_cache(p)  # another process may have written there since this one listed it (s3fs caches listings)
     if not retry(lambda: fs.exists(p), url, "checking that it exists"):
         return {}
     found = retry(lambda: fs.find(p, detail=True), url, "listing it")
@@ -473,6 +477,22 @@ def open_text(path: str | Path) -> Any:
     if not is_url(path):
         return open(path, encoding="utf-8", newline="\n")  # noqa: SIM115 - the caller closes it
     return io.TextIOWrapper(io.BufferedReader(_RangeFile(str(path)), 1 << 20), encoding="utf-8", newline="\n")
+
+
+def read_fresh(url: str) -> bytes | None:
+    """The whole object ``url`` as the store has it now (None: there is none), past every cache: for what another
+    process may have written, or removed, since this one last looked (a killed build's commit)."""
+    fs, p = filesystem(url)
+    _forget(url)
+    fs.invalidate_cache(p)
+
+    def cat() -> bytes | None:
+        try:
+            return fs.cat_file(p)  # type: ignore[no-any-return]
+        except FileNotFoundError:
+            return None
+
+    return retry(cat, url, "reading it")
 
 
 def read_text(path: str | Path) -> str:
@@ -581,6 +601,7 @@ def names_under(url: str) -> list[str]:
     fs, p = filesystem(url)
 
     def ls() -> list[str]:
+        fs.invalidate_cache(p)  # fresh: what other processes left there is what the caller looks for
         try:
             return [str(e).rstrip("/").rsplit("/", 1)[-1] for e in fs.ls(p, detail=False)]
         except FileNotFoundError:

@@ -289,11 +289,10 @@ def remove_output(out: str) -> None:
 def _read_journal(prefix: str) -> dict[str, Any] | None:
     """The journal of a commit that did not end (None: no commit ran there; ``{}``: one of weightprep < 0.2, which
     wrote an empty marker)."""
-    url = storage.join(prefix, _JOURNAL)
-    if not storage.isfile(url):
+    data = storage.read_fresh(storage.join(prefix, _JOURNAL))
+    if data is None:
         return None
-    text = storage.read_text(url)
-    return json.loads(text) if text.strip() else {}
+    return json.loads(data) if data.strip() else {}
 
 
 def _finish(out: str, prefix: str, journal: dict[str, Any]) -> None:
@@ -324,7 +323,7 @@ def _undo(out: str, prefix: str, journal: dict[str, Any]) -> None:
         storage.remove(storage.join(out, rel))
     for rel in sorted(old, key=_loadable_order):  # only those the commit replaced: a store refusing writes (a 403)
         url = storage.join(out, rel)            # still lets an undo of a commit that wrote nothing there end
-        if not storage.isfile(url) or storage.read_text(url) != old[rel]:
+        if storage.read_fresh(url) != old[rel].encode("utf-8"):
             storage.write_bytes(url, old[rel].encode("utf-8"))
     for rel in journal["new"]:
         storage.remove(storage.join(out, rel))
@@ -334,11 +333,8 @@ def _undo(out: str, prefix: str, journal: dict[str, Any]) -> None:
 
 def _committed(out: str, journal: dict[str, Any]) -> bool:
     """Whether the manifest at ``out`` is the one the journal's commit wrote (step 5 ended)."""
-    url = storage.join(out, MANIFEST_NAME)
-    if not storage.isfile(url):
-        return False
-    with storage.open_input(url) as f:
-        return hashlib.sha256(f.read()).hexdigest() == journal["manifest_sha256"]
+    data = storage.read_fresh(storage.join(out, MANIFEST_NAME))
+    return data is not None and hashlib.sha256(data).hexdigest() == journal["manifest_sha256"]
 
 
 def _recover(out: str, prefix: str) -> None:
@@ -433,7 +429,7 @@ class StoreOutput:
                 scratch = Path(tempfile.mkdtemp(dir=self.tmp, prefix=".empty-"))
                 sets[name] = [(_ShardSet(scratch, arrow_schema(seq_len, packed=packed), 1).empty_shard(), 0)]
         before = {u[len(self.out) + 1 :] for u in storage.find(self.out)}  # 1.
-        old_loadable = {rel: storage.read_text(storage.join(self.out, rel))
+        old_loadable = {rel: (storage.read_fresh(storage.join(self.out, rel)) or b"").decode("utf-8")
                         for rel in before if rel.rsplit("/", 1)[-1] in _LOADABLE}
         names = self._names(sets, before)
         per_set = {
