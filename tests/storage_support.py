@@ -192,6 +192,21 @@ class RangeServer:
         self.server.server_close()
 
 
+def load_rows(url: str) -> list[list[int]]:
+    """The ``input_ids`` of every row ``datasets.load_from_disk`` gives for the build at ``url``, loaded from a
+    fresh copy (``datasets`` copies a URL to one directory per path and process, where an earlier load's files
+    would linger: ``weightprep.train.data._local_copy``)."""
+    import tempfile
+
+    import datasets
+
+    from weightprep import storage
+
+    with tempfile.TemporaryDirectory() as local:
+        storage.download_tree(url, Path(local))
+        return [r["input_ids"] for r in datasets.load_from_disk(local, keep_in_memory=True)]
+
+
 def s3_options(endpoint: str) -> dict[str, object]:
     """Storage options for the loopback server; botocore's own retries off, so weightprep's are what is tested."""
     return {

@@ -13,6 +13,7 @@ import json
 import fsspec
 import pytest
 from conftest import SAMPLE_RAW
+from storage_support import load_rows
 
 from weightprep import storage
 from weightprep.config import config_from_dict
@@ -21,6 +22,7 @@ from weightprep.errors import UsageError
 from weightprep.manifest import read_manifest, shard_batches
 from weightprep.pipeline import build
 from weightprep.stages import publish
+from weightprep.train.data import load_shards
 
 LINES = SAMPLE_RAW.read_bytes().splitlines(keepends=True)
 OLD = b"".join(LINES[:40])
@@ -73,19 +75,6 @@ class _KillAt:
             monkeypatch.setattr(type(fs), name, write)
 
 
-def _rows(url: str) -> list[list[int]]:
-    """The rows ``datasets.load_from_disk`` gives for ``url``, from a fresh copy (datasets downloads a remote
-    dataset to one temporary directory per process and path, where an earlier load's files would linger)."""
-    import tempfile
-
-    import datasets
-
-    fs, path = storage.filesystem(url)
-    with tempfile.TemporaryDirectory() as local:
-        fs.get(path + "/", local + "/", recursive=True)
-        return [r["input_ids"] for r in datasets.load_from_disk(local, keep_in_memory=True)]
-
-
 def _objects(fs, prefix: str) -> dict[str, bytes]:
     return {k[len(prefix) + 1 :]: fs.cat_file(k) for k in fs.find(prefix)}
 
@@ -99,8 +88,8 @@ def builds(mem, tmp_path):
     """The rows and manifests of the earlier build (OLD) and of the new one (NEW) as each alone gives them."""
     old = build(["memory://in/old.jsonl"], "memory://ref/old", _cfg())
     new = build(["memory://in/new.jsonl"], "memory://ref/new", _cfg())
-    assert new["counts"]["rejected"] and _rows("memory://ref/old") != _rows("memory://ref/new")
-    return {"old": (_rows("memory://ref/old"), old), "new": (_rows("memory://ref/new"), new)}
+    assert new["counts"]["rejected"] and load_rows("memory://ref/old") != load_rows("memory://ref/new")
+    return {"old": (load_rows("memory://ref/old"), old), "new": (load_rows("memory://ref/new"), new)}
 
 
 def _commit_writes(mem, monkeypatch, builds) -> int:
@@ -109,7 +98,7 @@ def _commit_writes(mem, monkeypatch, builds) -> int:
     with monkeypatch.context() as m:
         counter = _KillAt(m, mem, None)
         build(["memory://in/new.jsonl"], OUT, _cfg(), overwrite=True)
-    assert _rows(OUT) == builds["new"][0]
+    assert load_rows(OUT) == builds["new"][0]
     mem.rm("/out", recursive=True)
     return len(counter.seen)
 
@@ -127,7 +116,7 @@ def test_a_kill_at_every_write_of_the_commit_leaves_the_old_or_the_new_build(mem
         assert len(killer.seen) == at
         # what a reader sees now, through datasets (state.json) and through weightprep (the manifest and the shards
         # it lists): in each, the old build or the new one, whole; the manifest is never ahead of the rows
-        rows, manifest = _rows(OUT), read_manifest(OUT)
+        rows, manifest = load_rows(OUT), read_manifest(OUT)
         which = "old" if rows == builds["old"][0] else "new"
         assert rows == builds[which][0], f"kill at write {at} ({killer.seen[-1:]}): datasets sees neither build"
         listed = "old" if manifest["counts"] == builds["old"][1]["counts"] else "new"
@@ -136,10 +125,15 @@ def test_a_kill_at_every_write_of_the_commit_leaves_the_old_or_the_new_build(mem
                        for r in b.column("input_ids").to_numpy(zero_copy_only=False)]
         assert by_manifest == builds[listed][0], f"kill at write {at}: the manifest's shards are not its build's"
         assert (which, listed) != ("old", "new"), f"kill at write {at}: the manifest switched before the rows"
+        if which == listed:  # weightprep train's loader: the build, or a refusal that says why
+            assert len(load_shards(OUT).dataset) == len(builds[which][0])
+        else:
+            with pytest.raises(UsageError, match="a build to it is running or was killed during its commit"):
+                load_shards(OUT)
         outcomes.append(which)
         # the next build to the output finishes or undoes the commit first, then replaces it as asked
         build(["memory://in/new.jsonl"], OUT, _cfg(), overwrite=True)
-        assert _rows(OUT) == builds["new"][0] and _leftovers(mem) == []
+        assert load_rows(OUT) == builds["new"][0] and _leftovers(mem) == []
         manifest = read_manifest(OUT)
         listed = {s["filename"] for s in manifest["shards"]}
         extra = {"dataset_info.json", "state.json", MANIFEST_NAME, "rejects.jsonl"}
@@ -161,7 +155,7 @@ def test_a_killed_commit_is_finished_or_undone_without_overwrite(mem, monkeypatc
                 build(["memory://in/new.jsonl"], OUT, _cfg(), overwrite=True)
         with pytest.raises(UsageError, match="already exists; pass --overwrite"):
             build(["memory://in/old.jsonl"], OUT, _cfg())  # recovers first, then refuses
-        assert _rows(OUT) == builds[expected][0]
+        assert load_rows(OUT) == builds[expected][0]
         left = [k for p in _leftovers(mem) for k in mem.find(p)]
         if expected == "new":
             assert left == []
@@ -199,7 +193,7 @@ def test_shards_of_a_replaced_build_are_never_overwritten(mem, builds):
     assert all(n.endswith(f"-{names[0].rsplit('-', 1)[-1]}") for n in names)  # one tag for the whole build
     manifest = build(["memory://in/new.jsonl"], OUT, _cfg(), overwrite=True)  # and back to the plain names
     assert [s["filename"] for s in manifest["shards"]] == sorted(old_shards)
-    assert _rows(OUT) == builds["new"][0]
+    assert load_rows(OUT) == builds["new"][0]
 
 
 GLOB_NAMES = ["many/*", "run[1X]", "r?n", "all/**", "set{a,b}"]

@@ -383,6 +383,12 @@ def _docs_unpacked_or_packed(out: Path, tok) -> list:
         # a packing pass per copy: 1e19 epochs built for ever (a Packer per pass) instead of an error
         (["--source", "a=A,epochs=1e19"], "epochs: 1e+19 is more than 1000"),
         (["--source", "a=A", "--source", "a=B"], "source 'a' is declared twice"),
+        # validation_a and validation_A: one directory on a case-insensitive filesystem
+        (["--source", "a=A", "--source", "A=B"], "sources 'a' and 'A' differ only in case"),
+        # every token weight 0: the build ran to 0 rows and exit 0 without a word
+        (["--source", "a=A,weight=0", "--source", "b=B,weight=0"], "every source has weight 0"),
+        # Python's float() reads 1_000 as 1000
+        (["--source", "a=A,weight=1_000"], "weight: expected a number, got '1_000'"),
         (["--source", "a.b=A"], "expected a name of letters, digits and '_'"),
         # datasets refuses a split name with '-' (^\w+(\.\w+)*$): the output could not be loaded
         (["--source", "my-set=A"], "expected a name of letters, digits and '_'"),

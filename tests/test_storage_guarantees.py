@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 from conftest import REPO, SAMPLE_RAW
-from storage_support import FaultProxy, MotoServer, RangeServer, s3_options
+from storage_support import FaultProxy, MotoServer, RangeServer, load_rows, s3_options
 
 from weightprep import storage
 from weightprep.cli import main
@@ -72,18 +72,6 @@ def _objects(prefix: str) -> dict[str, bytes]:
     return {u: fs.cat_file(storage.filesystem(u)[1]) for u in storage.find(prefix)}
 
 
-def _load(url: str) -> list[list[int]]:
-    """``datasets.load_from_disk`` of ``url``, as a user calls it, into a fresh process-independent copy."""
-    import tempfile
-
-    import datasets
-
-    fs, path = storage.filesystem(url)
-    with tempfile.TemporaryDirectory() as local:
-        fs.get(path + "/", local + "/", recursive=True)
-        return [r["input_ids"] for r in datasets.load_from_disk(local, keep_in_memory=True)]
-
-
 # ---- 1. a name is a name ---------------------------------------------------------------------------------------
 
 
@@ -117,7 +105,7 @@ def test_an_out_url_with_glob_characters_touches_nothing_beside_it(s3, area, nam
     assert ours == sorted([s["filename"] for s in manifest["shards"]] + ["dataset_info.json", "state.json", MANIFEST_NAME])
     assert manifest["counts"]["records"] == NEW.count(b"\n")
     for n in neighbours:
-        assert _load(f"{base}/{n}") and read_manifest(f"{base}/{n}")["counts"]["records"] == OLD.count(b"\n")
+        assert load_rows(f"{base}/{n}") and read_manifest(f"{base}/{n}")["counts"]["records"] == OLD.count(b"\n")
 
 
 def test_a_missing_bucket_and_an_invalid_one_are_said_at_once(s3):
@@ -189,7 +177,7 @@ def test_no_secret_reaches_an_artifact_or_a_message(s3, tmp_path, monkeypatch):
 def test_a_persistent_403_during_overwrite_keeps_the_earlier_build(s3, denied):
     out = f"s3://{BUCKET}/denied-{denied.split('.')[0]}"
     build([f"s3://{BUCKET}/in/old.jsonl"], out, _cfg())
-    earlier, rows = _objects(out), _load(out)
+    earlier, rows = _objects(out), load_rows(out)
     prefix = f"/{BUCKET}/{out.rsplit('/', 1)[-1]}/"
     s3.fault = lambda method, path, headers: (
         "denied" if method == "PUT" and path.startswith(prefix + denied) else None
@@ -200,7 +188,7 @@ def test_a_persistent_403_during_overwrite_keeps_the_earlier_build(s3, denied):
     finally:
         s3.fault = None
     assert _objects(out) == earlier  # undone: the earlier build, object for object
-    assert _load(out) == rows and read_manifest(out)["counts"]["records"] == OLD.count(b"\n")
+    assert load_rows(out) == rows and read_manifest(out)["counts"]["records"] == OLD.count(b"\n")
     assert not [u for u in storage.find(f"s3://{BUCKET}/") if f"/.{out.rsplit('/', 1)[-1]}.tmp-" in u]
 
 
@@ -220,7 +208,7 @@ def test_a_kill_9_during_the_commit_leaves_a_loadable_build_that_the_next_build_
     one is). The next build to the output finishes or undoes the commit before its own work."""
     out = f"s3://{BUCKET}/killed-{expected}"
     build([f"s3://{BUCKET}/in/old.jsonl"], out, _cfg())
-    rows = {"old": _load(out)}
+    rows = {"old": load_rows(out)}
     key = f"/{BUCKET}/killed-{expected}/"
     s3.holding.clear()
     s3.release.clear()
@@ -236,21 +224,21 @@ def test_a_kill_9_during_the_commit_leaves_a_loadable_build_that_the_next_build_
         s3.fault = None
         s3.release.set()
     assert proc.returncode == -signal.SIGKILL
-    seen = _load(out)
+    seen = load_rows(out)
     build([f"s3://{BUCKET}/in/new.jsonl"], f"s3://{BUCKET}/killed-ref-{expected}", _cfg())
-    rows["new"] = _load(f"s3://{BUCKET}/killed-ref-{expected}")
+    rows["new"] = load_rows(f"s3://{BUCKET}/killed-ref-{expected}")
     assert seen == rows[expected]
     # the next build (no --overwrite: it is refused, after restoring the output to one whole build)
     with pytest.raises(UsageError, match="already exists"):
         build([f"s3://{BUCKET}/in/new.jsonl"], out, _cfg())
-    assert _load(out) == rows[expected]
+    assert load_rows(out) == rows[expected]
     manifest = read_manifest(out)
     assert sorted(storage.find(out)) == sorted(
         f"{out}/{f}" for f in [s["filename"] for s in manifest["shards"]] + ["dataset_info.json", "state.json", MANIFEST_NAME]
     )
     assert not [u for u in storage.find(f"s3://{BUCKET}/") if f"/.killed-{expected}.tmp-" in u and "publishing" in u]
     build([f"s3://{BUCKET}/in/new.jsonl"], out, _cfg(), overwrite=True, resume=True)
-    assert _load(out) == rows["new"]
+    assert load_rows(out) == rows["new"]
     assert not [u for u in storage.find(f"s3://{BUCKET}/") if f"/.killed-{expected}.tmp-" in u]
 
 

@@ -68,6 +68,8 @@ def _number(field: str, key: str, value: Any, problems: list[str]) -> float | No
     """``value`` as a float, or None and a problem naming ``field + key``."""
     if isinstance(value, str):
         try:
+            if "_" in value:  # Python's float() reads "1_000" as 1000; no config language a user writes does
+                raise ValueError(value)
             value = float(value)
         except ValueError:
             problems.append(f"{field}{key}: expected a number, got {value!r}")
@@ -185,11 +187,22 @@ def check_source_names(sources: list[Source]) -> None:
                                       "columns": s.columns, "role_weights": s.role_weights}, problems)  # fmt: skip
     if problems:
         raise ConfigError(problems)
-    seen: set[str] = set()
+    seen: dict[str, str] = {}
     for s in sources:
         if s.name in seen:
             raise ConfigError([f"source {s.name!r} is declared twice; give each source its own name"])
-        seen.add(s.name)
+        if s.name.casefold() in (folded := {k.casefold(): v for k, v in seen.items()}):
+            raise ConfigError([
+                f"sources {folded[s.name.casefold()]!r} and {s.name!r} differ only in case: their validation splits "
+                "(validation_NAME) would be one directory on a case-insensitive filesystem (macOS, Windows, some "
+                "object-store mounts); give them names that differ otherwise"
+            ])
+        seen[s.name] = s.name
+    if all(s.weight == 0 for s in sources):
+        raise ConfigError([
+            "every source has weight 0: no token would be learned and the build would write no row; give at least "
+            "one source a weight > 0"
+        ])
 
 
 def scaled_weights(weights: np.ndarray, weight: float) -> np.ndarray:

@@ -36,7 +36,7 @@ from weightprep.errors import UsageError, WeightprepError
 from weightprep.redact import redact, remember, remember_options
 
 __all__ = [
-    "StorageError", "is_url", "read_fresh", "configure", "session", "parse_options", "current_options", "options_for", "filesystem", "join", "size",
+    "StorageError", "is_url", "read_fresh", "download_tree", "configure", "session", "parse_options", "current_options", "options_for", "filesystem", "join", "size",
     "exists", "isfile", "isdir", "known_metadata", "glob", "listdir", "read_text", "open_input", "open_text", "stat_key", "put_file",
     "write_bytes", "copy", "remove", "remove_tree", "names_under", "find", "arrow_filesystem", "retry", "protocol",
 ]
@@ -493,6 +493,16 @@ def read_fresh(url: str) -> bytes | None:
             return None
 
     return retry(cat, url, "reading it")
+
+
+def download_tree(url: str, local: Path) -> None:
+    """Copy every object under the prefix ``url`` into the local directory ``local``, key by key (literal names:
+    fsspec's recursive ``get`` would expand glob characters in ``url``)."""
+    fs, _ = filesystem(url)
+    for key in find(url):
+        target = local / key[len(url.rstrip("/")) + 1 :]
+        target.parent.mkdir(parents=True, exist_ok=True)
+        retry(lambda key=key, target=target: fs.get_file(filesystem(key)[1], str(target)), key, "downloading it")
 
 
 def read_text(path: str | Path) -> str:

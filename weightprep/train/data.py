@@ -76,17 +76,54 @@ def load_shards(
         return _load_shards(path, model_config, tokenizer)
 
 
+def _local_copy(url: str) -> Path:
+    """The build at ``url`` (in a store) copied to a new local temporary directory, removed when the process ends,
+    for ``datasets`` to map. (``datasets.load_from_disk(url)`` copies to one directory per path and process, and a
+    second load of the same URL copies into a subdirectory of the first copy, so it maps the first build's files:
+    a rebuild in between would be trained on as the build before it.)"""
+    import atexit
+    import shutil
+    import tempfile
+
+    local = Path(tempfile.mkdtemp(prefix="weightprep-shards-"))
+    atexit.register(shutil.rmtree, local, True)
+    storage.download_tree(url, local)
+    return local
+
+
+def _check_against_manifest(path: str | Path, manifest: dict[str, Any], dataset: Any) -> None:
+    """Refuse shards that are not the ones the manifest lists, file for file and row for row: what a reader sees
+    in the moment a build to a store replaces another (its ``state.json`` and its manifest are two writes,
+    ``weightprep.stages.publish``), or after a kill between them, or after hand edits."""
+    import datasets
+
+    splits = dataset.items() if isinstance(dataset, datasets.DatasetDict) else [(None, dataset)]
+    for name, split in splits:
+        listed = [s for s in manifest.get("shards") or [] if s.get("split") == name]
+        if not listed:  # a manifest written before it listed shards (format 1) has nothing to compare
+            continue
+        files = [Path(f["filename"]).name for f in split.cache_files]
+        expected = [Path(s["filename"]).name for s in listed]
+        rows = sum(int(s["rows"]) for s in listed)
+        if files != expected or len(split) != rows:
+            where = f"the {name} split of {path}" if name else str(path)
+            raise UsageError(
+                f"{where} holds shards {files} ({len(split):,} rows), its {MANIFEST_NAME} lists {expected} "
+                f"({rows:,} rows): a build to it is running or was killed during its commit. Wait for it to end, or "
+                f"run the build again (it finishes or undoes the commit first)"
+            )
+
+
 def _load_shards(path: str | Path, model_config: Any, tokenizer: Any) -> Shards:
     import datasets
 
     path = path if storage.is_url(path) else Path(path)
     manifest = read_manifest(path)
-    # a URL (a build in a store): datasets downloads the shards to a local temporary directory and maps them there
-    options = {"storage_options": storage.options_for(storage.protocol(path))} if storage.is_url(path) else {}
     try:
-        dataset = datasets.load_from_disk(str(path), **options)
+        dataset = datasets.load_from_disk(str(_local_copy(path) if storage.is_url(path) else path))
     except Exception as exc:  # datasets raises FileNotFoundError/ValueError/... with useful text
         raise UsageError(f"{path}: datasets.load_from_disk failed ({exc}); {REBUILD}") from exc
+    _check_against_manifest(path, manifest, dataset)
     held_out: dict[str, Any] = {}  # split name -> rows
     if isinstance(dataset, datasets.DatasetDict):
         if "train" not in dataset:
