@@ -68,6 +68,22 @@ MODULES: dict[str, list[str]] = {
         "tests/test_accounting.py", "tests/test_hostile_inputs.py", "tests/test_split.py", "tests/test_build_output.py",
         "tests/test_chat_history.py",
     ],
+    # the bytes to and from stores: literal names, ranged reads, retries, redaction, fresh reads for recovery
+    "storage.py": [
+        "tests/test_storage.py", "tests/test_publish.py", "tests/test_read.py", "tests/test_storage_guarantees.py",
+        "tests/test_storage_server.py",
+    ],
+    # the commit protocol, local (renames) and in a store (journal, non-colliding names, finish or undo)
+    "stages/publish.py": [
+        "tests/test_publish.py", "tests/test_storage.py", "tests/test_hostile_crash.py", "tests/test_distribute.py",
+        "tests/test_storage_guarantees.py",
+    ],
+    "stages/write.py": [
+        "tests/test_build_output.py", "tests/test_stages.py", "tests/test_chat_turns.py", "tests/test_publish.py",
+    ],
+    "stages/validate.py": [
+        "tests/test_bad_input.py", "tests/test_hostile_fuzz.py", "tests/test_hostile_inputs.py", "tests/test_formats.py",
+    ],
     "train/loss.py": [
         "tests/test_train_loss.py", "tests/test_train_attention.py", "tests/test_train_kernel.py",
         "tests/test_train_trainer.py",
