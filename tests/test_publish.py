@@ -232,3 +232,59 @@ def test_a_sibling_that_shares_the_name_start_is_not_removed(mem):
     assert mem.cat_file("/out/shards2/weightprep_manifest.json") == b"{}"
     assert mem.cat_file("/out/.shards2.tmp-0123456789abcdef/plan.json") == b"p"
     assert mem.cat_file("/out/.shards.tmp-not-hex/keep") == b"k"
+
+
+# ---- on a local disk ---------------------------------------------------------------------------------------------
+
+
+def _dead_pid() -> int:
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_leftovers_of_other_outputs_beside_are_kept(tmp_path):
+    (tmp_path / "raw.jsonl").write_bytes(OLD)
+    dead = _dead_pid()
+    for name in (f".shards.tmp-{dead}", f".other.tmp-{dead}", f".shards2.old-{dead}"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "x").write_text("x")
+    build([str(tmp_path / "raw.jsonl")], tmp_path / "shards", _cfg())
+    assert not (tmp_path / f".shards.tmp-{dead}").exists()  # this output's: a killed build's, removed
+    assert (tmp_path / f".other.tmp-{dead}" / "x").exists() and (tmp_path / f".shards2.old-{dead}" / "x").exists()
+
+
+def test_a_local_replace_killed_between_its_renames_gets_the_earlier_build_back(tmp_path, monkeypatch):
+    """Replacing is out -> .out.old-PID, then the new directory -> out: a kill between the two leaves the earlier
+    build in .old, which the next build to out puts back before anything else."""
+    import os
+    from pathlib import Path
+
+    (tmp_path / "old.jsonl").write_bytes(OLD)
+    (tmp_path / "new.jsonl").write_bytes(NEW)
+    out = tmp_path / "shards"
+    build([str(tmp_path / "old.jsonl")], out, _cfg())
+    earlier = {p.name: p.read_bytes() for p in out.iterdir()}
+    real = Path.rename
+
+    def killed_at_the_second(self, target):
+        if Path(target) == out:
+            raise _Killed("kill -9")
+        return real(self, target)
+
+    monkeypatch.setattr(Path, "rename", killed_at_the_second)
+    with pytest.raises(_Killed):
+        build([str(tmp_path / "new.jsonl")], out, _cfg(), overwrite=True)
+    monkeypatch.setattr(Path, "rename", real)
+    assert not out.exists()
+    dead = _dead_pid()  # the process is gone: its leftovers carry a dead process's id
+    for p in tmp_path.iterdir():
+        if p.name.endswith(f"-{os.getpid()}"):
+            p.rename(tmp_path / p.name.replace(f"-{os.getpid()}", f"-{dead}"))
+    with pytest.raises(UsageError, match="already exists"):  # put back first, then refused without --overwrite
+        build([str(tmp_path / "new.jsonl")], out, _cfg())
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == earlier
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["new.jsonl", "old.jsonl", "shards"]

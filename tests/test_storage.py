@@ -444,3 +444,94 @@ def test_gcs_and_azure_urls_name_their_extra(url, extra, package):
     else:
         fs, _ = storage.filesystem(url)
         assert type(fs).__module__.split(".")[0] == package
+
+
+class _Short(MemoryFileSystem):
+    """A memory filesystem whose next ``short`` reads return an empty body (a store that ends a ranged GET early)."""
+
+    protocol = "short"
+    short = 0
+
+    @classmethod
+    def _strip_protocol(cls, path):
+        return "/" + path.removeprefix("short://").lstrip("/")
+
+    def _open(self, path, mode="rb", **kwargs):
+        f = super()._open(path, mode, **kwargs)
+        read = f.read
+
+        def short_read(n=-1):
+            if _Short.short and f.tell() > 0:
+                _Short.short -= 1
+                return b""
+            return read(n)
+
+        f.read = short_read
+        return f
+
+
+def test_a_short_read_mid_range_is_retried_not_taken_as_the_end(mem):
+    """An empty body in the middle of a range would end the input there: a truncated input, silently."""
+    fsspec.register_implementation("short", _Short, clobber=True)
+    mem.pipe_file("/f/raw.jsonl", DATA)
+    _Short.short = 2
+    with storage.open_input("short://f/raw.jsonl", 0, 30_000) as f:
+        f._chunk = 10_000  # three requests: the second and third start mid-range
+        assert f.read() == DATA[:30_000]
+    assert _Short.short == 0
+
+
+def test_resume_does_not_reuse_parts_of_an_input_replaced_at_the_same_size(mem, monkeypatch):
+    """The resume key holds each object's version (ETag, generation, mtime): same size, other bytes, new parts."""
+    from weightprep.distribute.job import PartJob
+
+    mem.pipe_file("/in/raw.jsonl", DATA)
+    real, runs, interrupt = PartJob._run, [], [True]
+
+    def interrupted(self, part, tmp, progress):
+        runs.append(part.index)
+        if part.index == 1 and interrupt[0]:
+            raise KeyboardInterrupt
+        return real(self, part, tmp, progress)
+
+    monkeypatch.setattr(PartJob, "_run", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        build(["memory://in/raw.jsonl"], "memory://out/shards", _cfg())
+    lines = DATA.splitlines(keepends=True)
+    replaced = b"".join([lines[1], lines[0], *lines[2:]])  # the same bytes in another order: the same size
+    assert len(replaced) == len(DATA) and replaced != DATA
+    import time
+
+    time.sleep(0.01)  # the memory filesystem's version is its creation time
+    mem.pipe_file("/in/raw.jsonl", replaced)
+    runs.clear()
+    interrupt[0] = False
+    manifest = build(["memory://in/raw.jsonl"], "memory://out/shards", _cfg(), resume=True)
+    assert 0 in runs  # part 0 was run again, on the new bytes
+    mem.pipe_file("/in/fresh.jsonl", replaced)
+    fresh = build(["memory://in/fresh.jsonl"], "memory://out/fresh", _cfg())
+    assert manifest["inputs"][0]["sha256"] == fresh["inputs"][0]["sha256"]
+    shards = lambda prefix: {k: v for k, v in _tree(mem, prefix).items() if k.endswith(".arrow")}  # noqa: E731
+    assert shards("/out/shards") == shards("/out/fresh") != {}
+
+
+def test_an_input_under_the_output_prefix_is_refused(mem):
+    mem.pipe_file("/out/shards/raw.jsonl", DATA)
+    with pytest.raises(UsageError, match="input memory://out/shards/raw.jsonl is inside the output path"):
+        build(["memory://out/shards/raw.jsonl"], "memory://out/shards", _cfg(), overwrite=True)
+    mem.rm_file("/out/shards/raw.jsonl")
+    mem.pipe_file("/out/shards2/raw.jsonl", DATA)  # a sibling that shares the name's start is not inside it
+    build(["memory://out/shards2/raw.jsonl"], "memory://out/shards", _cfg())
+
+
+def test_a_part_is_uploaded_with_its_result_last(mem, tmp_path, monkeypatch):
+    """A part is finished exactly when its result.json exists: uploaded before a shard, a part killed in the
+    middle of its upload would be taken as finished by --resume."""
+    for name in ("result.json", "a/shard-00000.arrow", "rejects.jsonl", "z.jsonl"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(name)
+    uploaded = []
+    monkeypatch.setattr(storage, "put_file", lambda local, url: uploaded.append(url.rsplit("/", 1)[-1]))
+    publish.upload_part(tmp_path, "memory://p/parts/00000")
+    assert uploaded[-1] == "result.json" and sorted(uploaded) == sorted(["result.json", "shard-00000.arrow",
+                                                                         "rejects.jsonl", "z.jsonl"])
