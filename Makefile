@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 # The CPU wheel of torch 2.13.0 (a plain `torch` may pull a multi-GB CUDA build); override with TORCH=torch
 TORCH  ?= torch==2.13.0
 
-.PHONY: setup demo test lint bench mutate
+.PHONY: setup demo test lint bench mutate docs
 
 $(BIN)/weightprep: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,6 +22,9 @@ demo: setup  ## build the bundled sample data into shards/ and show one row
 
 test: setup  ## the whole offline, CPU-only test suite
 	$(BIN)/python -m pytest -q -n auto
+
+docs: setup  ## serve the documentation site at http://127.0.0.1:8000 (CI builds it: tests/test_docs.py)
+	$(BIN)/mkdocs serve
 
 lint: setup
 	$(BIN)/ruff check weightprep tests benchmarks sample_data

@@ -1,7 +1,7 @@
 """Chat coverage: every chat template TRL ships x the conversation shapes people train on, built by
 weightprep.
 
-    python benchmarks/chat_coverage.py --out docs/chat.md            # all templates, ~3 min on 2 cores
+    python benchmarks/chat_coverage.py --out docs/chat-coverage.md            # all templates, ~3 min on 2 cores
     python benchmarks/chat_coverage.py --templates 'qwen3*'          # some templates, table on stdout
 
 For each ``trl/chat_templates/*.jinja`` of the installed TRL and each shape (one turn, several turns, a system
@@ -58,7 +58,7 @@ def work_list(rows: list, shapes: list[str]) -> list[str]:
 
 
 def report(command: str, shapes: list[str], default_rows: list, training_rows: list) -> str:
-    """docs/chat.md: the same text for the same code and versions (no timings), so a rerun shows what changed."""
+    """docs/chat-coverage.md: the same text for the same code and versions (no timings), so a rerun shows what changed."""
     from chat_coverage_support import (
         SHAPES,
         STRADDLE,

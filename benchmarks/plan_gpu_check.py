@@ -51,7 +51,10 @@ def run_one(cfg_fields: dict, precision: str, ckpt: bool, loss: str, batch: int,
         model = model.to(torch.bfloat16)
     model.to(device).train()
     if ckpt:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if hasattr(model, "activation_checkpointing_enable"):  # transformers 5 (gradient_* is its deprecated alias)
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=device == "cuda")
     ids = torch.randint(0, cfg.vocab_size, (batch, seq_len), device=device)
     quarter = seq_len // 4  # four packed documents per row

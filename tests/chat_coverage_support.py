@@ -2,7 +2,7 @@
 weightprep and classified against ``apply_chat_template`` and an independent per-character reference of the
 weights.
 
-Used by ``benchmarks/chat_coverage.py`` (the whole table, ``docs/chat.md``) and
+Used by ``benchmarks/chat_coverage.py`` (the whole table, ``docs/chat-coverage.md``) and
 ``tests/test_chat_coverage.py`` (a sample, and the classification itself). Nothing here imports ``weightprep.stages``: a conversation goes
 through ``weightprep.pipeline.build`` as a user's JSONL does (``--skip-invalid``, unpacked rows, so the
 documents come out in input order), and the expected ids, weights and failures come from transformers' public

@@ -18,6 +18,7 @@ GOOD = json.dumps({"pieces": [{"text": "Q: hi\n", "weight": 0}, {"text": "Hello!
 # (bad line, field named in the message, words the message must contain)
 CASES = {
     "malformed_json": ('{"pieces": [{"text": "a", "weight": 1}', "<json>", "malformed JSON"),
+    "unterminated_string": ('{"pieces": [{"text": "abc', "<json>", "Unterminated string starting at column 22"),
     "not_an_object": ("[1, 2, 3]", "<record>", "JSON object"),
     "missing_pieces": ('{"body": "no accepted shape here"}', "pieces", "missing"),
     "pieces_not_list": ('{"pieces": "abc"}', "pieces", "expected a list"),

@@ -1,4 +1,4 @@
-"""The chat coverage harness (``benchmarks/chat_coverage.py``, ``docs/chat.md``): its tokenizers, its
+"""The chat coverage harness (``benchmarks/chat_coverage.py``, ``docs/chat-coverage.md``): its tokenizers, its
 reference and its classification; and, since every pair that apply_chat_template renders is now built exactly
 under both flags (issue 22's goal), that this stays so (``test_every_template_is_classified``)."""
 

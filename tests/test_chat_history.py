@@ -245,6 +245,8 @@ def test_qwen3_multi_turn_reasoning_is_refused_whole_and_built_per_turn():
     with pytest.raises(ChatError) as err:
         ChatRenderer(tok, history="full").tokens(chat_record(_qwen3_reasoning()))
     assert err.value.reason == "not_prefix_preserving"
+    assert "--chat-history per-turn builds one per weighted message" in str(err.value)  # the other modes named
+    assert "--chat-history auto (the default)" in str(err.value)
     out = ChatRenderer(tok, history="auto").tokens(chat_record(_qwen3_reasoning()))
     (first, w1), (second, w2) = _split(out)
     # the first turn keeps its reasoning where it is the last turn; the second document shows it stripped, as inference

@@ -192,3 +192,27 @@ def test_the_html_report_heads_each_turn_with_its_role(tmp_path):
     texts = [unescape(re.sub(r"<[^>]+>", "", c)).replace("↵", "").replace("\n", "") for c in chunks]
     for text, want in zip(texts, _expected_turn_texts(chat_tokenizer("chatml"), convo), strict=True):
         assert text.startswith(want.replace("\n", ""))
+
+
+def test_inspect_names_the_turn_of_each_per_turn_document(tmp_path):
+    """A Qwen3 conversation built per turn: each document says which message it was made for, and the earlier
+    turns the template re-renders before it (no single message's) are labelled as such; the summary does not
+    pretend inspect wrote anything."""
+    from test_chat_history import family_tokenizer
+
+    family_tokenizer("qwen3").save_pretrained(tmp_path / "tok")
+    messages = [{"role": "user", "content": "2+2?"},
+                {"role": "assistant", "content": "<think>\nTwo plus two.\n</think>\n\n4"},
+                {"role": "user", "content": "And 3+3?"},
+                {"role": "assistant", "content": "<think>\nSix.\n</think>\n\n6", "weight": 2.0}]  # fmt: skip
+    (tmp_path / "raw.jsonl").write_text(json.dumps({"messages": messages}) + "\n")
+    args = ["build", str(tmp_path / "raw.jsonl"), "--tokenizer", str(tmp_path / "tok"), "--out", str(tmp_path / "out"),
+            "--seq-len", "256"]  # fmt: skip
+    assert CliRunner().invoke(main, args).exit_code == 0
+    out = CliRunner().invoke(main, ["inspect", str(tmp_path / "out"), "--no-color"]).output
+    assert out.startswith(f"{tmp_path / 'out'}/: 1 shard(s)")
+    docs = {d.split(" ──")[0].split(", the per-turn document of ")[-1]: d for d in out.split("── document ")[1:]}
+    assert sorted(docs) == ["messages[1]", "messages[3]"]
+    assert "▸ earlier turns as rendered before messages[3], weight 0: [w=0]<|im_start|>assistant\n4<|im_end|>" in docs["messages[3]"]
+    assert "▸ assistant (messages[3]), weight 2:" in docs["messages[3]"]
+    assert "earlier turns" not in docs["messages[1]"] and "▸ assistant (messages[1]), weight 1:" in docs["messages[1]"]

@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+import yaml
 from click.testing import CliRunner
 from conftest import REPO, SAMPLE_RAW
 
@@ -49,7 +50,11 @@ def test_every_pipeline_file_loads_and_opens_with_its_command():
     for path in sorted((REPO / "pipelines").glob("*.yaml")):
         first = path.read_text().splitlines()[0]
         assert first.startswith("# weightprep ") and path.name in first, path
-        if path.name != "train.yaml":
+        if path.name == "run.yaml":  # a train config whose build: section is a pipeline
+            from weightprep.train.run_file import build_section
+
+            assert build_section(yaml.safe_load(path.read_text()), str(path)) is not None
+        elif path.name != "train.yaml":
             load_config(path)
 
 
@@ -175,3 +180,81 @@ def test_an_accounting_mismatch_exits_3_and_writes_nothing(tmp_path, monkeypatch
     assert "documents 4 != accepted records 3 - conversations built per turn 0 + their documents 0" in result.output
     assert not out.exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["raw.jsonl"]
+
+
+_SLOW_BUILD = """
+import sys, time
+from weightprep.distribute.job import PartJob
+
+real = PartJob._run
+
+def slow(self, part, tmp, progress):
+    if part.index >= 2:
+        time.sleep(120)  # parts 0 and 1 finish; the build is interrupted in part 2
+    return real(self, part, tmp, progress)
+
+PartJob._run = slow
+from weightprep.cli import main
+main(prog_name="weightprep")
+"""
+
+
+def test_sigint_prints_the_resume_command_and_a_rerun_keeps_the_parts(tmp_path):
+    """The whole story of an interrupted build, as a user lives it with stderr in a log file: progress lines while it
+    runs, on SIGINT the exact command that continues it; a plain rerun keeps the parts and says how to reuse them;
+    that command reuses them and says so."""
+    import shlex
+    import signal
+    import time
+
+    out = tmp_path / "shards"
+    args = ["build", str(SAMPLE_RAW), "--out", str(out), "--seq-len", "512", "--part-bytes", "150000",
+            "--executor", "serial"]  # fmt: skip
+    log = tmp_path / "build.log"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    with open(log, "w") as stderr:
+        proc = subprocess.Popen([sys.executable, "-c", _SLOW_BUILD, *args], stderr=stderr, stdout=subprocess.DEVNULL, env=env)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not list(tmp_path.glob(".shards.tmp-*/parts/00001/result.json")):
+            time.sleep(0.05)
+        time.sleep(0.5)  # part 1's progress line
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 130
+    text = log.read_text()
+    assert "building: " in text.split("interrupted:")[0]  # progress lines before the interruption, in the log
+    assert f"interrupted: 2 of 6 part(s) had finished; they are kept in {tmp_path}/.shards.tmp-{proc.pid}" in text
+    command = text.split("to continue: ")[1].splitlines()[0]
+    assert command == shlex.join(["weightprep", *args, "--resume"])
+    assert not out.exists()
+
+    again = CliRunner().invoke(main, args)  # no --resume: the parts are kept and the two ways on named
+    assert again.exit_code == 2
+    assert "left 2 finished part(s)" in again.output and f"to reuse them: {command}" in again.output
+    assert "to discard them: " + shlex.join(["weightprep", *args, "--overwrite"]) in again.output
+    assert (tmp_path / f".shards.tmp-{proc.pid}" / "parts" / "00001" / "result.json").is_file()
+
+    resumed = CliRunner().invoke(main, shlex.split(command)[1:])
+    assert resumed.exit_code == 0, resumed.output
+    assert "--resume: 2 of 6 part(s) finished by the interrupted build are reused; 4 left to build" in resumed.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["build.log", "shards"]
+
+
+def test_a_missing_local_tokenizer_or_model_is_a_missing_directory_not_a_bad_repo_id(tmp_path):
+    for given in (str(tmp_path / "nope"), "./nope/tokenizer", "~/no/such/dir"):
+        result = CliRunner().invoke(main, ["build", str(SAMPLE_RAW), "--out", str(tmp_path / "o"), "--tokenizer", given])
+        assert result.exit_code == 2
+        assert f"tokenizer {given}: no such directory (a local path; a hub id reads ORG/NAME" in result.output
+        assert "Repo id" not in result.output
+    result = CliRunner().invoke(main, ["build", str(SAMPLE_RAW), "--out", str(tmp_path / "o"), "--tokenizer", str(SAMPLE_RAW)])
+    assert f"tokenizer {SAMPLE_RAW} is a file: give the directory that holds it" in result.output
+    result = CliRunner().invoke(main, ["train", str(tmp_path), "--model", "./no/model", "--output-dir", str(tmp_path / "r")])
+    assert result.exit_code == 2 and "--model ./no/model: no such directory" in result.output
+
+
+def test_the_license_is_an_spdx_expression():
+    """PEP 639: ``project.license`` a string (setuptools deprecates the table form, to fail from 2027-02-18)."""
+    import tomllib
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())
+    assert project["project"]["license"] == "Apache-2.0"
+    assert not any(c.startswith("License ::") for c in project["project"].get("classifiers", []))

@@ -27,7 +27,7 @@ from split_support import Delaying, wait_for_parts
 from weightprep.config import config_from_dict
 from weightprep.distribute.executors import LocalExecutor, RayExecutor, SerialExecutor
 from weightprep.distribute.plan import file_cuts, plan_parts
-from weightprep.errors import InputError
+from weightprep.errors import BuildInterrupted, InputError, LeftoverParts
 from weightprep.pipeline import build
 from weightprep.stages.read import InputFile, read_blocks
 
@@ -421,13 +421,70 @@ def _killed_build(inputs: list[str], out: Path, cfg, finished: int = 2, executor
     tmp.rename(out.parent / f".{out.name}.tmp-999999999")
 
 
-def test_without_resume_a_killed_build_is_started_over(tmp_path, reference):
+def test_without_resume_a_killed_builds_parts_are_kept_until_overwrite(tmp_path, reference):
+    """A plain rerun that finds an interrupted build's finished parts stops before any work, names them and the two
+    ways on, and keeps them; with --overwrite the build starts over and removes them."""
     _killed_build([str(SAMPLE_RAW)], tmp_path / "out", _cfg())
+    leftover = tmp_path / ".out.tmp-999999999"
     executor = Delaying(SerialExecutor(), {})
-    build([str(SAMPLE_RAW)], tmp_path / "out", _cfg(), executor=executor)
+    with pytest.raises(LeftoverParts, match=r"left 2 finished part\(s\) in .*\.out\.tmp-999999999: .*--resume.*--overwrite") as exc:
+        build([str(SAMPLE_RAW)], tmp_path / "out", _cfg(), executor=executor)
+    assert (exc.value.kept, exc.value.finished) == (str(leftover), 2)
+    assert executor.order == [] and not (tmp_path / "out").exists()
+    assert sorted(p.name for p in (leftover / "parts").iterdir()) == ["00000", "00001"]  # kept
+    build([str(SAMPLE_RAW)], tmp_path / "out", _cfg(), executor=executor, overwrite=True)
     assert executor.reused == []  # the same build, but no --resume: nothing reused
     assert _digests(tmp_path / "out") == reference
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # and its leftovers are gone
+
+
+def test_a_leftover_without_a_finished_part_does_not_stop_a_rerun(tmp_path, reference):
+    (tmp_path / ".out.tmp-999999999" / "parts" / "00000.tmp-1-ab").mkdir(parents=True)
+    (tmp_path / ".out.tmp-999999999" / "plan.json").write_text("a build killed before its first part finished")
+    build([str(SAMPLE_RAW)], tmp_path / "out", _cfg())
+    assert _digests(tmp_path / "out") == reference
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+class _CtrlCAfter(_KilledAfter):
+    """As ``_KilledAfter``, with a real Ctrl-C (``KeyboardInterrupt``)."""
+
+    def map(self, parts, progress=None, **options):
+        if self.n == 0 and options.get("task") is None:
+            raise KeyboardInterrupt  # before any part
+        try:
+            yield from super().map(parts, progress, **options)
+        except _Killed:
+            raise KeyboardInterrupt from None
+
+
+def test_ctrl_c_says_what_it_kept_and_resume_says_what_it_reused(tmp_path, reference):
+    out = tmp_path / "out"
+    with pytest.raises(BuildInterrupted) as exc:
+        build([str(SAMPLE_RAW)], out, _cfg(), executor=_CtrlCAfter(2))
+    kept = tmp_path / f".out.tmp-{os.getpid()}"
+    assert (exc.value.finished, exc.value.total, exc.value.kept, exc.value.out) == (2, 6, str(kept), str(out))
+    assert sorted(p.name for p in (kept / "parts").iterdir()) == ["00000", "00001"]
+    kept.rename(tmp_path / ".out.tmp-999999999")  # as a process that is gone leaves it
+    notes: list[str] = []
+    resumed = Delaying(SerialExecutor(), {})
+    build([str(SAMPLE_RAW)], out, _cfg(), executor=resumed, resume=True, notify=notes.append)
+    assert resumed.reused == [0, 1]
+    assert "--resume: 2 of 6 part(s) finished by the interrupted build are reused; 4 left to build" in notes
+    assert _digests(out) == reference
+
+
+def test_ctrl_c_before_any_part_finished_leaves_nothing(tmp_path):
+    with pytest.raises(KeyboardInterrupt) as exc:
+        build([str(SAMPLE_RAW)], tmp_path / "out", _cfg(), executor=_CtrlCAfter(0))
+    assert not isinstance(exc.value, BuildInterrupted)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_resume_says_when_it_found_nothing_to_reuse(tmp_path):
+    notes: list[str] = []
+    build([str(SAMPLE_RAW)], tmp_path / "out", _cfg(), resume=True, notify=notes.append)
+    assert "--resume: no interrupted build of this output was found: building all 6 part(s)" in notes
 
 
 def _assert_gone(pid: int) -> None:
@@ -471,9 +528,10 @@ def test_resume_ignores_a_leftover_of_another_plan(tmp_path, reference):
     stale.mkdir(parents=True)
     (stale / "result.json").write_text("{}")
     (tmp_path / ".out.tmp-999999999" / "plan.json").write_text("not this build")
-    executor = Delaying(SerialExecutor(), {})
-    build([str(SAMPLE_RAW)], tmp_path / "out", _cfg(), executor=executor, resume=True)
+    executor, notes = Delaying(SerialExecutor(), {}), []
+    build([str(SAMPLE_RAW)], tmp_path / "out", _cfg(), executor=executor, resume=True, notify=notes.append)
     assert executor.reused == []  # another plan: nothing reused
+    assert any("were made from other inputs, configuration or tokenizer: discarded; building all 6" in n for n in notes)
     assert _digests(tmp_path / "out") == reference
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # and its leftovers are gone
 

@@ -119,7 +119,10 @@ def _measure(cfg, batch: int, seq_len: int, ckpt: bool, recipe: str, chunk: int 
         model = model.to(torch.bfloat16)
     model.train()
     if ckpt:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if hasattr(model, "activation_checkpointing_enable"):  # transformers 5 (gradient_* is its deprecated alias)
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     ids = torch.randint(0, cfg.vocab_size, (batch, seq_len))
     half = seq_len // 2  # two packed documents per row
     pos = torch.cat([torch.arange(half), torch.arange(seq_len - half)]).repeat(batch, 1)
@@ -308,7 +311,7 @@ def test_cli_does_not_fit_exits_nonzero(tmp_path):
     assert "DOES NOT FIT" in res.output
 
 
-#: the README's worked examples of ``weightprep plan`` (its table under "Memory planning"): setup -> flags
+#: the worked examples of ``weightprep plan`` (docs/plan.md, the table under "Memory planning"): setup -> flags
 README_EXAMPLES = {
     "Llama-2-7B full fine-tune, fp32, DDP, micro-batch 1": [
         ["--model", "llama-2-7b", "--dtype", "fp32", "--strategy", "ddp", "--micro-batch", "1"],
@@ -337,11 +340,11 @@ README_EXAMPLES = {
 
 
 def _readme_plan_rows() -> dict[str, tuple[list[str], str]]:
-    """setup -> (the per-GPU figures, the verdict) as the README's worked-example table prints them."""
+    """setup -> (the per-GPU figures, the verdict) as the worked-example table of docs/plan.md prints them."""
     from pathlib import Path
 
-    text = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
-    section = text.split("## Memory planning", 1)[1].split("\n## ", 1)[0]
+    text = (Path(__file__).resolve().parent.parent / "docs" / "plan.md").read_text(encoding="utf-8")
+    section = text.split("# Memory planning", 1)[1].split("\n## ", 1)[0]
     rows = {}
     for line in section.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]

@@ -18,7 +18,7 @@ from fsspec.implementations.memory import MemoryFileSystem
 from weightprep import storage
 from weightprep.cli import main
 from weightprep.config import config_from_dict
-from weightprep.errors import UsageError
+from weightprep.errors import LeftoverParts, UsageError
 from weightprep.pipeline import build
 from weightprep.stages import publish
 from weightprep.stages.read import expand_inputs
@@ -242,6 +242,9 @@ def test_resume_reuses_the_finished_parts_in_the_store(mem, monkeypatch):
     assert len(mem.glob("/out/.shards.tmp-*/parts/*/result.json")) == 1  # part 0 finished
     runs.clear()
     resumed = True
+    with pytest.raises(LeftoverParts, match=r"left 1 finished part\(s\) in memory://out/\.shards\.tmp-"):
+        build(["memory://in/raw.jsonl"], "memory://out/shards", _cfg())  # neither --resume nor --overwrite: kept
+    assert runs == [] and len(mem.glob("/out/.shards.tmp-*/parts/*/result.json")) == 1
     build(["memory://in/raw.jsonl"], "memory://out/shards", _cfg(), resume=True)
     assert runs == [1]  # part 0 was reused
 

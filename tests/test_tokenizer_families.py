@@ -104,5 +104,8 @@ def test_unloadable_tokenizer_is_a_clear_error(tmp_path):
     from weightprep.errors import UsageError
     from weightprep.tokenizer import load_tokenizer
 
-    with pytest.raises(UsageError, match="could not load tokenizer"):
+    with pytest.raises(UsageError, match="does-not-exist: no such directory"):  # a path, not a bad repo id
         load_tokenizer(str(tmp_path / "does-not-exist"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UsageError, match="could not load tokenizer"):
+        load_tokenizer(str(tmp_path / "empty"))

@@ -43,6 +43,7 @@ def _edit_manifest(path: Path, **changes) -> None:
 def test_good_shards_load(good):
     shards = load_shards(good)
     assert shards.seq_len == SEQ and shards.packed and len(shards.dataset) == 3
+    assert repr(shards) == f"Shards(path={str(good)!r}, rows=3, seq_len={SEQ}, packed=True)"  # not the manifest
 
 
 def test_missing_manifest(good, tmp_path):

@@ -192,6 +192,8 @@ def test_short_run_learns_and_resume_continues_the_same_run(sample_shards, tmp_p
     assert sum(last) / 3 < sum(first) / 3 - 0.05, losses
     for name in ("model.safetensors", "tokenizer.json", "config.json", "weightprep_train.json"):
         assert (full / name).is_file(), name
+    card = (full / "README.md").read_text()
+    assert "[None]" not in card and f"fine-tuned version of `{TINY_LLAMA}` (a local model directory)" in card
 
     # interrupted after step 4: resume from that checkpoint and get the same steps 5..8
     resumed = tmp_path / "resumed"
@@ -203,3 +205,41 @@ def test_short_run_learns_and_resume_continues_the_same_run(sample_shards, tmp_p
     again = _losses(resumed / "checkpoint-8")
     for step in range(5, 9):
         assert abs(again[step] - losses[step]) < 1e-4, (step, again[step], losses[step])
+
+
+@pytest.mark.slow
+def test_ctrl_c_names_the_last_checkpoint_and_the_command_that_resumes(sample_shards, tmp_path, monkeypatch):
+    """Interrupted at step 5 with a checkpoint every 2: it names checkpoint-4 and the command with --resume, never
+    "nothing was written"; before it, the start summary gave the trainer's own step count, and, stderr not being a
+    terminal, plain progress lines."""
+    import shlex
+
+    from weightprep.cli import main
+    from weightprep.train.trainer import WeightedSFTTrainer
+
+    if not (TINY_LLAMA / "config.json").is_file():
+        pytest.skip("sample_data/tiny-llama missing: python sample_data/make_model.py")
+    real = WeightedSFTTrainer.training_step
+
+    def interrupted(self, *args, **kwargs):
+        if self.state.global_step == 5:
+            raise KeyboardInterrupt
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(WeightedSFTTrainer, "training_step", interrupted)
+    out = tmp_path / "run"
+    args = ["train", str(sample_shards), "--model", str(TINY_LLAMA), "--output-dir", str(out), "--save-steps", "2",
+            "--micro-batch-size", "2", "--grad-accum", "3", "--logging-steps", "1"]  # fmt: skip
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 130, result.output
+    state = json.loads((out / "checkpoint-4" / "trainer_state.json").read_text())
+    rows = len(__import__("datasets").load_from_disk(str(sample_shards)))
+    assert f"interrupted: the last checkpoint is {out / 'checkpoint-4'} (step 4 of {state['max_steps']:,})" in result.output
+    assert "to continue from it: " + shlex.join(["weightprep", *args, "--resume"]) in result.output
+    assert "nothing was written" not in result.output
+    summary = result.output.split("training ", 1)[1]
+    assert f"{rows:,} rows of 256 tokens (packed)" in summary
+    assert f"steps: {state['max_steps']:,} (1 epoch(s) of {state['max_steps']:,} steps)" in summary  # transformers' count
+    assert "effective batch 6 rows = 1,536 tokens (2 per device x 3 accumulation x 1 process(es))" in summary
+    assert "fp32, attention sdpa" in summary
+    assert f"training: 10% (2 of {state['max_steps']} steps)" in result.output

@@ -35,11 +35,13 @@ from typing import Any
 
 from weightprep.errors import AccountingError
 
-__all__ = ["final_counts", "source_counts", "check_accounting", "DROP_REASONS"]
+__all__ = ["final_counts", "source_counts", "check_accounting", "dropped_warnings", "DROP_REASONS", "WARN_SHARE"]
 
 DROP_REASONS = ("overlong", "unsupervised")
 #: The terms of the token and weight identities that are not removed from the accepted ones (repeated: added).
 _ADDED = ("accepted", "written", "repeated")
+#: The share of documents or of weight that a build may lose before it warns (``dropped_warnings``).
+WARN_SHARE = 0.05
 #: Relative tolerance of the weight identity: float32 weights summed in float64, in different orders.
 _WEIGHT_RTOL = 1e-9
 
@@ -141,3 +143,42 @@ def check_accounting(counts: dict[str, Any]) -> None:
         problems.append(f"pad tokens {c['pad_tokens']} < 0")
     if problems:
         raise AccountingError(problems)
+
+
+def dropped_warnings(counts: dict[str, Any], max_length: int) -> list[str]:
+    """The build's losses worth a warning (a manifest's ``counts``; ``max_length``: the longest document kept
+    whole): more than ``WARN_SHARE`` of the documents or of the accepted weight dropped as overlong, more than that
+    of the weight cut by truncation, more than that of the documents dropped as unsupervised. Each names its fix.
+
+    >>> c = {"documents": 100, "dropped": {"overlong": 24, "unsupervised": 0},
+    ...      "accounting": {"weight": {"accepted": 1000.0, "dropped_overlong": 300.0, "cut_truncated": 0.0}}}
+    >>> dropped_warnings(c, 512)[0].split(":")[0]
+    '24.0% of the documents (24 of 100) and 30.0% of the weight were dropped as longer than 512 tokens'
+    """
+    documents = counts["documents"]
+    weight = counts["accounting"]["weight"]
+    accepted = weight["accepted"]
+    share = lambda part, whole: part / whole if whole else 0.0  # noqa: E731
+    warnings = []
+    overlong = counts["dropped"].get("overlong", 0)
+    overlong_weight = weight.get("dropped_overlong", 0.0)
+    if share(overlong, documents) > WARN_SHARE or share(overlong_weight, accepted) > WARN_SHARE:
+        warnings.append(
+            f"{100 * share(overlong, documents):.1f}% of the documents ({overlong:,} of {documents:,}) and "
+            f"{100 * share(overlong_weight, accepted):.1f}% of the weight were dropped as longer than {max_length:,} "
+            "tokens: --overlong chunk keeps them as chunks, --overlong truncate keeps their start, a larger "
+            "--seq-len (or --max-length) keeps them whole"
+        )
+    truncated = weight.get("cut_truncated", 0.0)
+    if share(truncated, accepted) > WARN_SHARE:
+        warnings.append(
+            f"{100 * share(truncated, accepted):.1f}% of the weight was cut off by truncation ({counts['truncated']:,} "
+            f"document(s) longer than {max_length:,} tokens): --overlong chunk keeps it, or a larger --seq-len"
+        )
+    unsupervised = counts["dropped"].get("unsupervised", 0)
+    if share(unsupervised, documents) > WARN_SHARE:
+        warnings.append(
+            f"{100 * share(unsupervised, documents):.1f}% of the documents ({unsupervised:,} of {documents:,}) were "
+            "dropped as unsupervised (no token of weight > 0): check the pieces' weights, or --role-weights for chats"
+        )
+    return warnings

@@ -3,14 +3,17 @@
 ``InputError`` names the file, line and field of a bad record (and the byte offset in the
 decompressed stream for compressed input); ``ConfigError`` collects every problem of a
 configuration so they are reported together; ``UsageError`` covers the rest (missing tokenizer,
-slow tokenizer, output path taken, ...); ``AccountingError`` is an internal error: the build's
-counts do not balance, so nothing is published. Each message says what was found, what was
+slow tokenizer, output path taken, ...), ``LeftoverParts`` among them: an interrupted build's finished parts
+found by a build not told what to do with them; ``AccountingError`` is an internal error: the build's
+counts do not balance, so nothing is published. ``BuildInterrupted`` is not an error but a Ctrl-C (a
+``KeyboardInterrupt``) that says which finished parts it kept for ``--resume``. Each message says what was found, what was
 expected, and how to fix it.
 """
 
 from __future__ import annotations
 
-__all__ = ["WeightprepError", "InputError", "ConfigError", "UsageError", "AccountingError"]
+__all__ = ["WeightprepError", "InputError", "ConfigError", "UsageError", "LeftoverParts", "AccountingError",
+           "BuildInterrupted"]
 
 
 class WeightprepError(Exception):
@@ -68,6 +71,30 @@ class UsageError(WeightprepError):
     """Anything else the user can fix: a missing file, a slow tokenizer, an output path in the way."""
 
     exit_code = 2
+
+
+class LeftoverParts(UsageError):
+    """A build without ``--resume`` or ``--overwrite`` found the finished parts of an interrupted build to its output:
+    they are kept, and the build stops before any work, so that an hour of finished parts is never thrown away by a
+    plain rerun. ``kept``: their directory (or prefix in a store); ``finished``: how many parts it holds."""
+
+    def __init__(self, out: str, kept: str, finished: int) -> None:
+        self.out, self.kept, self.finished = out, kept, finished
+        super().__init__(
+            f"an interrupted build to {out} left {finished} finished part(s) in {kept}: run the same command with "
+            "--resume to reuse them (reused only if the inputs, the configuration and the tokenizer are unchanged), "
+            "or with --overwrite to discard them"
+        )
+
+
+class BuildInterrupted(KeyboardInterrupt):
+    """A build stopped by Ctrl-C (or SIGINT) once ``finished`` of its ``total`` input parts were done; they are kept
+    in ``kept`` (the build's temporary directory, or prefix in a store) for ``--resume``. A ``KeyboardInterrupt``, so
+    whatever stops on Ctrl-C stops on it too."""
+
+    def __init__(self, out: str, kept: str, finished: int, total: int) -> None:
+        self.out, self.kept, self.finished, self.total = out, kept, finished, total
+        super().__init__(f"interrupted: {finished} of {total} part(s) finished, kept in {kept}")
 
 
 class BackendMismatch(UsageError):

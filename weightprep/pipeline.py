@@ -16,16 +16,22 @@ identity (``weightprep.accounting``). With sources (``weightprep.sources``) the 
 records are its own split and the identity is checked per source too (``sources.manifest_sources``). With a validation split (``weightprep.stages.split``) each split is
 tokenized, packed and written on its own and the identity holds per split and in total. On any error the partial
 output is removed and the error re-raised; the output path is left as it was. An interrupted build (Ctrl-C,
-SIGKILL) leaves its finished parts in its temporary directory for ``--resume``.
+SIGKILL) leaves its finished parts in its temporary directory for ``--resume``; on Ctrl-C it raises
+``BuildInterrupted``, which says how many and where. A later build given neither ``--resume`` nor ``--overwrite``
+that finds them stops before any work (``LeftoverParts``): a plain rerun never throws finished parts away.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
+import re
+import shutil
 from collections import Counter
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -38,12 +44,12 @@ from weightprep.distribute.job import ADD_BOS, EpochPass, KeyPass, PartJob, Prog
 from weightprep.distribute.merge import merge_results
 from weightprep.distribute.mixed import epoch_cuts_from, split_names
 from weightprep.distribute.plan import plan_mixed, plan_parts
-from weightprep.errors import InputError, UsageError, is_columnar
+from weightprep.errors import BuildInterrupted, InputError, LeftoverParts, UsageError, is_columnar
 from weightprep.sources import Source, check_source_names, manifest_sources
 from weightprep.stages.chat import CHAT_REASONS
 from weightprep.stages.chat_templates import TRAINING, manifest_chat, tokenizer_template
 from weightprep.stages.columnar import parse_columns
-from weightprep.stages.publish import open_output, prepare_output
+from weightprep.stages.publish import interrupted_builds, open_output, prepare_output
 from weightprep.stages.read import check_inputs, expand_inputs
 from weightprep.stages.rejects import REJECTS_NAME
 from weightprep.stages.split import TRAIN, VALIDATION, cut_from_keys, fraction_cut
@@ -74,6 +80,7 @@ def build(
     resume: bool = False,
     sources: list[Source] | None = None,
     storage_options: dict[str, Any] | str | None = None,
+    steps: Callable[[str], AbstractContextManager[None]] | None = None,
 ) -> dict[str, Any]:
     """Run the whole pipeline from JSONL ``inputs`` to shards at ``out``; return the manifest.
 
@@ -85,7 +92,9 @@ def build(
     (default: in this process) runs each part through the stages into its own shards, and the driver merges
     them in part order (``weightprep.distribute.merge``): the output does not depend on the executor or on how
     many workers it has. ``resume`` reuses the finished parts of a killed earlier build of the same plan.
-    ``notify`` receives the notes worth telling the user (e.g. that fastokens could not run this tokenizer).
+    ``notify`` receives the notes worth telling the user (e.g. that fastokens could not run this tokenizer);
+    ``steps(what)``, a context manager around each step before and after the parts' work (loading the tokenizer,
+    a first pass over the records, merging, publishing), e.g. ``weightprep.progress.Steps``.
 
     Within a part three threads overlap: read+validate (background), tokenize+assemble+mask+filter,
     pack+write (background); see ``weightprep.overlap``. The rows do not depend on their timing.
@@ -97,7 +106,8 @@ def build(
     """
     with storage.session(storage_options):
         return _build(inputs, out, cfg, tokenizer=tokenizer, overwrite=overwrite, progress=progress, notify=notify,
-                      executor=executor, resume=resume, sources=sources)
+                      executor=executor, resume=resume, sources=sources,
+                      step=steps if steps is not None else lambda what: contextlib.nullcontext())
 
 
 def _build(
@@ -112,6 +122,7 @@ def _build(
     executor: Executor | None,
     resume: bool,
     sources: list[Source] | None,
+    step: Callable[[str], AbstractContextManager[None]],
 ) -> dict[str, Any]:
     from weightprep import __version__
 
@@ -124,6 +135,7 @@ def _build(
         inputs = expand_inputs(inputs)
         _check_files(inputs, cfg.read.columns, "--columns")
     out_path = prepare_output(out, overwrite=overwrite, inputs=inputs, resume=resume)
+    leftovers = _leftover_parts(out_path, overwrite=overwrite, resume=resume)
     executor = executor if executor is not None else SerialExecutor()
     parts: list[Any] = plan_parts(inputs, cfg.read.part_bytes) if sources is None else plan_mixed(
         by_source, cfg.read.part_bytes
@@ -134,9 +146,10 @@ def _build(
         tok_dir = Path(tokenizer_location(cfg.tokenizer.name))
         if (tok_dir / "tokenizer.json").is_file():  # fastokens loads while the tokenizer itself does
             prefetch = FastokensPrefetch(tok_dir / "tokenizer.json")
-    tok = tokenizer if tokenizer is not None else load_tokenizer(
-        cfg.tokenizer.name, trust_remote_code=cfg.tokenizer.trust_remote_code, direct=True
-    )
+    with step(f"loading the tokenizer {cfg.tokenizer.name or ''}".rstrip()):
+        tok = tokenizer if tokenizer is not None else load_tokenizer(
+            cfg.tokenizer.name, trust_remote_code=cfg.tokenizer.trust_remote_code, direct=True
+        )
     # the file fastokens read is what the tokenizer runs only where the build read it directly (TokenizerFiles)
     if prefetch is not None and not isinstance(tok, TokenizerFiles):
         prefetch.close()  # loaded through AutoTokenizer: the file need not be what runs, so it is not used
@@ -145,15 +158,19 @@ def _build(
     specials = special_tokens(tok, add_bos=ADD_BOS[cfg.tokenizer.add_bos])
     # the output's work directory: here, once (a part makes only its own directory in it); a prefix in a store for
     # a URL --out, which every worker writes its parts to (weightprep.stages.publish)
-    output = open_output(out_path, resume_key(cfg, inputs, tok, summary, __version__, sources), resume=resume)
+    with step("opening the output"):
+        output = open_output(out_path, resume_key(cfg, inputs, tok, summary, __version__, sources), resume=resume)
+    if resume:
+        _note(notify, _resume_note(_finished_parts(output.work_dir), len(parts), leftovers))
     # workers load the tokenizer themselves if None; they open the input objects with the metadata listed here
     job = PartJob(cfg, tokenizer, output.work_dir, sources=sources, known=storage.known_metadata(inputs))
     if in_process:  # this process is the worker: it keeps the tokenizer it loaded (and the early fastokens load)
         job.adopt(tok, prefetch)
     try:
         with executor.start(job, len(parts)):  # one pool (or Ray cluster) for both passes
-            cut = _validation_cut(cfg, parts, executor, sources)
-            epochs = {"epoch_cuts": _epoch_cuts(sources, parts, executor, cut)} if sources is not None else {}
+            with step("a first pass over the records (the validation split, fractional epochs)"):
+                cut = _validation_cut(cfg, parts, executor, sources)
+                epochs = {"epoch_cuts": _epoch_cuts(sources, parts, executor, cut)} if sources is not None else {}
             results = run_parts(executor, parts, progress, cut=cut, **epochs)
         for note in dict.fromkeys(n for r in results for n in r.get("notes", [])):
             if notify is not None:
@@ -162,9 +179,10 @@ def _build(
             names = split_names(sources, cut is not None)
         else:
             names = (TRAIN, VALIDATION) if cut is not None else None
-        merged = merge_results(
-            parts, results, output.tmp, job.work_dir, names=names, skip=cfg.validate.on_invalid == "skip",
-        )
+        with step("merging the parts"):
+            merged = merge_results(
+                parts, results, output.tmp, job.work_dir, names=names, skip=cfg.validate.on_invalid == "skip",
+            )
         seq_len, packed = cfg.pack.seq_len, cfg.pack.enabled
         repeats = sources is not None
         per_split = {name: final_counts(c, Counter(), seq_len, repeats=repeats) for name, c in merged.counts.items() if name}
@@ -198,18 +216,73 @@ def _build(
         if counts["chat_documents"] or any(reason in CHAT_REASONS for reason in counts["rejected"]):
             turns = counts["chat_training_template_turns"]
             manifest["chat"] = manifest_chat(transformers_tokenizer(tok), cfg.chat.template, cfg.chat.history, turns)
-        return output.publish(
-            merged.shards, manifest, seq_len=seq_len, packed=packed, turns=merged.turns, discard=job.work_dir
-        )
+        with step(f"publishing {out}"):
+            return output.publish(
+                merged.shards, manifest, seq_len=seq_len, packed=packed, turns=merged.turns, discard=job.work_dir
+            )
     except Exception:
         output.abort()  # a failed build leaves nothing to resume: the input or the setup must change first
         raise
-    except BaseException:  # interrupted (Ctrl-C): its finished parts stay for --resume, the killed ones' partial ones not
+    except KeyboardInterrupt as exc:  # Ctrl-C: its finished parts stay for --resume, the killed ones' partial ones not
+        job.discard_unfinished()
+        finished = _finished_parts(output.work_dir)
+        if not finished:  # nothing to resume: leave nothing behind
+            output.abort()
+            raise
+        kept = str(output.work_dir).rsplit("/", 1)[0]  # the build's directory (prefix), whose parts/ they are
+        raise BuildInterrupted(str(out), kept, finished, len(parts)) from exc
+    except BaseException:  # killed otherwise: as Ctrl-C, without a word
         job.discard_unfinished()
         raise
     finally:
         if in_process:
             job.release()
+
+
+def _note(notify: Callable[[str], None] | None, message: str) -> None:
+    if notify is not None:
+        notify(message)
+
+
+#: A finished part's directory name (``PartJob``: ``NNNNN``, holding its ``result.json``).
+_PART = re.compile(r"^\d{5}$")
+
+
+def _finished_parts(work_dir: str | Path) -> int:
+    """How many parts in a build's work directory (a local one, or a prefix in a store) have finished: their
+    ``NNNNN/result.json`` exists (``PartJob`` writes it last, in a part's temporary directory renamed into place)."""
+    if storage.is_url(work_dir):  # one listing, matched by name: the output's name is never a pattern
+        rels = (url[len(str(work_dir)) + 1 :].split("/") for url in storage.find(str(work_dir)))
+        return sum(1 for rel in rels if len(rel) == 2 and _PART.match(rel[0]) and rel[1] == PartJob.RESULT)
+    directory = Path(work_dir)
+    if not directory.is_dir():
+        return 0
+    return sum(1 for p in directory.iterdir() if _PART.match(p.name) and (p / PartJob.RESULT).is_file())
+
+
+def _leftover_parts(out: str | Path, *, overwrite: bool, resume: bool) -> list[str]:
+    """The interrupted builds to ``out`` that hold finished parts. Without ``--resume`` or ``--overwrite``, finding
+    one is an error (``LeftoverParts``): the user chooses; one without a finished part is of no use and removed."""
+    found = []
+    for kept in map(str, interrupted_builds(out)):
+        finished = _finished_parts(storage.join(kept, "parts"))
+        if finished:
+            found.append(kept)
+            if not resume and not overwrite:
+                raise LeftoverParts(str(out), kept, finished)
+        elif not resume and not overwrite:
+            storage.remove_tree(kept) if storage.is_url(kept) else shutil.rmtree(kept, ignore_errors=True)
+    return found
+
+
+def _resume_note(reused: int, total: int, leftovers: list[str]) -> str:
+    """What ``--resume`` found: the parts it reuses and those left, or why it reuses none."""
+    if reused:
+        return f"--resume: {reused} of {total} part(s) finished by the interrupted build are reused; {total - reused} left to build"
+    if leftovers:
+        return (f"--resume: the interrupted build's parts ({', '.join(leftovers)}) were made from other inputs, "
+                f"configuration or tokenizer: discarded; building all {total} part(s)")
+    return f"--resume: no interrupted build of this output was found: building all {total} part(s)"
 
 
 def _check_files(files: list[str], columns: str | None, option: str) -> None:

@@ -29,6 +29,7 @@ from typing import Any
 from weightprep.errors import UsageError
 
 __all__ = [
+    "local_path_problem",
     "SAMPLE_TOKENIZER_DIR",
     "SpecialTokens",
     "TokenizerFiles",
@@ -170,11 +171,31 @@ def tokenizer_location(name_or_path: str | None) -> str:
     return str(SAMPLE_TOKENIZER_DIR)
 
 
+def local_path_problem(name: str, what: str) -> str | None:
+    """Why ``name`` (a ``--tokenizer`` or ``--model``) cannot be loaded if it is meant as a local path, else None.
+
+    A hub id is ``name`` or ``org/name``; anything else (absolute, ``./``, ``~``, two slashes or more) is a path,
+    and a missing one must be reported as a missing directory, not as a malformed repo id (what the hub client
+    says of it)."""
+    path = Path(name).expanduser()
+    if path.is_file():
+        return f"{what} {name} is a file: give the directory that holds it (with tokenizer.json / config.json)"
+    if path.exists():
+        return None
+    looks_local = name.startswith(("/", ".", "~")) or name.count("/") > 1 or "\\" in name or name.endswith("/")
+    if looks_local:
+        return (f"{what} {name}: no such directory (a local path; a hub id reads ORG/NAME, e.g. "
+                "meta-llama/Llama-3.2-1B)")  # fmt: skip
+    return None
+
+
 def load_tokenizer(name_or_path: str | None, *, trust_remote_code: bool = False, direct: bool = False) -> Any:
     """Load a fast tokenizer from a local directory or a hub id (``None``: the bundled sample one).
 
     ``direct``: return a ``TokenizerFiles`` where that is exactly what AutoTokenizer would load (the build)."""
     name_or_path = tokenizer_location(name_or_path)
+    if (problem := local_path_problem(name_or_path, "tokenizer")) is not None:
+        raise UsageError(problem)
     directory = Path(name_or_path)
     if direct and not trust_remote_code and (directory / "tokenizer.json").is_file():
         backend = _load_backend(directory)
@@ -185,8 +206,9 @@ def load_tokenizer(name_or_path: str | None, *, trust_remote_code: bool = False,
     try:
         tok = AutoTokenizer.from_pretrained(name_or_path, use_fast=True, trust_remote_code=trust_remote_code)
     except Exception as exc:  # transformers raises OSError/ValueError/... with useful text
+        local = "" if Path(name_or_path).exists() else f" (and there is no local directory {name_or_path})"
         raise UsageError(
-            f"could not load tokenizer {name_or_path!r}: {exc}\n"
+            f"could not load tokenizer {name_or_path!r}{local}: {exc}\n"
             "Pass --tokenizer a local directory with tokenizer.json or a hub id you can reach."
         ) from exc
     if not getattr(tok, "is_fast", False):

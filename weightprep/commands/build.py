@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import sys
 import warnings
-from collections import Counter
 from typing import Any
 
 import click
 
 from weightprep import storage
+from weightprep.accounting import dropped_warnings
 from weightprep.commands._errors import reports_errors
+from weightprep.commands._rerun import KeepsArguments, rerun_command
 from weightprep.commands._storage import storage_options
 from weightprep.config import load_config, load_sources
-from weightprep.errors import UsageError
+from weightprep.errors import BuildInterrupted, LeftoverParts, UsageError
+from weightprep.progress import Steps, build_progress
 from weightprep.sources import Source, check_source_names, parse_source_option
 from weightprep.stages.read import expand_inputs
 from weightprep.tokenizer import SAMPLE_TOKENIZER_DIR, set_tokenizer_threads
@@ -41,8 +44,8 @@ def composition_lines(sources: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def format_summary(manifest: dict[str, Any], out: str) -> str:
-    """The few lines printed after a build (also used by ``inspect``)."""
+def format_summary(manifest: dict[str, Any], out: str, *, built: bool = True) -> str:
+    """The few lines printed after a build (``built``: ``wrote OUT/: ...``), and by ``inspect`` (``OUT/: ...``)."""
     c = manifest["counts"]
     cfg = manifest["config"]
     shards = manifest.get("shards", [])
@@ -52,7 +55,7 @@ def format_summary(manifest: dict[str, Any], out: str) -> str:
     # manifests before the overlong policy "split" was renamed "chunk" count split / split_parts
     chunked, chunks = c.get("chunked", c.get("split", 0)), c.get("chunks", c.get("split_parts", 0))
     lines = [
-        f"wrote {out}/: {len(shards)} shard(s), {c['rows']:,} {mode} rows of {cfg['pack']['seq_len']} tokens, {size / 1e6:.1f} MB",
+        f"{'wrote ' if built else ''}{out}/: {len(shards)} shard(s), {c['rows']:,} {mode} rows of {cfg['pack']['seq_len']} tokens, {size / 1e6:.1f} MB",
         f"  records {c['records']:,} -> documents {c['documents']:,} -> written {c['documents_written']:,}",
         *(
             [f"  rejected {sum(rejected.values()):,} ({', '.join(f'{k} {v:,}' for k, v in rejected.items())}): see {out}/{manifest['rejects_file']}"]
@@ -99,7 +102,7 @@ def _sources(inputs: tuple[str, ...], specs: tuple[str, ...], pipeline_file: str
     return sources
 
 
-@click.command("build")
+@click.command("build", cls=KeepsArguments)
 @click.argument("inputs", nargs=-1)
 @click.option(
     "--source",
@@ -221,7 +224,6 @@ def build(
     directories (their *.jsonl* and *.parquet files, sorted) or quoted globs; local paths or URLs
     (s3://, gs://, az://, hf://datasets/..., https://)."""
     from rich.console import Console
-    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 
     set_tokenizer_threads(num_proc)
     from weightprep.distribute.executors import make_executor
@@ -259,11 +261,14 @@ def build(
         cfg = load_config(pipeline_file, overrides)
     for note in dict.fromkeys(str(w.message) for w in deprecated if issubclass(w.category, FutureWarning)):
         click.echo(f"note: {note}", err=True)
+    note = lambda m: click.echo(f"note: {m}", err=True)  # noqa: E731
+    steps = Steps(lambda m: click.echo(m, err=True))
     # one storage session for the listing here and the build's: each input object is listed or looked up once
     sources = _sources(inputs, source_specs, pipeline_file)
     with storage.session():
-        paths = expand_inputs(inputs) if sources is None else [p for files in source_files(sources, cfg) for p in files]
-        err = Console(stderr=True)
+        with steps("listing the inputs"):
+            paths = expand_inputs(inputs) if sources is None else [p for files in source_files(sources, cfg) for p in files]
+            total = sum(storage.size(p) for p in paths if storage.isfile(p))
         if cfg.tokenizer.name is None:
             click.echo(
                 f"note: no --tokenizer given: using the bundled sample tokenizer ({SAMPLE_TOKENIZER_DIR}),\n"
@@ -271,25 +276,24 @@ def build(
                 "      --tokenizer meta-llama/Llama-3.2-1B (a hub id) or --tokenizer /path/to/model_dir",
                 err=True,
             )
-        total = sum(storage.size(p) for p in paths if storage.isfile(p))
-        with Progress(
-            TextColumn("building"),
-            BarColumn(),
-            DownloadColumn(),
-            TextColumn("{task.fields[records]:,} records"),
-            TimeRemainingColumn(),
-            console=err,
-            disable=not err.is_terminal,
-            transient=True,
-        ) as bar:
-            task = bar.add_task("build", total=total, records=0)
-
-            def progress(consumed: int, counts: Counter) -> None:
-                bar.update(task, completed=consumed, records=counts["accepted"])
-
-            manifest = run_build(
-                paths if sources is None else [], out, cfg, overwrite=overwrite, progress=progress,
-                notify=lambda m: click.echo(f"note: {m}", err=True),
-                executor=make_executor(executor, workers, ray_address), resume=resume, sources=sources,
+        try:
+            with build_progress(Console(stderr=True), total, lambda m: click.echo(m, err=True)) as update:
+                manifest = run_build(
+                    paths if sources is None else [], out, cfg, overwrite=overwrite,
+                    progress=lambda consumed, counts: update(consumed, records=counts["accepted"], tokens=counts["tokens"]),
+                    notify=note, executor=make_executor(executor, workers, ray_address), resume=resume,
+                    sources=sources, steps=steps,
+                )
+        except LeftoverParts as exc:
+            click.echo(f"error: {exc}\n  to reuse them: {rerun_command('--resume')}\n"
+                       f"  to discard them: {rerun_command('--overwrite', drop=('--resume',))}", err=True)
+            sys.exit(exc.exit_code)
+        except BuildInterrupted as exc:
+            click.echo(
+                f"interrupted: {exc.finished} of {exc.total} part(s) had finished; they are kept in {exc.kept} "
+                f"(nothing was written to {exc.out})\n  to continue: {rerun_command('--resume')}", err=True,
             )
+            sys.exit(130)
+    for warning in dropped_warnings(manifest["counts"], cfg.max_length):
+        click.echo(f"warning: {warning}", err=True)
     click.echo(format_summary(manifest, out.rstrip("/")))

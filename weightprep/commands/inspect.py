@@ -40,6 +40,13 @@ def weight_spans(input_ids: np.ndarray, weights: np.ndarray) -> list[tuple[float
 _STYLES = {"w0": "dim", "wlt1": "cyan", "w1": "green", "wle2": "bold yellow", "wgt2": "bold red"}
 
 
+def _per_turn_label(parts: list[tuple[int, int, str | None, int | None]], weights: np.ndarray) -> str:
+    """``, the per-turn document of messages[3]``: the weighted turn a per-turn document was made for (its last
+    turn with weight), or nothing for a document of no weighted turn."""
+    weighted = [m for a, n, role, m in parts if role is not None and n and float(weights[a : a + n].max()) > 0]
+    return f", the per-turn document of messages[{weighted[-1]}]" if weighted else ""
+
+
 def _style(w: float) -> str:
     return _STYLES[weight_class(w)]
 
@@ -87,7 +94,7 @@ def inspect(
         write_report(directory, html_out, tokenizer=tokenizer, rows=report_rows)
         click.echo(f"wrote {html_out} ({html_out.stat().st_size:,} bytes)")
         return
-    click.echo(format_summary(manifest, str(directory).rstrip("/")))
+    click.echo(format_summary(manifest, str(directory).rstrip("/"), built=False))
     tok = load_tokenizer(tokenizer or manifest["tokenizer"]["name_or_path"])
     if tokenizer_fingerprint(tok) != manifest["tokenizer"]["fingerprint"]:
         click.echo("warning: this tokenizer's fingerprint differs from the one the shards were built with", err=True)
@@ -104,17 +111,24 @@ def inspect(
         console.print(legend)
     documents, pad = row_segments(row, manifest["tokenizer"].get("pad_used"))
     turns = read_turns(directory, manifest, row_index, split)
+    per_turn = bool(manifest["counts"].get("chat_history_documents"))
     for k, length in enumerate(documents):
         ids = row["input_ids"][start : start + length]
         weights = row["weights"][start : start + length]
-        click.echo(f"── document {k + 1}: {length} tokens, {int((weights > 0).sum())} supervised ──")
         parts = document_turns(turns, start, length)
+        chat = any(role is not None for _, _, role, _ in parts)
+        click.echo(f"── document {k + 1}: {length} tokens, {int((weights > 0).sum())} supervised"
+                   f"{_per_turn_label(parts, weights) if per_turn else ''} ──")  # fmt: skip
         shown = 0
         for a, n, role, message in parts:
             text = Text()
+            w_max = float(weights[a : a + n].max()) if n else 0.0
             if role is not None:
-                w_max = float(weights[a : a + n].max()) if n else 0.0
                 text.append(f"▸ {role} (messages[{message}]), weight {w_max:g}: ", style="bold")
+            elif chat:  # no message's turn: template text, or earlier turns as the template renders them later on
+                later = [m for b, _, r, m in parts if r is not None and b > a]
+                what = f"earlier turns as rendered before messages[{later[-1]}]" if per_turn and later else "template text"
+                text.append(f"▸ {what}, weight {w_max:g}: ", style="bold")
             span_ids, span_w = ids[a : a + n], weights[a : a + n]
             take = max(0, min(n, max_tokens - shown))
             for w, span in weight_spans(span_ids[:take], span_w[:take]):

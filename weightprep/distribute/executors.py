@@ -38,7 +38,7 @@ __all__ = ["Executor", "SerialExecutor", "LocalExecutor", "RayExecutor", "make_e
 RETRIES = 3
 
 #: (part index, input bytes of that part read so far, records accepted in it so far); only in-process runs report it.
-PartProgress = Callable[[int, int, int], None]
+PartProgress = Callable[[int, int, Counter], None]
 
 #: Another task than the job itself, on the same workers: ``task(job, part)`` returns the part's result
 #: (picklable: it travels to the workers with each part).
@@ -92,7 +92,7 @@ class SerialExecutor(Executor):
             report = None
             if progress is not None:
                 def report(consumed: int, counts: Counter, index: int = part.index) -> None:
-                    progress(index, consumed, counts["accepted"])
+                    progress(index, consumed, counts)
             yield job(part, report)
 
 
@@ -333,27 +333,25 @@ def run_parts(
     after it are not waited for (the executor terminates those still running)."""
     results: dict[int, dict[str, Any]] = {}
     first_error: int | None = None
-    finished_bytes, finished_records = 0, 0
-    partial: dict[int, tuple[int, int]] = {}
+    finished_bytes, finished = 0, Counter()  # bytes, records (accepted) and tokens of the finished parts
 
-    def report_partial(index: int, consumed: int, accepted: int) -> None:
-        partial[index] = (consumed, accepted)
+    def report_partial(index: int, consumed: int, counts: Counter) -> None:
         if progress is not None:
-            progress(finished_bytes + consumed, Counter(accepted=finished_records + accepted))
+            progress(finished_bytes + consumed, finished + Counter(accepted=counts["accepted"], tokens=counts["tokens"]))
 
     with contextlib.closing(executor.map(parts, report_partial if progress is not None else None, **options)) as stream:
         for result in stream:
             index = result["index"]
             results[index] = result
-            partial.pop(index, None)
             if result.get("error") is not None and (first_error is None or index < first_error):
                 first_error = index
             if first_error is not None and all(i in results for i in range(first_error)):
                 break  # the earliest error is known: leaving the map stops the later parts
             finished_bytes += parts[index].size
-            finished_records += sum(c.get("accepted", 0) for c in result.get("counts", {}).values())
+            for c in result.get("counts", {}).values():
+                finished.update(accepted=c.get("accepted", 0), tokens=c.get("tokens_accepted", 0))
             if progress is not None:
-                progress(finished_bytes, Counter(accepted=finished_records))
+                progress(finished_bytes, +finished)
     if first_error is not None:
         e = results[first_error]["error"]
         if "segment" in e:  # a mixed part (a build with sources): numbered within its segment's file

@@ -47,7 +47,7 @@ from weightprep.tokenizer import load_tokenizer, set_tokenizer_threads, special_
 
 __all__ = ["PartJob", "KeyPass", "EpochPass", "Worker", "ProgressFn", "ADD_BOS"]
 
-#: Called after each block with (bytes of input consumed so far, counts so far).
+#: Called after each block with (bytes of input consumed so far, counts so far: records ``accepted``, ``tokens``).
 ProgressFn = Callable[[int, Counter], None]
 
 #: ``tokenizer.add_bos`` as ``special_tokens`` takes it.
@@ -246,6 +246,7 @@ class PartJob:
                 for name, subset in subsets.items():
                     docs, batch_counts = document_batch(subset, state.tokenize, state.specials, cfg)
                     doc_counts[name].update(batch_counts)
+                    accepted["tokens"] += batch_counts["tokens_accepted"]
                     sink.put((name, docs))
                 accepted["accepted"] += len(records)
                 if progress is not None:

@@ -300,6 +300,7 @@ def run_mixed(job: Any, part: MixedPart, tmp: Path, progress: Any) -> dict[str, 
                 docs, batch_counts = document_batch(_scaled(subset, source), state.tokenize, state.specials, cfgs[s])
                 doc_counts[name or ""].update(batch_counts)
                 per_source[s][name or ""].update(batch_counts)
+                accepted["tokens"] += batch_counts["tokens_accepted"]
                 at = np.searchsorted(subset.lines, docs.lines)
                 if name != train:  # held out: packed on its own, once
                     _count_written(docs, np.ones(len(docs), dtype=np.int64), per_source[s][name])

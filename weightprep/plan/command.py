@@ -12,6 +12,7 @@ import click
 from weightprep.commands._storage import Location, storage_options
 from weightprep.plan.advice import check_fits, format_advice, parse_gpus, shards_settings
 from weightprep.plan.estimate import DEFAULT_LOSS_CHUNK_TOKENS, GiB, MemoryEstimate
+from weightprep.plan.presets import PRESETS
 
 __all__ = ["plan", "render_table"]
 
@@ -49,7 +50,7 @@ def render_table(est: MemoryEstimate, title: str) -> object:
 
 @click.command("plan")
 @click.option("--model", "model", required=True,
-              help="Local model dir, its config.json, a preset (llama-3-8b, qwen2.5-7b, ...) or a hub id (config only).")
+              help=f"Local model dir, its config.json, a hub id (config only) or a preset, offline: {', '.join(PRESETS)}.")
 @click.option("--seq-len", type=int, default=None, help="Tokens per row (taken from --shards when given).")
 @click.option("--shards", type=Location(exists=False), default=None,
               help="Shard directory or URL (s3://bucket/shards): read seq_len, packing and the supervised share from "

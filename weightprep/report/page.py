@@ -317,7 +317,7 @@ def _render_report(directory: Path | str, *, tokenizer: str | None, rows: int, m
         warn,
         "<h2>Numbers</h2>",
         _summary_table(manifest, splits),
-        f'<pre class="meta">{escape(format_summary(manifest, name))}</pre>',
+        f'<pre class="meta">{escape(format_summary(manifest, name, built=False))}</pre>',
         *_sources_section(manifest),
         "<h3>Inputs</h3>",
         f'<table class="inputs"><tr><th class="k">path</th><th>lines</th><th>bytes</th><th class="k">sha256</th></tr>{inputs}</table>',

@@ -771,6 +771,11 @@ class ChatRenderer:
             try:
                 return [_Document(chat, *self.char_weights(chat))], False
             except ChatError as exc:
+                if self.history == "full" and exc.reason in _REWRITTEN:
+                    raise ChatError(exc.field, f"{exc.problem}; --chat-history full asks one document per "
+                                    "conversation, which this template cannot give: --chat-history per-turn builds "
+                                    "one per weighted message as inference renders it, --chat-history auto (the "
+                                    "default) does so only where needed", exc.reason) from None  # fmt: skip
                 if self.history == "full" or exc.reason not in _REWRITTEN:
                     raise
                 if exc.reason == "generation_prompt_mismatch" and self.original is None:

@@ -14,7 +14,9 @@ their final ``data-i-of-n`` names (``Output.publish``). The directory's ``plan.j
 to, so ``--resume`` can adopt the directory of a killed build of the same plan. Replacing an existing ``out`` is
 two renames (``out`` -> ``.NAME.old-PID``, temporary -> ``out``); a kill between them leaves the previous dataset
 in ``.NAME.old-PID``, and the next build to ``out`` puts it back before doing anything else. Leftovers of builds
-whose process is gone are removed then too. ``--overwrite`` replaces only a directory that holds a weightprep
+whose process is gone are removed then too, except the finished parts of an interrupted build: ``--resume`` reuses
+them, ``--overwrite`` removes them, and a build given neither stops and says so
+(``weightprep.errors.LeftoverParts``). ``--overwrite`` replaces only a directory that holds a weightprep
 manifest (or nothing at all), and never one that holds an input. Every file is written at a fixed name inside the
 temporary directory: no input can make a path escape it.
 
@@ -79,7 +81,7 @@ from weightprep.constants import MANIFEST_NAME
 from weightprep.errors import UsageError
 from weightprep.stages.write import _ShardSet, arrow_schema, loadable_files, shard_name
 
-__all__ = ["Output", "StoreOutput", "open_output", "prepare_output", "recover_stale", "remove_output",
+__all__ = ["Output", "StoreOutput", "open_output", "prepare_output", "recover_stale", "remove_output", "interrupted_builds",
            "upload_part", "read_result"]
 
 
@@ -128,6 +130,22 @@ def recover_stale(out: Path, *, keep_resumable: bool = False) -> None:
             shutil.rmtree(p, ignore_errors=True)
 
 
+def interrupted_builds(out: Path | str) -> list[Path] | list[str]:
+    """The temporary directories (prefixes in a store) of dead builds to ``out`` that ``--resume`` could adopt
+    (each with its ``plan.json``), in name order."""
+    if storage.is_url(out):
+        return [p for p in _leftovers(str(out)) if storage.isfile(storage.join(p, _PLAN))]
+    out = Path(out)
+    if not out.parent.is_dir():
+        return []
+    found = []
+    for p in sorted(out.parent.iterdir()):
+        m = _STALE.match(p.name)
+        if m and m["name"] == out.name and m["kind"] == "tmp" and not _alive(int(m["pid"])) and (p / Output.PLAN).is_file():
+            found.append(p)
+    return found
+
+
 def open_output(out: str | Path, plan_key: str, *, resume: bool = False) -> Any:
     """The build's output: ``Output`` for a local directory, ``StoreOutput`` for a URL (an object store)."""
     if storage.is_url(out):
@@ -145,7 +163,7 @@ def prepare_output(
     out = Path(out)
     if out.name in ("", ".", ".."):
         out = Path(os.path.abspath(out))
-    recover_stale(out, keep_resumable=resume)
+    recover_stale(out, keep_resumable=resume or not overwrite)  # without either, the build says what it found
     resolved = out.resolve()
     for p in inputs:
         if not storage.is_url(p) and resolved in Path(p).resolve().parents:

@@ -337,7 +337,8 @@ def check_line(raw: bytes) -> tuple[list[tuple[str, float]] | Chat | None, Inval
     try:
         obj = json.loads(text, object_pairs_hook=_object)
     except json.JSONDecodeError as exc:
-        return None, Invalid("<json>", f"malformed JSON: {exc.msg} at column {exc.colno}", "malformed_json")
+        where = f"column {exc.colno}" if exc.msg.endswith(" at") else f"at column {exc.colno}"  # "starting at"
+        return None, Invalid("<json>", f"malformed JSON: {exc.msg} {where}", "malformed_json")
     except RecursionError:
         return _check_deep(raw)
     problem = validate_record(obj)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import difflib
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +19,10 @@ import click
 from click.core import ParameterSource
 
 from weightprep.commands._errors import reports_errors
+from weightprep.commands._rerun import KeepsArguments, rerun_command
 from weightprep.commands._storage import Location, as_location, storage_options
 from weightprep.errors import ConfigError, UsageError
+from weightprep.progress import Steps
 from weightprep.redact import redact_record
 
 __all__ = ["train", "run_training", "TrainOptions"]
@@ -27,7 +30,7 @@ __all__ = ["train", "run_training", "TrainOptions"]
 TrainOptions = dict[str, Any]
 
 
-@click.command("train", context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
+@click.command("train", cls=KeepsArguments, context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
 @click.argument("shards", required=False, type=Location(exists=False))
 @click.option("--model", "model", help="Model directory or hub id (a transformers causal LM).")
 @click.option(
@@ -39,7 +42,8 @@ TrainOptions = dict[str, Any]
     "--config",
     "config_file",
     type=click.Path(dir_okay=False, exists=True, path_type=Path),
-    help="YAML file with these options (keys as the flags, without --); flags given here override it.",
+    help="YAML file with these options (keys as the flags, without --); flags given here override it. A build: "
+    "section (a pipeline file's keys, plus inputs or sources) builds SHARDS first when they are missing or stale.",
 )
 @click.option(
     "--tokenizer", help="Tokenizer to save with the model [default: the model's, else the shards' tokenizer]."
@@ -170,7 +174,19 @@ TrainOptions = dict[str, Any]
 @reports_errors
 def train(ctx: click.Context, **options: Any) -> None:
     """Train a causal LM on weightprep SHARDS with the weighted loss (never building the full logits)."""
-    run_training(resolve_options(ctx, options))
+    from weightprep.train.report import interrupted_message
+
+    opts = resolve_options(ctx, options)
+    section = opts.pop(_BUILD_SECTION, None)
+    if section is not None:
+        _build_for_run(section, opts)
+    try:
+        run_training(opts)
+    except KeyboardInterrupt:
+        if os.environ.get("RANK", "0") == "0":  # one message for a torchrun of many processes
+            command = rerun_command("--resume", drop_with_value=("--resume",))
+            click.echo(f"\n{interrupted_message(opts['output_dir'], opts['save_steps'], command)}", err=True)
+        sys.exit(130)
 
 
 def resolve_options(ctx: click.Context, options: dict[str, Any]) -> TrainOptions:
@@ -180,6 +196,7 @@ def resolve_options(ctx: click.Context, options: dict[str, Any]) -> TrainOptions
     if config_file is not None:
         params = {p.name: p for p in ctx.command.params if p.name and p.name != "config_file"}
         from_file = _read_config(config_file, params, ctx)
+        merged[_BUILD_SECTION] = from_file.pop(_BUILD_SECTION, None)
         for name, value in from_file.items():
             if ctx.get_parameter_source(name) in (ParameterSource.DEFAULT, ParameterSource.DEFAULT_MAP, None):
                 merged[name] = value
@@ -208,7 +225,10 @@ def _read_config(path: Path, params: dict[str, click.Parameter], ctx: click.Cont
         raise ConfigError(
             [f"top level: expected a mapping of option: value, got {type(data).__name__}"], source=str(path)
         )
-    problems, values = [], {}
+    from weightprep.train.run_file import build_section
+
+    problems: list[str] = []
+    values: dict[str, Any] = {_BUILD_SECTION: build_section(data, str(path))}  # the run's build, if any
     for raw_key, value in data.items():
         key = str(raw_key).replace("-", "_")
         if key not in params:
@@ -232,6 +252,35 @@ def _read_config(path: Path, params: dict[str, click.Parameter], ctx: click.Cont
     return values
 
 
+#: Where ``resolve_options`` keeps a config file's ``build:`` section (``weightprep.train.run_file``).
+_BUILD_SECTION = "build_section"
+
+
+def _build_for_run(section: Any, opts: TrainOptions) -> None:
+    """The shards of a one-file run: built (in this process) unless up to date; stale shards under torchrun are an
+    error, since one process must build them."""
+    from weightprep.commands.build import format_summary
+    from weightprep.train.run_file import ensure_built, stale_reason
+
+    note = lambda m: click.echo(f"note: {m}", err=True)  # noqa: E731
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        reason = stale_reason(section, opts["shards"])
+        if reason is not None:
+            raise UsageError(f"{reason}; under torchrun every process would build them: run weightprep train "
+                             "--config FILE once in one process (it builds, then trains), then launch")  # fmt: skip
+        return
+    built: list[dict[str, Any]] = []
+
+    def build(*args: Any, **kwargs: Any) -> Any:
+        from weightprep.pipeline import build as run_build
+
+        built.append(run_build(*args, **kwargs))
+        return built[-1]
+
+    if ensure_built(section, opts["shards"], note, build=build):
+        click.echo(format_summary(built[0], str(opts["shards"]).rstrip("/")), err=True)
+
+
 def run_training(opts: TrainOptions) -> dict[str, Any]:
     """Load, check, train, save. Returns a summary (steps, final loss, output dir)."""
     # Before anything can initialize CUDA: fragmentation-tolerant allocator, unless the user chose otherwise
@@ -240,12 +289,18 @@ def run_training(opts: TrainOptions) -> dict[str, Any]:
     import torch
     from transformers import AutoConfig
 
+    from weightprep.tokenizer import local_path_problem
     from weightprep.train.data import check_model_compatibility, load_shards
     from weightprep.train.device import load_model, preflight_memory_check, resolve_device_policy
+    from weightprep.train.report import progress_callback
     from weightprep.train.trainer import WeightedSFTTrainer
 
-    shards = load_shards(opts["shards"])
     model_id = str(opts["model"])
+    if (problem := local_path_problem(model_id, "--model")) is not None:  # before the shards: a typo costs nothing
+        raise UsageError(problem)
+    steps = Steps(lambda line: click.echo(line, err=True))
+    with steps(f"opening the shards {opts['shards']}"):
+        shards = load_shards(opts["shards"])
     try:
         model_config = AutoConfig.from_pretrained(model_id)
     except Exception as exc:
@@ -264,12 +319,14 @@ def run_training(opts: TrainOptions) -> dict[str, Any]:
     policy = resolve_device_policy(
         opts["precision"], opts["attn_implementation"], opts["gradient_checkpointing"], lora=lora is not None
     )
+    plan = None
     if policy.use_cuda and not opts.get("skip_memory_check"):
-        preflight_memory_check(policy, shards, model_config, opts)
-    model = load_model(model_id, model_config, policy, fsdp=opts["strategy"] == "fsdp")
+        plan = preflight_memory_check(policy, shards, model_config, opts)
+    with steps(f"loading the model {model_id}"):
+        model = load_model(model_id, model_config, policy, fsdp=opts["strategy"] == "fsdp")
     model.config.use_cache = False
 
-    args = _sft_config(opts, policy, model, has_eval=eval_set is not None)
+    args = _sft_config(opts, policy, model, has_eval=eval_set is not None, log=not sys.stderr.isatty())
     trainer = WeightedSFTTrainer(
         model,
         args=args,
@@ -279,8 +336,11 @@ def run_training(opts: TrainOptions) -> dict[str, Any]:
         peft_config=lora,
         normalize=opts["normalize"],
         vocab_chunk=opts["vocab_chunk"],
+        callbacks=[progress_callback()] if args.disable_tqdm else None,
     )
     resume = _resume_target(opts.get("resume"), Path(opts["output_dir"]))
+    if trainer.is_world_process_zero():
+        click.echo(_start_summary(opts, model_id, trainer, shards, policy, plan), err=True)
     result = trainer.train(resume_from_checkpoint=resume)
     eval_metrics = trainer.evaluate() if eval_set is not None else {}  # the final model's, logged too
     trainer.save_model(str(opts["output_dir"]))  # the adapter only, with LoRA; the tokenizer goes with it
@@ -394,7 +454,27 @@ def _eval_set(opts: TrainOptions, shards: Any, model_config: Any, tokenizer: Any
     return eval_set
 
 
-def _sft_config(opts: TrainOptions, policy: Any, model: Any, has_eval: bool = False) -> Any:
+def _start_summary(opts: TrainOptions, model_id: str, trainer: Any, shards: Any, policy: Any, plan: Any) -> str:
+    from weightprep.train.report import optimizer_steps, start_summary
+
+    params = list(trainer.model.parameters())
+    processes = trainer.args.world_size
+    rows = len(shards.dataset)
+    return start_summary(
+        model=model_id, parameters=sum(p.numel() for p in params),
+        trainable=sum(p.numel() for p in params if p.requires_grad), lora_r=int(opts["lora_r"] or 0), rows=rows,
+        seq_len=shards.seq_len, packed=shards.packed, manifest=shards.manifest,
+        steps=optimizer_steps(rows, opts["micro_batch_size"], opts["grad_accum"], processes, opts["epochs"],
+                              opts["max_steps"]),
+        epochs=opts["epochs"], max_steps=opts["max_steps"], micro_batch=opts["micro_batch_size"],
+        grad_accum=opts["grad_accum"], processes=processes, device=policy.device, gpu=policy.gpu_name,
+        precision=policy.precision, attention=policy.attn_implementation,
+        gradient_checkpointing=policy.gradient_checkpointing, normalize=opts["normalize"],
+        memory=None if plan is None else (plan.estimate.total, plan.estimate.gpu_memory, plan.max_micro_batch),
+    )  # fmt: skip
+
+
+def _sft_config(opts: TrainOptions, policy: Any, model: Any, has_eval: bool = False, log: bool = False) -> Any:
     from trl import SFTConfig
 
     lr = opts["lr"] if opts["lr"] is not None else (2e-4 if opts["lora_r"] else 2e-5)
@@ -443,6 +523,7 @@ def _sft_config(opts: TrainOptions, policy: Any, model: Any, has_eval: bool = Fa
         per_device_eval_batch_size=opts.get("eval_batch_size") or opts["micro_batch_size"],
         dataloader_num_workers=opts["dataloader_workers"],
         ddp_find_unused_parameters=False,
+        disable_tqdm=log,  # stderr is a log: plain lines (weightprep.train.report.progress_callback), not a bar
         **extra,
     )
 

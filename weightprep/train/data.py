@@ -52,6 +52,11 @@ class Shards:
     validation: Any = None  # datasets.Dataset of the validation split(s), or None
     validation_sources: tuple[str, ...] = ()
 
+    def __repr__(self) -> str:  # the manifest and the datasets are far too long to print
+        held_out = f", validation rows={len(self.validation):,}" if self.validation is not None else ""
+        return (f"Shards(path={str(self.path)!r}, rows={len(self.dataset):,}, seq_len={self.seq_len}, "
+                f"packed={self.packed}{held_out})")  # fmt: skip
+
     @property
     def columns(self) -> list[str]:
         """The columns a training row keeps: token columns, plus ``attention_mask`` when unpacked."""

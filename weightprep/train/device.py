@@ -161,8 +161,9 @@ def resolve_device_policy(
     )
 
 
-def preflight_memory_check(policy: DevicePolicy, shards: Any, model_config: Any, opts: dict[str, Any]) -> None:
-    """Refuse, with the plan's advice, a setup that ``weightprep plan`` predicts will not fit this GPU."""
+def preflight_memory_check(policy: DevicePolicy, shards: Any, model_config: Any, opts: dict[str, Any]) -> Any:
+    """Refuse, with the plan's advice, a setup that ``weightprep plan`` predicts will not fit this GPU; the plan
+    (``weightprep.plan.advice.PlanResult``) of one that fits, None where the planner does not know the model."""
     from weightprep.plan import check_fits, format_advice
     from weightprep.plan.advice import shards_settings
 
@@ -189,11 +190,12 @@ def preflight_memory_check(policy: DevicePolicy, shards: Any, model_config: Any,
         import click
 
         click.echo(f"note: memory plan unavailable for this model ({exc}); starting anyway", err=True)
-        return
+        return None
     if not result.fits:
         raise UsageError(
             format_advice(result) + "\nChange the settings above, or pass --skip-memory-check to try anyway."
         )
+    return result
 
 
 def load_model(model_id: str, model_config: Any, policy: DevicePolicy, *, fsdp: bool = False) -> Any:

@@ -32,7 +32,9 @@ from __future__ import annotations
 import resource
 import sys
 import time
+import warnings
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -56,12 +58,18 @@ from weightprep.train.loss import (
 
 __all__ = ["WeightedSFTTrainer", "peak_memory", "prepare_args"]
 
+#: transformers 5's deprecation of the gradient_checkpointing names, as libraries built on it still trigger it.
+_LIBRARY_DEPRECATION = r"`(is_)?gradient_checkpointing\w*` is deprecated"
+#: What TRL's model card template writes for a base model it does not name (one loaded from a local directory).
+_NO_BASE = "[None](https://huggingface.co/None)"
+
 
 def prepare_args(args: SFTConfig | None, output_dir: str = "weightprep-run") -> SFTConfig:
     """``args`` (an ``SFTConfig``, created or converted if needed), set to let prepared shards through untouched:
     dataset preparation skipped, no packing or padding-free flattening, non-reentrant checkpointing."""
-    if args is None:
-        args = SFTConfig(output_dir=output_dir)
+    if args is None:  # TRL's default (checkpointing on), by its transformers 5 name: the gradient_* one warns
+        new_names = "activation_checkpointing" in SFTConfig.__dataclass_fields__
+        args = SFTConfig(output_dir=output_dir, **{"activation_checkpointing" if new_names else "gradient_checkpointing": True})
     elif not isinstance(args, SFTConfig):  # a plain TrainingArguments
         args = SFTConfig(**{**args.to_dict(), "hub_token": getattr(args, "hub_token", None)})
     dataset_kwargs = dict(args.dataset_kwargs or {})
@@ -147,16 +155,31 @@ class WeightedSFTTrainer(SFTTrainer):
         # positions, supervised tokens, weight: summed over all ranks since the last log
         self._window = torch.zeros(3, dtype=torch.float64)
         self._window_start: float | None = None
-        super().__init__(
-            model,
-            args=prepare_args(args),
-            train_dataset=train_dataset,
-            data_collator=data_collator if data_collator is not None else WeightedCollator(packed=packed),
-            **kwargs,
-        )
+        with warnings.catch_warnings():
+            # PEFT's get_peft_model (called by SFTTrainer for --lora-r) still reads transformers' deprecated
+            # is_gradient_checkpointing: a note for PEFT's authors that the user can do nothing about
+            warnings.filterwarnings("ignore", message=_LIBRARY_DEPRECATION, category=FutureWarning)
+            super().__init__(
+                model,
+                args=prepare_args(args),
+                train_dataset=train_dataset,
+                data_collator=data_collator if data_collator is not None else WeightedCollator(packed=packed),
+                **kwargs,
+            )
         if packed is not False:  # packed rows (or not known yet): documents must be kept apart
             isolation_mode(attention_implementation(self.model))
         attach_weighted_head(self.model)
+
+    def create_model_card(self, *args: Any, **kwargs: Any) -> None:
+        """TRL's model card, naming the base model when it was loaded from a local directory too (TRL then writes
+        "a fine-tuned version of [None](https://huggingface.co/None)")."""
+        super().create_model_card(*args, **kwargs)
+        card = Path(self.args.output_dir) / "README.md"
+        base = str(getattr(self.model.config, "_name_or_path", "") or "")
+        if self.is_world_process_zero() and base and card.is_file():
+            text = card.read_text(encoding="utf-8")
+            if _NO_BASE in text:
+                card.write_text(text.replace(_NO_BASE, f"`{base}` (a local model directory)"), encoding="utf-8")
 
     # -- data ---------------------------------------------------------------------------------------------------
     def _set_signature_columns_if_needed(self) -> None:
