@@ -288,3 +288,18 @@ def test_a_local_replace_killed_between_its_renames_gets_the_earlier_build_back(
         build([str(tmp_path / "new.jsonl")], out, _cfg())
     assert {p.name: p.read_bytes() for p in out.iterdir()} == earlier
     assert sorted(p.name for p in tmp_path.iterdir()) == ["new.jsonl", "old.jsonl", "shards"]
+
+
+def test_remove_output_takes_the_manifest_first_then_the_loadable_files(mem, monkeypatch):
+    """An output removed object by object is never loadable with objects missing: weightprep's readers stop at
+    the manifest's absence, datasets' at state.json's."""
+    for name in ("data-00000-of-00001.arrow", "dataset_info.json", "state.json", MANIFEST_NAME, "rejects.jsonl",
+                 "train/state.json", "train/dataset_info.json", "dataset_dict.json"):
+        mem.pipe_file(f"/out/shards/{name}", b"x")
+    removed = []
+    real = storage.remove
+    monkeypatch.setattr(storage, "remove", lambda url: (removed.append(url.rsplit("shards/", 1)[1]), real(url))[1])
+    publish.remove_output(OUT)
+    assert removed[:6] == [MANIFEST_NAME, "dataset_dict.json", "state.json", "dataset_info.json", "train/state.json",
+                           "train/dataset_info.json"]
+    assert sorted(removed) == sorted(set(removed)) and mem.find("/out/shards") == []
