@@ -83,9 +83,9 @@ def test_validate_record_accepts_valid_and_extra_keys():
 def test_missing_input_file_and_bad_extension(tmp_path):
     result = CliRunner().invoke(main, ["build", str(tmp_path / "nope.jsonl"), "--out", str(tmp_path / "o")])
     assert result.exit_code == 2 and "not found" in result.output and "Traceback" not in result.output
-    txt = tmp_path / "data.txt"
-    txt.write_text("hi\n")
-    result = CliRunner().invoke(main, ["build", str(txt), "--out", str(tmp_path / "o")])
+    csv = tmp_path / "data.csv"  # (.txt is plain text: tests/test_inputs.py)
+    csv.write_text("hi\n")
+    result = CliRunner().invoke(main, ["build", str(csv), "--out", str(tmp_path / "o")])
     assert result.exit_code == 2 and ".jsonl" in result.output
     assert not (tmp_path / "o").exists()
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pytest
 
 from weightprep.config import config_from_dict
 from weightprep.pipeline import build
@@ -24,17 +25,25 @@ WORDS = ["alpha", "beta", "gamma", "delta", "the", "cat", "sat", "on", "mat", "z
 
 
 def _write(path: Path, n: int) -> int:
+    """N records as JSON Lines, or (a ``.json`` path) as one pretty-printed JSON array, as LLaMA-Factory writes."""
     rng = np.random.default_rng(0)
+    array = path.suffix == ".json"
     with path.open("w") as f:
+        f.write("[\n" if array else "")
         for i in range(n):
             body = " ".join(rng.choice(WORDS, int(rng.integers(5, 60))))
-            f.write(json.dumps({"pieces": [{"text": f"Q{i}: ", "weight": 0}, {"text": body, "weight": 1}]}) + "\n")
+            record = {"pieces": [{"text": f"Q{i}: ", "weight": 0}, {"text": body, "weight": 1}]}
+            if array:
+                f.write(("" if i == 0 else ",\n") + json.dumps(record, indent=2))
+            else:
+                f.write(json.dumps(record) + "\n")
+        f.write("\n]\n" if array else "")
     return path.stat().st_size
 
 
-def _peak_build_bytes(tmp: Path, n: int, tok) -> tuple[int, int]:
+def _peak_build_bytes(tmp: Path, n: int, tok, suffix: str = ".jsonl") -> tuple[int, int]:
     """(peak bytes allocated during the build, input bytes)."""
-    raw = tmp / f"raw{n}.jsonl"
+    raw = tmp / f"raw{n}{suffix}"
     size = _write(raw, n)
     cfg = config_from_dict({"pack": {"seq_len": 128, "window": 200}, "read": {"block_bytes": 16384}})
     arrow_peak, done = [pa.total_allocated_bytes()], threading.Event()
@@ -57,9 +66,10 @@ def _peak_build_bytes(tmp: Path, n: int, tok) -> tuple[int, int]:
     return python_peak + arrow_peak[0] - base, size
 
 
-def test_build_memory_does_not_grow_with_the_input(tmp_path, sample_tok):
-    _peak_build_bytes(tmp_path, 300, sample_tok)  # first build: imports and the tokenizer's one-time caches
-    small, small_size = _peak_build_bytes(tmp_path, 2000, sample_tok)
-    large, large_size = _peak_build_bytes(tmp_path, 16000, sample_tok)
+@pytest.mark.parametrize("suffix", [".jsonl", ".json"])  # .json: one array, streamed (weightprep.stages.json_array)
+def test_build_memory_does_not_grow_with_the_input(tmp_path, sample_tok, suffix):
+    _peak_build_bytes(tmp_path, 300, sample_tok, suffix)  # first build: imports and the tokenizer's one-time caches
+    small, small_size = _peak_build_bytes(tmp_path, 2000, sample_tok, suffix)
+    large, large_size = _peak_build_bytes(tmp_path, 16000, sample_tok, suffix)
     assert large_size > 7 * small_size
     assert large < 1.5 * small + (1 << 20), (small, large)  # 8x the input, about the same memory

@@ -31,7 +31,7 @@ from weightprep.cli import main
 from weightprep.config import config_from_dict
 from weightprep.distribute.executors import LocalExecutor, RayExecutor, SerialExecutor
 from weightprep.distribute.plan import plan_mixed
-from weightprep.errors import AccountingError, InputError
+from weightprep.errors import AccountingError, ConfigError, InputError
 from weightprep.pipeline import build
 from weightprep.sources import Source, copies, epoch_keys
 
@@ -109,6 +109,11 @@ def test_every_token_weighs_its_sources_weight_times_its_own_and_epochs_repeat_r
         declared.append(Source(f"s{s}", (str(_write(tmp / f"s{s}.jsonl", records)),), spec["weight"], spec["epochs"]))
     cfg = config_from_dict({"pack": {"seq_len": 128}, "assemble": {"eos_weight": EOS_WEIGHT},
                             "read": {"part_bytes": part_bytes}})  # fmt: skip
+    if all(spec["weight"] == 0 for spec in sources):  # nothing would be learned: refused before any work
+        with pytest.raises(ConfigError, match="every source has weight 0"):
+            build([], tmp / "out", cfg, tokenizer=sample_tok, sources=declared, executor=SerialExecutor())
+        assert not (tmp / "out").exists()
+        return
     manifest = build([], tmp / "out", cfg, tokenizer=sample_tok, sources=declared, executor=SerialExecutor())
     seen: Counter[tuple[int, int]] = Counter()
     rows_of: dict[tuple[int, int], list[int]] = {}
@@ -420,7 +425,7 @@ def test_a_bad_source_declaration_is_exit_2_before_any_work(args, message, tmp_p
         ([{"name": "a", "path": "A", "weight": -0.5}], "sources[0].weight: must be a finite number >= 0"),
         ([{"name": "a", "path": "A", "epochs": -1}], "sources[0].epochs: must be a finite number > 0"),
         ([{"name": "a", "path": "A", "role_weights": "assistant"}], "sources[0].chat.role_weights"),
-        ([{"name": "a", "path": "A", "columns": "prompt=q"}], "source a's columns renames the columns"),
+        ([{"name": "a", "path": "A", "columns": "prompt=q,completion=q"}], "sources[0].columns: column 'q' is mapped twice"),
         ([{"name": "a"}], "sources[0].path: expected a file"),
         ([], "sources: expected a non-empty list"),
     ],

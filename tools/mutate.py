@@ -55,8 +55,13 @@ MODULES: dict[str, list[str]] = {
     # lines and their bytes: the block cutter, the decompressor and each block's bytes behind it
     "stages/read.py": [
         "tests/test_read.py", "tests/test_decompress.py", "tests/test_hostile_fuzz.py", "tests/test_hostile_inputs.py",
-        "tests/test_interleave.py", "tests/test_storage.py",
+        "tests/test_interleave.py", "tests/test_storage.py", "tests/test_inputs.py",
     ],
+    # the other kinds of file and the other tools' shapes (docs/inputs.md)
+    "stages/json_array.py": ["tests/test_inputs.py", "tests/test_build_memory.py"],
+    "stages/text.py": ["tests/test_inputs.py"],
+    "stages/shapes.py": ["tests/test_shapes.py", "tests/test_formats.py"],
+    "stages/columns.py": ["tests/test_shapes.py", "tests/test_parquet.py", "tests/test_source_checks.py"],
     # test_chat_turns: turn rows across parts; test_sources: mixed parts (several byte ranges a part)
     "distribute/merge.py": ["tests/test_distribute.py", "tests/test_chat_turns.py", "tests/test_sources.py"],
     # test_executors: the workers' own code (_run_local, the Ray actor's class) called in this process

@@ -24,10 +24,10 @@ from weightprep.distribute.plan import InputPart
 from weightprep.stages.assemble import assemble
 from weightprep.stages.chat import ChatRenderer, parse_role_weights, render_chats
 from weightprep.stages.chat_templates import resolve_templates, template_sha256
-from weightprep.stages.columnar import parse_columns
+from weightprep.stages.columns import parse_columns
 from weightprep.stages.filter import filter_documents
 from weightprep.stages.mask import mask
-from weightprep.stages.read import InputFile, read_blocks
+from weightprep.stages.read import InputFile, file_kind, read_blocks
 from weightprep.stages.tokenize import PieceTokenizer
 from weightprep.stages.validate import parse_block
 from weightprep.tokenizer import SpecialTokens, transformers_tokenizer
@@ -157,10 +157,14 @@ def parsed_blocks(
     columns = parse_columns(cfg.read.columns)
     # a whole file's size is known from the plan: an object is then opened without another metadata request
     window = {"size": part.end} if part.whole else {"start": part.start, "end": part.end}
-    for block in read_blocks(record, cfg.read.block_bytes, cfg.read.max_line_bytes, columns, **window):
+    read = cfg.read
+    # a columnar file's reader renames its columns; message keys and roles are renamed in validation, as for JSON
+    inside = columns.inside() if file_kind(record.path) == "columnar" else columns
+    for block in read_blocks(record, read.block_bytes, read.max_line_bytes, columns.records,
+                             text_sample_by=read.text_sample_by, **window):  # fmt: skip
         consumed = record.behind
         rejects: list[Reject] = []
-        records = parse_block(block, rejects)
+        records = parse_block(block, rejects, inside)
         if chats is not None:
             records = chats(records, rejects)
         if rejects:

@@ -3,7 +3,7 @@
 A pipeline file mirrors the dataclasses (``pipelines/packed.yaml``)::
 
     tokenizer: {name: null, add_bos: auto}
-    read:      {block_bytes: 8388608, max_line_bytes: 67108864, part_bytes: 268435456}
+    read:      {block_bytes: 8388608, max_line_bytes: 67108864, part_bytes: 268435456, text_sample_by: line}
     validate:  {on_invalid: error}
     assemble:  {eos_weight: 1.0}
     filter:    {overlong: drop, max_length: null}
@@ -73,11 +73,16 @@ class ReadConfig:
     )
     columns: str | None = field(
         default=None,
-        metadata={"help": "Rename input columns of Parquet/Arrow inputs: TARGET=SOURCE,... (prompt=question,...)."},
+        metadata={"help": "Other names of record fields, message keys and roles: TARGET=SOURCE,... (prompt=question,"
+                          "message.role=from,role.user=human)."},
     )
     part_bytes: int = field(
         default=256 << 20,
         metadata={"help": "Plain JSONL files are cut into parts of about this many bytes, the unit of parallel work."},
+    )
+    text_sample_by: Literal["line", "paragraph", "document"] = field(
+        default="line",
+        metadata={"help": "Plain-text inputs (.txt, .md): a record per line, paragraph or whole file (datasets' sample_by)."},
     )
 
 
@@ -245,7 +250,7 @@ def _semantic_checks(cfg: BuildConfig, problems: list[str]) -> None:
         problems.append(f"assemble.eos_weight: must be a finite number >= 0, got {w}{weight_overflow_note(w)}")
     if isinstance(cfg.read.columns, str):
         from weightprep.errors import UsageError
-        from weightprep.stages.columnar import parse_columns
+        from weightprep.stages.columns import parse_columns
 
         try:
             parse_columns(cfg.read.columns)

@@ -13,7 +13,7 @@ expected, and how to fix it.
 from __future__ import annotations
 
 __all__ = ["WeightprepError", "InputError", "ConfigError", "UsageError", "LeftoverParts", "AccountingError",
-           "BuildInterrupted"]
+           "BuildInterrupted", "record_position", "record_unit", "kind_path"]
 
 
 class WeightprepError(Exception):
@@ -120,8 +120,22 @@ class AccountingError(WeightprepError):
 
 
 def record_position(path: str, line: int) -> str:
-    """Where a record is, as every message and the report name it: ``raw.jsonl:17``, ``data.parquet: row 4``."""
-    return f"{path}: row {line}" if is_columnar(path) else f"{path}:{line}"
+    """Where a record is, as every message and the report name it: ``raw.jsonl:17``, ``data.parquet: row 4``,
+    ``data.json: record 4`` (an array's index)."""
+    unit = record_unit(path)
+    return f"{path}:{line}" if unit == "line" else f"{path}: {unit} {line}"
+
+
+def record_unit(path: str) -> str:
+    """What numbers the records of ``path``: ``row`` (Parquet/Arrow, from 0), ``record`` (a JSON array's index,
+    from 0) or ``line`` (JSON Lines and text, from 1)."""
+    if is_columnar(path):
+        return "row"
+    if kind_path(path).removesuffix(".gz").removesuffix(".zst").endswith(".json"):
+        from weightprep.stages.read import file_kind  # reads the file's first bytes once
+
+        return "record" if file_kind(path) == "json_array" else "line"
+    return "line"
 
 
 def kind_path(path: str) -> str:

@@ -44,11 +44,11 @@ from weightprep.distribute.job import ADD_BOS, EpochPass, KeyPass, PartJob, Prog
 from weightprep.distribute.merge import merge_results
 from weightprep.distribute.mixed import epoch_cuts_from, split_names
 from weightprep.distribute.plan import plan_mixed, plan_parts
-from weightprep.errors import BuildInterrupted, InputError, LeftoverParts, UsageError, is_columnar
+from weightprep.errors import BuildInterrupted, InputError, LeftoverParts, UsageError
 from weightprep.sources import Source, check_source_names, manifest_sources
 from weightprep.stages.chat import CHAT_REASONS
 from weightprep.stages.chat_templates import TRAINING, manifest_chat, tokenizer_template
-from weightprep.stages.columnar import parse_columns
+from weightprep.stages.columns import parse_columns
 from weightprep.stages.publish import interrupted_builds, open_output, prepare_output
 from weightprep.stages.read import check_inputs, expand_inputs
 from weightprep.stages.rejects import REJECTS_NAME
@@ -133,12 +133,13 @@ def _build(
         inputs = [p for files in by_source for p in files]
     else:
         inputs = expand_inputs(inputs)
-        _check_files(inputs, cfg.read.columns, "--columns")
+        _check_files(inputs, cfg.read.columns)
     out_path = prepare_output(out, overwrite=overwrite, inputs=inputs, resume=resume)
     leftovers = _leftover_parts(out_path, overwrite=overwrite, resume=resume)
     executor = executor if executor is not None else SerialExecutor()
-    parts: list[Any] = plan_parts(inputs, cfg.read.part_bytes) if sources is None else plan_mixed(
-        by_source, cfg.read.part_bytes
+    by = cfg.read.text_sample_by
+    parts: list[Any] = plan_parts(inputs, cfg.read.part_bytes, by) if sources is None else plan_mixed(
+        by_source, cfg.read.part_bytes, by
     )
     in_process = executor.in_process(len(parts))
     prefetch = None
@@ -285,14 +286,10 @@ def _resume_note(reused: int, total: int, leftovers: list[str]) -> str:
     return f"--resume: no interrupted build of this output was found: building all {total} part(s)"
 
 
-def _check_files(files: list[str], columns: str | None, option: str) -> None:
-    """The inputs' checks before any work (``check_inputs``), and renamed columns only where there are columns."""
-    check_inputs(files, parse_columns(columns))
-    if columns and (jsonl := [p for p in files if not is_columnar(p)]):
-        raise UsageError(
-            f"{option} renames the columns of Parquet/Arrow inputs; {jsonl[0]} is JSONL: give its records the "
-            "field names pieces/messages/text/prompt+completion"
-        )
+def _check_files(files: list[str], columns: str | None) -> None:
+    """The inputs' checks before any work (``check_inputs``: a Parquet/Arrow file's columns as ``columns`` renames
+    them)."""
+    check_inputs(files, parse_columns(columns).records)
 
 
 def source_files(sources: list[Source], cfg: BuildConfig) -> list[list[str]]:
@@ -310,7 +307,7 @@ def source_files(sources: list[Source], cfg: BuildConfig) -> list[list[str]]:
         try:
             paths = expand_inputs(source.paths)
             columns = source.columns if source.columns is not None else cfg.read.columns
-            _check_files(paths, columns, f"source {source.name}'s columns" if source.columns else "--columns")
+            _check_files(paths, columns)
         except UsageError as exc:
             raise UsageError(f"source {source.name}: {exc}") from None
         files.append(paths)

@@ -117,7 +117,7 @@ def _source(field: str, data: dict[str, Any], problems: list[str]) -> Source | N
         if data.get(key) is not None and not isinstance(data[key], str):
             problems.append(f"{field}{key}: expected a string, got {data[key]!r}")
     if data.get("columns") is not None and isinstance(data["columns"], str):
-        from weightprep.stages.columnar import parse_columns
+        from weightprep.stages.columns import parse_columns
 
         try:
             parse_columns(data["columns"])

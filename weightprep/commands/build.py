@@ -148,6 +148,11 @@ def _sources(inputs: tuple[str, ...], specs: tuple[str, ...], pipeline_file: str
 )
 @click.option("--max-line-bytes", type=int, help="Longest input line; longer ones are invalid [read.max_line_bytes, 64 MiB].")
 @click.option(
+    "--text-sample-by",
+    type=click.Choice(["line", "paragraph", "document"]),
+    help="Plain-text inputs (.txt, .md): a record per line, per paragraph or per file [read.text_sample_by, line].",
+)
+@click.option(
     "--validation-fraction",
     type=float,
     help="Hold out this share of the records (by a hash of each record) as a validation split [split.validation_fraction].",
@@ -180,7 +185,8 @@ def _sources(inputs: tuple[str, ...], specs: tuple[str, ...], pipeline_file: str
 )
 @click.option(
     "--columns",
-    help="Rename columns of Parquet/Arrow inputs, TARGET=SOURCE,...: --columns prompt=question,completion=answer.",
+    help="Other names of record fields, message keys and roles, TARGET=SOURCE,...: --columns "
+    "prompt=question,completion=answer or messages=dialog,message.role=speaker,role.user=USER (docs/inputs.md).",
 )
 @click.option("--overwrite", is_flag=True, help="Replace the output directory (an earlier build) if it exists.")
 @click.option(
@@ -220,9 +226,10 @@ def build(
 ) -> None:
     """Tokenize, weight, mask, pack and write INPUTS as Arrow shards.
 
-    INPUTS are .jsonl, .jsonl.gz, .jsonl.zst or .parquet files, datasets.save_to_disk directories,
-    directories (their *.jsonl* and *.parquet files, sorted) or quoted globs; local paths or URLs
-    (s3://, gs://, az://, hf://datasets/..., https://)."""
+    INPUTS are .jsonl/.ndjson/.json files (JSON Lines, or one JSON array of records), .txt/.md plain text,
+    each also .gz or .zst, .parquet files, datasets.save_to_disk directories, directories (their JSON and
+    .parquet files, sorted) or quoted globs; local paths or URLs (s3://, gs://, az://, hf://datasets/...,
+    https://). Records in the shapes of other tools (Alpaca, ShareGPT, ...) are read as they are: docs/inputs.md."""
     from rich.console import Console
 
     set_tokenizer_threads(num_proc)
@@ -243,6 +250,7 @@ def build(
         "assemble.eos_weight": flags["eos_weight"],
         "write.max_shard_bytes": flags["max_shard_bytes"],
         "read.max_line_bytes": flags["max_line_bytes"],
+        "read.text_sample_by": flags["text_sample_by"],
         "validate.on_invalid": "skip" if flags["skip_invalid"] else None,
         "split.validation_fraction": flags["validation_fraction"],
         "split.validation_records": flags["validation_records"],

@@ -3,7 +3,9 @@
 A plain JSONL file larger than ``read.part_bytes`` is cut near every multiple ``k * part_bytes`` of that size,
 just after the first newline at or past byte ``k * part_bytes - 1``; a part owns the lines that start inside it.
 A line longer than a part makes the next cut fall after it (no part is empty unless its file is). A compressed
-file, a Parquet or Arrow file, and a file no larger than ``part_bytes`` are one part each. Finding a cut reads
+file, a Parquet or Arrow file, a JSON array (where a record starts is known only by scanning from the start:
+``weightprep.stages.json_array``), a text file read by paragraph or as one document, and a file no larger than
+``part_bytes`` are one part each (``is_whole``); a text file read by line is cut as JSON Lines is. Finding a cut reads
 from the cut point to the next newline, nothing else, so planning a terabyte costs a few thousand short reads.
 
 With several sources (``weightprep.sources``) the plan is ``K`` mixed parts (``plan_mixed``), ``K`` from the
@@ -25,7 +27,7 @@ from dataclasses import dataclass
 from weightprep import storage
 from weightprep.errors import is_columnar, is_compressed
 
-__all__ = ["InputPart", "MixedPart", "plan_parts", "plan_mixed", "line_bases", "segment_line_bases"]
+__all__ = ["InputPart", "MixedPart", "is_whole", "plan_parts", "plan_mixed", "line_bases", "segment_line_bases"]
 
 #: Bytes read at a time looking for a cut's newline: 4 KiB first, doubled up to _SCAN (in a store each read is a
 #: range request: a cut costs a few kilobytes, not a megabyte)
@@ -67,10 +69,20 @@ def _next_line_start(f, pos: int, size: int) -> int:  # type: ignore[no-untyped-
     return size
 
 
-def file_cuts(path: str, part_bytes: int) -> list[int]:
-    """The part boundaries of one plain file: ``[0, c1, ..., size]``."""
+def is_whole(path: str, text_sample_by: str = "line") -> bool:
+    """Whether ``path`` is read whole, as one part (see the module docstring)."""
+    from weightprep.stages.read import file_kind
+
+    if is_compressed(path) or is_columnar(path):
+        return True
+    kind = file_kind(path)
+    return kind == "json_array" or (kind == "text" and text_sample_by != "line")
+
+
+def file_cuts(path: str, part_bytes: int, text_sample_by: str = "line") -> list[int]:
+    """The part boundaries of one file: ``[0, c1, ..., size]``."""
     size = storage.size(path)
-    if is_compressed(path) or is_columnar(path) or size <= part_bytes:
+    if size <= part_bytes or is_whole(path, text_sample_by):
         return [0, size]
     cuts = [0]
     with storage.open_input(path) as f:  # an object: a range request at each cut point, nothing else
@@ -86,11 +98,11 @@ def file_cuts(path: str, part_bytes: int) -> list[int]:
     return cuts
 
 
-def plan_parts(paths: list[str], part_bytes: int) -> list[InputPart]:
+def plan_parts(paths: list[str], part_bytes: int, text_sample_by: str = "line") -> list[InputPart]:
     """Every input's parts, in input order (file, then offset)."""
     parts: list[InputPart] = []
     for i, path in enumerate(paths):
-        cuts = file_cuts(path, part_bytes)
+        cuts = file_cuts(path, part_bytes, text_sample_by)
         for number, (start, end) in enumerate(zip(cuts[:-1], cuts[1:], strict=True)):
             parts.append(InputPart(len(parts), i, path, start, end, number, whole=len(cuts) == 2))
     return parts
@@ -136,7 +148,7 @@ def _cuts_at(path: str, size: int, targets: list[int]) -> list[int]:
     return cuts
 
 
-def plan_mixed(sources: list[list[str]], part_bytes: int) -> list[MixedPart]:
+def plan_mixed(sources: list[list[str]], part_bytes: int, text_sample_by: str = "line") -> list[MixedPart]:
     """The mixed parts of the sources' files (``sources[s]``: source ``s``'s files, in order); see the module
     docstring. Parts left with no segment (only whole files elsewhere) are not planned."""
     sizes = [[storage.size(p) for p in paths] for paths in sources]
@@ -149,7 +161,7 @@ def plan_mixed(sources: list[list[str]], part_bytes: int) -> list[MixedPart]:
         base = 0
         for path, size in zip(paths, file_sizes, strict=True):
             inside = [t - base for t in targets if base < t < base + size]
-            plain = not (is_compressed(path) or is_columnar(path))
+            plain = not is_whole(path, text_sample_by)
             cuts = [0, *(_cuts_at(path, size, inside) if plain and inside else []), size]
             for number, (start, end) in enumerate(zip(cuts[:-1], cuts[1:], strict=True)):
                 part = InputPart(-1, file_index, path, start, end, number, whole=len(cuts) == 2)

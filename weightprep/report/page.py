@@ -179,7 +179,8 @@ def _rejects_list(directory: Path | str, manifest: dict[str, Any]) -> str:
             total += 1
             if len(rows) < MAX_REJECTS_LISTED:
                 r = json.loads(line)
-                where = r["row"] if "row" in r else r.get("line")  # rows of Parquet/Arrow inputs, lines of JSONL
+                # rows of Parquet/Arrow inputs, records of JSON arrays, lines of JSONL and text
+                where = next((r[k] for k in ("row", "record") if k in r), r.get("line"))
                 original = str(r.get("original", ""))
                 if len(original) > 200:
                     original = original[:200] + "…"

@@ -6,7 +6,8 @@ are row numbers, counted from 0 as ``datasets`` indexes them; errors read ``trai
 pieces[2].weight: ...``. Memory is bounded by the batch: Parquet is read by row group and batch
 (``ParquetFile.iter_batches``), Arrow memory-mapped batch by batch.
 
-``--columns prompt=question,completion=answer`` renames columns before anything else (target=source). A file
+``--columns prompt=question,completion=answer`` renames columns before anything else (target=source;
+``weightprep.stages.columns``, whose message and role names apply in validation, as for JSON). A file
 whose columns can hold no accepted shape (``pieces``, ``messages``, ``text``, ``prompt`` + ``completion``) fails
 before any row is read, naming the columns it has; so does one where two columns would get the same name
 (``--columns text=body`` onto a file that has a ``text`` column too), as a duplicate key does in JSONL: never
@@ -25,30 +26,16 @@ from typing import TYPE_CHECKING, Any
 from weightprep import storage
 from weightprep.batches import Block
 from weightprep.errors import UsageError, kind_path
+from weightprep.stages.shapes import SHAPE_KEYS
 
 if TYPE_CHECKING:
-    from weightprep.stages.read import InputFile
+    from weightprep.stages.input_file import InputFile
 
-__all__ = ["COLUMNAR_SUFFIXES", "columnar_blocks", "check_schema", "dataset_dir_files", "parse_columns"]
+__all__ = ["COLUMNAR_SUFFIXES", "columnar_blocks", "check_schema", "dataset_dir_files"]
 
 COLUMNAR_SUFFIXES = (".parquet", ".arrow")
-_SHAPES = ({"pieces"}, {"messages"}, {"text"}, {"prompt", "completion"})
-
-
-def parse_columns(spec: str | None) -> dict[str, str]:
-    """``"prompt=question,completion=answer"`` -> ``{"question": "prompt", "answer": "completion"}`` (source -> target)."""
-    mapping: dict[str, str] = {}
-    for part in filter(None, (p.strip() for p in (spec or "").split(","))):
-        target, sep, source = part.partition("=")
-        if not sep or not target.strip() or not source.strip():
-            raise UsageError(f"--columns: expected TARGET=SOURCE[,TARGET=SOURCE...], got {part!r}")
-        if source.strip() in mapping:  # a column cannot become two fields: the last mapping would win silently
-            raise UsageError(
-                f"--columns: column {source.strip()!r} is mapped twice ({mapping[source.strip()]}={source.strip()}, "
-                f"{part}); map each column once"
-            )
-        mapping[source.strip()] = target.strip()
-    return mapping
+#: The column sets that can hold a record: every shape's keys (``weightprep.stages.shapes``).
+_SHAPES = tuple(set(keys) for keys in SHAPE_KEYS.values())
 
 
 def dataset_dir_files(directory: str | Path) -> list[str] | None:
@@ -119,7 +106,8 @@ def check_schema(path: str, columns: dict[str, str]) -> None:
     if not any(shape <= set(names) for shape in _SHAPES):
         mapped = f" (after --columns: {', '.join(names)})" if columns else ""
         raise UsageError(
-            f"{path}: no column holds a record: expected 'pieces', 'messages', 'text' or 'prompt' + 'completion', "
+            f"{path}: no column holds a record: expected 'pieces', 'messages', 'text' or 'prompt' + 'completion' "
+            "(or another tool's shape: 'conversations', 'instruction' + 'output'), "
             f"found {', '.join(sources) or 'no columns'}{mapped}; map yours with --columns, e.g. "
             "--columns prompt=question,completion=answer"
         )

@@ -1,5 +1,19 @@
-"""Stage 1 — read: stream JSONL (.jsonl, .jsonl.gz, .jsonl.zst) files as blocks of whole lines
-(Parquet and Arrow inputs: ``weightprep.stages.columnar``).
+"""Stage 1 — read: each kind of input file by its reader, every reader handing on ``Block``s of JSON lines, one
+record a line, so validation is one code path whatever the file.
+
+=================================  ==========================================  ================================
+file                               reader                                      a record is named
+=================================  ==========================================  ================================
+``.jsonl``, ``.ndjson``, ``.json``  ``_Lines`` (below): blocks of whole lines   by line, from 1 (``a.jsonl:17``)
+  holding JSON Lines
+``.json`` holding one array         ``weightprep.stages.json_array``            by index, from 0 (``a.json: record 3``)
+``.txt``, ``.md``                   ``weightprep.stages.text`` over ``_Lines``  by line, from 1
+``.parquet``, ``.arrow``            ``weightprep.stages.columnar``              by row, from 0 (``a.parquet: row 3``)
+=================================  ==========================================  ================================
+
+Each but the columnar ones may be compressed (``.gz``, ``.zst``: ``_Decompressor``); ``file_kind`` tells the kind
+from the name, and for ``.json`` from its first byte that is not whitespace (``[``: an array; anything else: JSON
+Lines, as ``datasets`` writes ``.json``).
 
 Memory is bounded whatever the file: each block is the next ``block_bytes`` of the (decompressed)
 stream cut back to its last newline, tagged with the line number and byte offset it starts at, so
@@ -9,21 +23,21 @@ a ``too_long`` block, which validate rejects. A UTF-8 byte order mark at the sta
 dropped; a missing final newline is supplied. The raw bytes of every file are hashed (SHA-256) and
 counted on the way, for the manifest; nothing is read twice.
 
-Inputs may be local paths or URLs (``weightprep.storage``: an object is read by range requests), files, directories (their ``*.jsonl``, ``*.jsonl.gz``, ``*.jsonl.zst`` and ``*.parquet``
-files, not recursive, sorted by name; a ``datasets.save_to_disk`` directory: its Arrow files) or quoted globs; ``expand_inputs`` resolves them, and the same
-file given twice is an error (its records would be counted twice).
+Inputs may be local paths or URLs (``weightprep.storage``: an object is read by range requests), files,
+directories (their ``*.jsonl``, ``*.ndjson`` and ``*.json`` files, each also ``.gz``/``.zst``, and ``*.parquet``
+files, not recursive, sorted by name; text files only when named or globbed, since a data directory's
+``README.md`` or ``notes.txt`` documents it; a ``datasets.save_to_disk`` directory: its Arrow files) or quoted globs;
+``expand_inputs`` resolves them, and the same file given twice is an error (its records would be counted twice).
 """
 
 from __future__ import annotations
 
 import functools
 import glob
-import hashlib
 import io
 import os
 import zlib
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -31,30 +45,25 @@ from weightprep import storage
 from weightprep.batches import Block
 from weightprep.errors import InputError, UsageError, is_columnar, is_compressed, kind_path
 from weightprep.stages.columnar import COLUMNAR_SUFFIXES, check_schema, columnar_blocks, dataset_dir_files
+from weightprep.stages.input_file import InputFile
+from weightprep.stages.json_array import array_blocks
+from weightprep.stages.text import SAMPLE_BY, TEXT_SUFFIXES, text_blocks
 
-__all__ = ["InputFile", "read_blocks", "check_inputs", "expand_inputs", "SUFFIXES", "HEAD_BYTES"]
+__all__ = ["InputFile", "read_blocks", "check_inputs", "expand_inputs", "file_kind", "SUFFIXES", "HEAD_BYTES"]
 
-#: File names weightprep reads; a directory input contributes its files ending in one of the first three.
-SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst", ".json", ".ndjson", *COLUMNAR_SUFFIXES)
-_DIR_SUFFIXES = (*SUFFIXES[:3], ".parquet")
+_COMPRESSED = ("", ".gz", ".zst")
+_JSON_SUFFIXES = tuple(s + c for s in (".jsonl", ".ndjson", ".json") for c in _COMPRESSED)
+_TEXT = tuple(s + c for s in TEXT_SUFFIXES for c in _COMPRESSED)
+#: File names weightprep reads.
+SUFFIXES = (*_JSON_SUFFIXES, *_TEXT, *COLUMNAR_SUFFIXES)
+#: The files a directory input contributes: no text (a data directory's README.md or notes.txt is no data; name
+#: text files, or glob them: ``'corpus/*.txt'``).
+_DIR_SUFFIXES = (*_JSON_SUFFIXES, ".parquet")
+#: Bytes read of a ``.json`` file to tell an array from JSON Lines.
+_SNIFF_BYTES = 1 << 16
 #: Bytes kept of a line that is too long to read whole (for the error and rejects.jsonl).
 HEAD_BYTES = 1024
 _BOM = b"\xef\xbb\xbf"
-
-
-@dataclass
-class InputFile:
-    """One input file; ``size``, ``sha256`` and ``lines`` are filled as it is read. ``behind``: the bytes of the
-    file behind the last block handed on, read-ahead left out (a compressed file's: the compressed bytes that the
-    decompressor has consumed, in proportion to the decompressed bytes handed on of those it has made; a columnar
-    file's: its share of rows or batches) -- what a mixed part's share of its source and progress are counted in."""
-
-    path: str
-    size: int = 0
-    sha256: str = ""
-    lines: int = 0
-    behind: int = 0
-    _hash: Any = field(default_factory=hashlib.sha256, repr=False)
 
 
 class _HashingReader(io.RawIOBase):
@@ -155,12 +164,63 @@ class _Decompressor(io.RawIOBase):
         self.made += len(out)
         if self._dobj.eof:
             self._dobj, self._in_frame = self._new(), False
+            if self._kind == "gz":  # zero padding already read is consumed with its member: counted in ``behind``
+                kept = rest.lstrip(b"\x00")  # at this member's last block (else the file's last bytes never are)
+                self.fed += len(rest) - len(kept)
+                rest = kept
         self._input = rest
         return out
 
     def behind(self, end: int) -> int:
         """The compressed bytes behind decompressed offset ``end``: those consumed, in proportion."""
         return min(self.fed, self.fed * end // self.made) if self.made else self.fed
+
+
+def file_kind(path: str) -> str:
+    """``columnar``, ``text``, ``json_array`` or ``jsonl``: which reader reads ``path`` (see the module docstring)."""
+    if is_columnar(path):
+        return "columnar"
+    named = kind_path(path)  # a presigned URL's kind is its path's
+    plain = named[: -len(named.rsplit(".", 1)[-1]) - 1] if is_compressed(path) else named
+    if plain.endswith(TEXT_SUFFIXES):
+        return "text"
+    if plain.endswith(".json") and _first_byte(path, _version(path)) == ord("["):
+        return "json_array"
+    return "jsonl"
+
+
+def _version(path: str) -> tuple[int, int] | None:
+    """A local file's (size, modification time): a file rewritten in the same process is looked at again."""
+    if storage.is_url(path):
+        return None
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return None
+    return stat.st_size, stat.st_mtime_ns
+
+
+@functools.lru_cache(maxsize=4096)
+def _first_byte(path: str, version: tuple[int, int] | None) -> int | None:
+    """The first byte of the (decompressed) file that is neither whitespace nor a byte order mark (None: none in its
+    first bytes, or the file cannot be read: the reader then says why); ``version`` keys the cache."""
+    try:
+        with storage.open_input(path) as raw:
+            head = raw.read(_SNIFF_BYTES)
+        if kind_path(path).endswith(".gz"):  # the start of the first member: a partial member is no error here
+            head = zlib.decompressobj(wbits=31).decompress(head, _SNIFF_BYTES)
+        elif kind_path(path).endswith(".zst"):
+            import zstandard
+
+            head = zstandard.ZstdDecompressor().decompressobj().decompress(head)
+    except (OSError, EOFError, zlib.error, UsageError):
+        return None
+    except Exception as exc:  # zstandard.ZstdError on a truncated head
+        if type(exc).__module__.startswith("zstandard"):
+            return None
+        raise
+    stripped = head.removeprefix(_BOM).lstrip(b" \t\r\n")
+    return stripped[0] if stripped else None
 
 
 def expand_inputs(patterns: list[str] | tuple[str, ...]) -> list[str]:
@@ -218,8 +278,8 @@ def check_inputs(paths: list[str], columns: dict[str, str] | None = None) -> Non
             raise UsageError(f"input is not a regular file: {p}")
         if not kind_path(p).endswith(SUFFIXES):
             raise UsageError(
-                f"{p}: expected a .jsonl, .jsonl.gz or .jsonl.zst file (one JSON object per line), a .parquet file "
-                "or a datasets.save_to_disk directory"
+                f"{p}: expected a .jsonl/.ndjson/.json file (JSON Lines, or one JSON array of records), a .txt/.md "
+                "file (plain text), each also .gz or .zst, a .parquet file or a datasets.save_to_disk directory"
             )
         if is_columnar(p):
             check_schema(p, columns or {})
@@ -243,29 +303,60 @@ def read_blocks(
     start: int = 0,
     end: int | None = None,
     size: int | None = None,
+    text_sample_by: str = "line",
 ) -> Iterator[Block]:
-    """Yield ``Block``s of whole lines of ``record.path``; fills in its size, hash and line count. Parquet and
-    Arrow files give a block per batch of rows (``weightprep.stages.columnar``), their columns renamed by
-    ``columns`` (source -> target).
+    """Yield ``Block``s of JSON lines, one record a line, read from ``record.path`` by the reader of its kind
+    (``file_kind``); fills in its size, hash and record count (lines; an array's records; a columnar file's rows).
+    Parquet and Arrow files give a block per batch of rows (``weightprep.stages.columnar``), their columns renamed
+    by ``columns`` (source -> target); text files a record per line, paragraph or document (``text_sample_by``).
 
-    ``start``/``end`` read only that byte range of a plain JSONL file (an input part, ``weightprep.distribute.plan``:
-    it starts just after a newline). Lines are then numbered from 1 within the range, byte offsets stay those of the
-    file, and size, hash and line count are the range's. ``size``: the whole file's size where the plan knows it
-    (an object is then read to there without asking the store for it)."""
-    if is_columnar(record.path):
+    ``start``/``end`` read only that byte range of a plain JSONL or text file (an input part,
+    ``weightprep.distribute.plan``: it starts just after a newline). Lines are then numbered from 1 within the
+    range, byte offsets stay those of the file, and size, hash and line count are the range's. ``size``: the whole
+    file's size where the plan knows it (an object is then read to there without asking the store for it)."""
+    kind = file_kind(record.path)
+    if kind == "columnar":
         yield from columnar_blocks(record, max(64, block_bytes // 2048), columns or {}, size)
         return
+    if text_sample_by not in SAMPLE_BY:
+        raise ValueError(f"text_sample_by: expected one of {SAMPLE_BY}, got {text_sample_by!r}")
     ranged = bool(start or end is not None)
-    if ranged and is_compressed(record.path):
-        raise ValueError(f"{record.path}: a compressed file is read whole")
+    if ranged and (is_compressed(record.path) or kind == "json_array"):
+        raise ValueError(f"{record.path}: a compressed file or a JSON array is read whole")
     # an object in a store is read by range requests of its part only (weightprep.storage); a local file is cut here
     with storage.open_input(record.path, start, end if end is not None else size) as raw:
         if ranged and not storage.is_url(record.path):
             raw = _RangeReader(raw, (end if end is not None else os.fstat(raw.fileno()).st_size) - start)
         stream, decompressor = _open(record, raw)
-        yield from _Lines(record, stream, block_bytes, max_line_bytes, start=start, decompressor=decompressor).blocks()
+        lines = _Lines(record, stream, block_bytes, max_line_bytes, start=start)
+        if kind == "json_array":
+            blocks = array_blocks(record.path, stream, block_bytes, max_line_bytes, lines.read_at)
+        elif kind == "text":
+            blocks = text_blocks(lines.blocks(), text_sample_by, max_line_bytes)
+        else:
+            blocks = lines.blocks()
+        try:
+            yield from _behind(record, blocks, decompressor, start)
+        finally:
+            stream.close()
+        if kind == "json_array":
+            record.lines = lines.records
     # hash only complete once the stream is drained (the compressed trailer included)
     record.sha256 = record._hash.hexdigest()
+
+
+def _behind(record: InputFile, blocks: Iterator[Block], decompressor: _Decompressor | None, start: int) -> Iterator[Block]:
+    """The blocks, ``record.behind`` set before each is handed on."""
+    top = 0
+    for block in blocks:
+        # a block ends where its last line does (a too-long line: past its newline)
+        end = block.offset + (block.too_long + 1 if block.too_long else len(block.data))
+        top = max(top, end)  # a text record's block can end before an earlier one's (its offset is its start's)
+        if decompressor is not None:  # an estimate, whose ratio moves as members are read: kept rising
+            record.behind = max(record.behind, decompressor.behind(top))
+        else:  # the bytes read so far bound it: a supplied final newline is not in the file
+            record.behind = min(top - start, record.size)
+        yield block
 
 
 def _head(parts: list[bytes]) -> bytes:
@@ -282,12 +373,10 @@ def _head(parts: list[bytes]) -> bytes:
 class _Lines:
     """The block cutter: ``pending`` holds the start of a line whose newline has not come yet."""
 
-    def __init__(
-        self, record: InputFile, stream: BinaryIO, block_bytes: int, max_line_bytes: int, start: int = 0,
-        decompressor: _Decompressor | None = None,
-    ) -> None:  # fmt: skip
+    def __init__(self, record: InputFile, stream: BinaryIO, block_bytes: int, max_line_bytes: int, start: int = 0) -> None:
         self.record, self.stream, self.max_line = record, stream, max_line_bytes
-        self.start, self.decompressor = start, decompressor
+        self.start = start
+        self.records = 0  # the records of a JSON array read through ``read_at``
         # reading at most max_line bytes at a time means a line inside one read is never too long
         self.step = max(1, min(block_bytes, max_line_bytes))
         self.line, self.offset = 1, start  # number and stream offset of the next line to hand on
@@ -298,24 +387,31 @@ class _Lines:
         self.head = b""
 
     def _read(self, size: int = 0) -> bytes:
+        return self.read_at(size or self.step, self.line, self.offset + self.pending_len, "line")
+
+    def read_at(self, size: int, line: int, offset: int, unit: str = "record") -> bytes:
+        """The next ``size`` bytes of the stream; a corrupt or truncated file is an ``InputError`` at ``line`` (a
+        JSON array's reader passes its record and counts it in ``records``: no read fails past its last)."""
+        if unit == "record":
+            self.records = line
         try:
-            return self.stream.read(size or self.step)
+            return self.stream.read(size)
         except (OSError, EOFError, zlib.error) as exc:  # corrupt or truncated compressed data
             kind = "compressed stream" if is_compressed(self.record.path) else "file"
             raise InputError(
                 self.record.path,
-                self.line,
+                line,
                 "<file>",
-                f"the {kind} cannot be read past this line ({type(exc).__name__}: {exc}); "
+                f"the {kind} cannot be read past this {unit} ({type(exc).__name__}: {exc}); "
                 "the file is truncated or corrupt: fetch or compress it again",
                 reason="truncated_input",
-                offset=self.offset + self.pending_len,
+                offset=offset,
             ) from None
         except Exception as exc:  # zstandard.ZstdError and the like
             if type(exc).__module__.startswith("zstandard"):
                 raise InputError(
-                    self.record.path, self.line, "<file>", f"corrupt zstd data ({exc})",
-                    reason="truncated_input", offset=self.offset + self.pending_len,
+                    self.record.path, line, "<file>", f"corrupt zstd data ({exc})",
+                    reason="truncated_input", offset=offset,
                 ) from None
             raise
 
@@ -327,32 +423,19 @@ class _Lines:
         return block
 
     def blocks(self) -> Iterator[Block]:
-        """The blocks, ``record.behind`` set before each is handed on."""
-        for block in self._blocks():
-            # a block ends where its last line does (a too-long line: past its newline)
-            end = block.offset + (block.too_long + 1 if block.too_long else len(block.data))
-            if self.decompressor is not None:  # an estimate, whose ratio moves as members are read: kept rising
-                self.record.behind = max(self.record.behind, self.decompressor.behind(end))
-            else:  # the bytes read so far bound it: a supplied final newline is not in the file
-                self.record.behind = min(end - self.start, self.record.size)
-            yield block
-
-    def _blocks(self) -> Iterator[Block]:
-        try:
-            chunk = self._read(max(self.step, len(_BOM)))  # the whole BOM, if any, in the first read
-            if self.at_file_start and chunk.startswith(_BOM):
-                chunk, self.offset = chunk[len(_BOM) :] or self._read(), len(_BOM)
-            while chunk:
-                yield from self._cut(chunk)
-                chunk = self._read()
-            if self.skipping:
-                yield self._too_long(self.pending_len)
-            elif self.pending_len:  # no final newline: supply one
-                data = b"".join(self.pending) + b"\n"
-                yield Block(self.record.path, self.line, 1, data, self.offset)
-                self.line += 1
-        finally:
-            self.stream.close()
+        """The blocks of whole lines (the caller closes the stream)."""
+        chunk = self._read(max(self.step, len(_BOM)))  # the whole BOM, if any, in the first read
+        if self.at_file_start and chunk.startswith(_BOM):
+            chunk, self.offset = chunk[len(_BOM) :] or self._read(), len(_BOM)
+        while chunk:
+            yield from self._cut(chunk)
+            chunk = self._read()
+        if self.skipping:
+            yield self._too_long(self.pending_len)
+        elif self.pending_len:  # no final newline: supply one
+            data = b"".join(self.pending) + b"\n"
+            yield Block(self.record.path, self.line, 1, data, self.offset)
+            self.line += 1
         self.record.lines = self.line - 1
 
     def _cut(self, chunk: bytes) -> Iterator[Block]:

@@ -8,7 +8,10 @@ bytes::
      "original": "{\\"pieces\\": [...]}"}
 
 A row of a Parquet or Arrow input has ``"row"`` (from 0) in place of ``line`` and ``byte_offset``, and its
-``original`` is the row as JSON. ``original`` is the line verbatim as a string, without its line ending (``\\n`` or ``\\r\\n``).
+``original`` is the row as JSON; a record of a JSON array has ``"record"`` (its index, from 0) in place of ``line``,
+its ``byte_offset`` is just past the ``[`` or ``,`` before it, and its ``original`` is the record with its newlines
+as spaces (with the whitespace before it). A text file's record is the ``{"text"}`` object it
+became. ``original`` is the line verbatim as a string, without its line ending (``\\n`` or ``\\r\\n``).
 A line that is not valid UTF-8 has ``original_base64`` (its exact bytes, base64) instead, so
 nothing is lost or altered. A ``line_too_long`` reject keeps only the first bytes of the line
 (``original_truncated: true``, ``line_bytes`` its full length); the rest was never read into memory.
@@ -23,7 +26,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from weightprep.batches import Reject
-from weightprep.errors import is_columnar
+from weightprep.errors import record_unit
 from weightprep.redact import redact
 
 __all__ = ["REJECTS_NAME", "RejectsWriter", "reject_as_json"]
@@ -34,7 +37,8 @@ REJECTS_NAME = "rejects.jsonl"
 
 def reject_as_json(reject: Reject) -> dict[str, Any]:
     """The rejects.jsonl object of one reject (see the module docstring)."""
-    where = {"row": reject.line} if is_columnar(reject.path) else {"line": reject.line, "byte_offset": reject.offset}
+    unit = record_unit(reject.path)
+    where = {"row": reject.line} if unit == "row" else {unit: reject.line, "byte_offset": reject.offset}
     entry: dict[str, Any] = {
         "source": redact(reject.path),  # what a file is called, never its URL's secrets
         **where,

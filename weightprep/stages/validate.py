@@ -32,6 +32,7 @@ import pyarrow.json as pa_json
 
 from weightprep.arrow import to_numpy
 from weightprep.batches import Block, Chat, Records, Reject
+from weightprep.stages.columns import Columns
 from weightprep.weights import is_valid_weight, valid_weights, weight_overflow_note
 
 __all__ = ["validate_record", "validate_messages", "check_line", "parse_block", "Invalid", "PIECES_SCHEMA", "REASONS"]
@@ -72,6 +73,9 @@ REASONS = (
     "empty_pieces",
     "bad_weight",
     "ambiguous_shape",
+    "ambiguous_weight",
+    "unknown_weight",
+    "non_text_content",
 )
 
 
@@ -225,7 +229,10 @@ def _shape(obj: dict) -> str | Invalid:
             "<record>", f"holds {' and '.join(map(repr, shapes))}; a record has exactly one of {_SHAPES}", "ambiguous_shape"
         )
     if not shapes:
-        return Invalid("pieces", f"missing; expected {_SHAPES}", "missing_field")
+        from weightprep.stages.shapes import closest_shapes
+
+        return Invalid("pieces", f"missing; expected {_SHAPES}, or a shape of another tool (docs/inputs.md); "
+                       f"{closest_shapes(obj)}", "missing_field")  # fmt: skip
     return shapes[0]
 
 
@@ -326,9 +333,11 @@ def validate_record(obj: Any) -> Invalid | None:
     return None
 
 
-def check_line(raw: bytes) -> tuple[list[tuple[str, float]] | Chat | None, Invalid | None]:
+def check_line(
+    raw: bytes, columns: Columns | None = None
+) -> tuple[list[tuple[str, float]] | Chat | None, Invalid | None]:
     """Parse one line (without its newline) exactly: its pieces as (text, weight) pairs, or its conversation
-    (a ``Chat``), or why not."""
+    (a ``Chat``), or why not; its fields, message keys and roles named as ``columns`` maps them."""
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
@@ -341,9 +350,15 @@ def check_line(raw: bytes) -> tuple[list[tuple[str, float]] | Chat | None, Inval
         return None, Invalid("<json>", f"malformed JSON: {exc.msg} {where}", "malformed_json")
     except RecursionError:
         return _check_deep(raw)
+    if isinstance(obj, dict):
+        from weightprep.stages.shapes import to_canonical  # (shapes builds on this module's checks)
+
+        obj = to_canonical(obj, columns)
+        if isinstance(obj, Invalid):
+            return None, obj
     problem = validate_record(obj)
-    if problem is not None:
-        return None, problem
+    if problem is not None:  # named as the record has it, where it was converted from another shape
+        return None, problem._replace(field=obj.original_field(problem.field)) if hasattr(obj, "original_field") else problem
     content = record_content(obj)
     return (content._replace(raw=raw) if isinstance(content, Chat) else content), None
 
@@ -358,8 +373,9 @@ def _check_deep(raw: bytes) -> tuple[list[tuple[str, float]] | None, Invalid | N
     return list(zip(records.texts, records.piece_weights.tolist(), strict=True)), None
 
 
-def parse_block(block: Block, rejects: list[Reject] | None = None) -> Records:
-    """Parse and check ``block``.
+def parse_block(block: Block, rejects: list[Reject] | None = None, columns: Columns | None = None) -> Records:
+    """Parse and check ``block``, its records' names mapped by ``columns`` (``weightprep.stages.columns``; then
+    line by line: the columnar parser reads the canonical names only).
 
     Strict (``rejects`` is None): raise ``InputError`` naming the first bad line and field.
     Lenient: append every bad line to ``rejects`` and return the valid records.
@@ -368,10 +384,10 @@ def parse_block(block: Block, rejects: list[Reject] | None = None) -> Records:
         found = [_too_long(block)]
         records = _records(block.path, [], [], [], [0])
     else:
-        fast = _parse_fast(block)
+        fast = None if columns else _parse_fast(block)
         if fast is not None:
             return fast
-        records, found = _parse_exact(block)
+        records, found = _parse_exact(block, columns)
     if found and rejects is None:
         raise found[0].error()
     if rejects is not None:
@@ -497,7 +513,7 @@ def _records(
     )
 
 
-def _parse_exact(block: Block) -> tuple[Records, list[Reject]]:
+def _parse_exact(block: Block, columns: Columns | None = None) -> tuple[Records, list[Reject]]:
     """Line-by-line parse with exact error locations; skips blank lines."""
     lines: list[int] = []
     texts: list[str] = []
@@ -511,7 +527,7 @@ def _parse_exact(block: Block) -> tuple[Records, list[Reject]]:
         offset += len(raw) + 1
         if not raw.strip(b" \t\r"):
             continue
-        pieces, problem = check_line(raw)
+        pieces, problem = check_line(raw, columns)
         if problem is not None:
             bare = raw[:-1] if raw.endswith(b"\r") else raw
             rejects.append(Reject(block.path, line_no, line_offset, problem.reason, problem.field, problem.problem, bare, len(bare)))

@@ -1,0 +1,128 @@
+"""A JSON-array input against the same records as JSON Lines: throughput and peak memory, read and whole build.
+
+    python benchmarks/json_array_bench.py --mib 1024            # 1 GiB of JSON Lines (about 650k records), read only
+    python benchmarks/json_array_bench.py --mib 64 --build      # and the whole build of each (tokenizer included)
+
+The records are the benchmark's generated data (``benchmarks/generate.py``); the array is written as LLaMA-Factory
+writes its files (``json.dump(records, f, indent=2, ensure_ascii=False)``: one record over many lines), so the
+splitter (``weightprep.stages.json_array``) sees a pretty-printed file, its worst case. Each measurement runs in a
+fresh subprocess, rounds interleaved; peak RSS is the subprocess's (``wait4``).
+
+``read``: ``read_blocks`` + ``parse_block`` over the whole file (stage 1 and 2, the part that differs between the
+two files), records per second. ``build``: ``weightprep build`` of the file, whole process. The ratio is the
+array's throughput over the JSON Lines file's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from generate import WORK, ensure_data, ensure_tokenizer  # noqa: E402
+
+_READ = """
+import sys, time
+from weightprep.stages.read import InputFile, read_blocks
+from weightprep.stages.validate import parse_block
+t0 = time.perf_counter()
+record, n = InputFile(sys.argv[1]), 0
+for block in read_blocks(record, 8 << 20):
+    n += len(parse_block(block))
+print(n, time.perf_counter() - t0)
+"""
+
+
+def files(mib: int) -> tuple[Path, Path]:
+    """The JSON Lines file of about ``mib`` MiB (a prefix of the generated data) and the same records as an array."""
+    WORK.mkdir(exist_ok=True)
+    jsonl, array = WORK / f"array-bench-{mib}.jsonl", WORK / f"array-bench-{mib}.json"
+    if jsonl.exists() and array.exists():
+        return jsonl, array
+    source = ensure_data(max(1000, mib * 700))  # about 1.6 KB a record
+    with open(source, encoding="utf-8") as f, open(jsonl, "w", encoding="utf-8") as out:
+        size = 0
+        for line in f:
+            out.write(line)
+            size += len(line.encode())
+            if size >= mib << 20:
+                break
+    with open(jsonl, encoding="utf-8") as f, open(array, "w", encoding="utf-8") as out:
+        out.write("[\n")  # json.dump(indent=2) record by record: the whole list never in this process's memory
+        for i, line in enumerate(f):
+            text = json.dumps(json.loads(line), indent=2, ensure_ascii=False)
+            out.write(("" if i == 0 else ",\n") + "  " + text.replace("\n", "\n  "))
+        out.write("\n]\n")
+    return jsonl, array
+
+
+def run(cmd: list[str]) -> tuple[float, float, str]:
+    """Wall seconds, peak RSS (MiB) and stdout of ``cmd`` in a fresh process."""
+    with tempfile.TemporaryFile() as stdout:
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=stdout, stderr=subprocess.PIPE)
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - t0
+        err = proc.stderr.read().decode() if proc.stderr else ""
+        if os.waitstatus_to_exitcode(status) != 0:
+            raise SystemExit(f"{' '.join(cmd)} failed:\n{err[-3000:]}")
+        stdout.seek(0)
+        return wall, usage.ru_maxrss / 1024, stdout.read().decode()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--mib", type=int, default=256, help="size of the JSON Lines file; the array is about 1.4x")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--build", action="store_true", help="also time the whole build of each file")
+    ap.add_argument("--json", type=Path, help="also write the figures here")
+    args = ap.parse_args()
+    jsonl, array = files(args.mib)
+    results: dict[str, dict[str, list[float]]] = {}
+    for _ in range(args.repeat):
+        for name, path in (("jsonl", jsonl), ("array", array)):
+            wall, rss, out = run([sys.executable, "-c", _READ, str(path)])
+            records, seconds = out.split()
+            entry = results.setdefault(f"read {name}", {"seconds": [], "rss": [], "records": []})
+            entry["seconds"].append(float(seconds))
+            entry["rss"].append(rss)
+            entry["records"].append(int(records))
+            if args.build:
+                with tempfile.TemporaryDirectory(dir=WORK) as out_dir:
+                    cmd = [sys.executable, "-m", "weightprep", "build", str(path), "--out", f"{out_dir}/o",
+                           "--tokenizer", str(ensure_tokenizer())]  # fmt: skip
+                    wall, rss, _ = run(cmd)
+                entry = results.setdefault(f"build {name}", {"seconds": [], "rss": [], "records": []})
+                entry["seconds"].append(wall)
+                entry["rss"].append(rss)
+                entry["records"].append(results["read " + name]["records"][-1])
+    table = {}
+    for key, entry in results.items():
+        seconds = statistics.median(entry["seconds"])
+        table[key] = {"seconds": seconds, "records_per_s": entry["records"][0] / seconds, "peak_rss_mib": max(entry["rss"])}
+    sizes = {"jsonl": jsonl.stat().st_size, "array": array.stat().st_size}
+    print(f"JSON Lines {sizes['jsonl'] / 2**20:,.0f} MiB, array {sizes['array'] / 2**20:,.0f} MiB, "
+          f"{results['read jsonl']['records'][0]:,} records; median of {args.repeat}")  # fmt: skip
+    for key, row in table.items():
+        print(f"  {key:12s} {row['seconds']:8.2f} s  {row['records_per_s']:>10,.0f} records/s  "
+              f"peak RSS {row['peak_rss_mib']:7.0f} MiB")  # fmt: skip
+    for stage in ("read", "build"):
+        if f"{stage} array" in table:
+            ratio = table[f"{stage} array"]["records_per_s"] / table[f"{stage} jsonl"]["records_per_s"]
+            print(f"  {stage}: array / JSON Lines throughput = {ratio:.2f}x")
+            table[f"{stage} ratio"] = {"array_over_jsonl": ratio}
+    if args.json:
+        args.json.write_text(json.dumps({"sizes": sizes, **table}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

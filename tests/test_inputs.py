@@ -1,0 +1,244 @@
+"""The files people already have: a .json file holding one array (streamed), JSON Lines saved as .json, plain text
+(.txt/.md by line, paragraph or document), each also compressed; each gives the shards of the same records as
+JSON Lines, byte for byte, and names a bad record where it is."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from weightprep.config import config_from_dict
+from weightprep.errors import InputError
+from weightprep.pipeline import build
+from weightprep.stages.read import InputFile, expand_inputs, file_kind, read_blocks
+
+
+def _arrow(out: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(out.glob("*.arrow"))}
+
+
+def _jsonl(path: Path, records: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records), encoding="utf-8")
+    return path
+
+
+def _build(tmp_path: Path, path: Path, tok, name: str, **cfg) -> tuple[dict, dict[str, bytes]]:
+    config = config_from_dict({"pack": {"seq_len": 128}, **cfg})
+    manifest = build([str(path)], tmp_path / name, config, tokenizer=tok)
+    return manifest, _arrow(tmp_path / name)
+
+
+def _lines(path: Path, block_bytes: int, max_line: int = 64 << 20, **kw) -> tuple[InputFile, list[tuple[int, bytes, int]]]:
+    """(record number, line, byte offset) of every record line the reader hands on."""
+    record = InputFile(str(path))
+    out = []
+    for block in read_blocks(record, block_bytes, max_line, **kw):
+        if block.too_long:
+            out.append((block.first_line, b"<too long>", block.offset))
+            continue
+        offset = block.offset
+        for i, line in enumerate(block.data.split(b"\n")[: block.n_lines]):
+            out.append((block.first_line + i, line, offset))
+            offset += len(line) + 1
+    return record, out
+
+
+RECORDS = [
+    {"pieces": [{"text": "Q: what is 2+2?\n", "weight": 0}, {"text": "A: 4", "weight": 1}]},
+    {"text": 'quotes " and \\ backslashes \\" and ] brackets [ { } , commas'},
+    {"prompt": "Translate: chat", "completion": " cat", "meta": [[1, 2], {"a": [3, {"b": "]"}]}]},
+    {"text": "unicode ✓ 日本 \u2028 line sep"},
+]
+
+
+@pytest.mark.parametrize("indent", [None, 2, "\t"])
+@pytest.mark.parametrize("suffix", [".json", ".json.gz"])
+def test_a_json_array_builds_as_its_records_in_json_lines(tmp_path, sample_tok, indent, suffix):
+    array = tmp_path / f"data{suffix}"
+    text = json.dumps(RECORDS, indent=indent, ensure_ascii=False)
+    array.write_bytes(gzip.compress(text.encode()) if suffix.endswith(".gz") else text.encode())
+    assert file_kind(str(array)) == "json_array"
+    ma, a = _build(tmp_path, array, sample_tok, "out-a")
+    mb, b = _build(tmp_path, _jsonl(tmp_path / "data.jsonl", RECORDS), sample_tok, "out-b")
+    assert a == b and a
+    assert ma["counts"] == mb["counts"] and ma["counts"]["records"] == len(RECORDS)
+    assert ma["inputs"][0]["lines"] == len(RECORDS)
+
+
+def test_json_lines_saved_as_json_build_as_jsonl(tmp_path, sample_tok):
+    as_json = _jsonl(tmp_path / "data.json", RECORDS)  # what datasets' to_json writes
+    assert file_kind(str(as_json)) == "jsonl"
+    ma, a = _build(tmp_path, as_json, sample_tok, "out-a")
+    mb, b = _build(tmp_path, _jsonl(tmp_path / "data.jsonl", RECORDS), sample_tok, "out-b")
+    assert a == b and ma["counts"] == mb["counts"]
+
+
+_strings = st.text(st.sampled_from(list('ab"\\\n\t,[]{}: ✓')), max_size=12)
+_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-5, 5) | _strings,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_strings, inner, max_size=3),
+    max_leaves=8,
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    records=st.lists(_values, max_size=8),
+    indent=st.sampled_from([None, 1, 4]),
+    block=st.integers(1, 64),
+    bom=st.booleans(),
+)
+def test_the_splitter_hands_on_each_element_at_its_offset(tmp_path, records, indent, block, bom):
+    """Every element of any array, whatever the chunk size cuts (inside strings, escapes, nesting), is one line that
+    parses to it, numbered from 0, at the byte offset of the bytes it spans in the file."""
+    path = tmp_path / "a.json"
+    raw = (b"\xef\xbb\xbf" if bom else b"") + b" \n" + json.dumps(records, indent=indent).encode() + b"\n "
+    path.write_bytes(raw)
+    record, got = _lines(path, block)
+    assert [json.loads(line) for _, line, _ in got] == records
+    assert [n for n, _, _ in got] == list(range(len(records)))
+    assert record.lines == len(records) and record.size == len(raw)
+    for _, line, offset in got:  # the record's own bytes, newlines as spaces, its separator as the newline
+        span = raw[offset : offset + len(line)]
+        assert span.replace(b"\n", b" ") == line
+
+
+@pytest.mark.parametrize(
+    ("text", "record", "problem"),
+    [
+        ('[{"text": "a"},, {"text": "b"}]', 1, "an empty element"),
+        ('[{"text": "a"},]', 1, "an empty element"),
+        ('[{"text": "a"}] [{"text": "b"}]', 0, "bytes after the array's closing ']'"),
+        ('[{"text": "a"}, {"text": "b"', 1, "the file ends inside the array"),
+        ('[{"text": "a"}}, {"text": "b"}]', 0, "unbalanced brackets: a '}' closes the array"),
+    ],
+)
+def test_a_broken_array_stops_the_read_naming_the_record(tmp_path, sample_tok, text, record, problem):
+    path = tmp_path / "data.json"
+    path.write_text(text)
+    for on_invalid in ("error", "skip"):  # nothing after it can be numbered: not a reject
+        with pytest.raises(InputError) as err:
+            build([str(path)], tmp_path / f"o-{on_invalid}", config_from_dict({"validate": {"on_invalid": on_invalid}}),
+                  tokenizer=sample_tok)  # fmt: skip
+        assert str(err.value).startswith(f"{path}: record {record}: <json>: malformed JSON array: {problem}")
+
+
+def test_a_bad_record_of_an_array_is_named_by_its_index(tmp_path, sample_tok):
+    records = [{"text": "a"}, {"text": "b"}, {"pieces": [{"text": "c", "weight": -1}]}, {"text": "d\ne"}]
+    path = tmp_path / "data.json"
+    path.write_text(json.dumps(records, indent=2))
+    with pytest.raises(InputError) as err:
+        build([str(path)], tmp_path / "o", config_from_dict({}), tokenizer=sample_tok)
+    assert str(err.value) == f"{path}: record 2: pieces[0].weight: expected a finite number >= 0, found -1"
+    m = build([str(path)], tmp_path / "o2", config_from_dict({"validate": {"on_invalid": "skip"}}), tokenizer=sample_tok)
+    assert m["counts"]["records"] == 4 and m["counts"]["rejected"] == {"bad_weight": 1}
+    reject = json.loads((tmp_path / "o2" / "rejects.jsonl").read_text())
+    offset = path.read_bytes().index(b'{\n    "pieces"') - len(b"\n  ")  # just past the ',' before it
+    assert (reject["record"], reject["byte_offset"], reject["reason"]) == (2, offset, "bad_weight")
+    assert json.loads(reject["original"]) == records[2]
+
+
+def test_a_raw_newline_inside_a_string_is_malformed_not_read_as_a_space(tmp_path):
+    path = tmp_path / "data.json"
+    path.write_bytes(b'[{"text": "a\nb"}, {"text": "c"}]')
+    _, got = _lines(path, 1 << 20)
+    assert [n for n, _, _ in got] == [0, 1]
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(got[0][1])
+
+
+def test_a_record_longer_than_the_limit_is_never_held_whole(tmp_path):
+    records = [{"text": "a"}, {"text": "x" * 5000}, {"text": "b"}, {"text": "y" * 300}]
+    path = tmp_path / "data.json"
+    path.write_text(json.dumps(records))
+    for block in (16, 64, 1 << 20):
+        _, got = _lines(path, block, max_line=256)
+        assert [(n, line if line == b"<too long>" else json.loads(line)) for n, line, _ in got] == [
+            (0, records[0]), (1, b"<too long>"), (2, records[2]), (3, b"<too long>")
+        ]  # fmt: skip
+
+
+def test_a_truncated_compressed_array_is_an_error_at_its_record(tmp_path):
+    data = gzip.compress(json.dumps([{"text": "a" * 50} for _ in range(2000)]).encode())
+    path = tmp_path / "data.json.gz"
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(InputError) as err:
+        _lines(path, 4096)
+    assert err.value.reason == "truncated_input" and ": record " in str(err.value)
+
+
+TEXT = "First line.\r\nSecond line.\n\nA paragraph\nof two lines.\n\n\n  indented\nlast line, no newline"
+
+
+@pytest.mark.parametrize(
+    ("sample_by", "records"),
+    [
+        ("line", [(1, "First line."), (2, "Second line."), (4, "A paragraph"), (5, "of two lines."), (8, "  indented"),
+                  (9, "last line, no newline")]),
+        ("paragraph", [(1, "First line.\nSecond line."), (4, "A paragraph\nof two lines."),
+                       (8, "  indented\nlast line, no newline")]),
+        ("document", [(1, TEXT.replace("\r\n", "\n") + "\n")]),
+    ],
+)  # fmt: skip
+def test_text_is_a_record_per_line_paragraph_or_document(tmp_path, sample_tok, sample_by, records):
+    path = tmp_path / "notes.txt"
+    path.write_bytes(TEXT.encode())
+    for block in (8, 1 << 20):
+        _, got = _lines(path, block, text_sample_by=sample_by)
+        assert [(n, json.loads(line)["text"]) for n, line, _ in got if line] == records
+    ma, a = _build(tmp_path, path, sample_tok, "out-a", read={"text_sample_by": sample_by})
+    mb, b = _build(tmp_path, _jsonl(tmp_path / "t.jsonl", [{"text": t} for _, t in records]), sample_tok, "out-b")
+    assert a == b and ma["counts"]["records"] == mb["counts"]["records"] == len(records)
+
+
+def test_compressed_markdown_builds_as_text(tmp_path, sample_tok):
+    lines = ["# Title", "", "Some *markdown* text."]
+    path = tmp_path / "doc.md.gz"
+    path.write_bytes(gzip.compress("\n".join(lines).encode()))
+    assert file_kind(str(path)) == "text"
+    _, a = _build(tmp_path, path, sample_tok, "out-a")
+    _, b = _build(tmp_path, _jsonl(tmp_path / "t.jsonl", [{"text": t} for t in lines if t]), sample_tok, "out-b")
+    assert a == b
+
+
+def test_a_text_line_that_is_not_utf8_is_rejected_by_its_line(tmp_path, sample_tok):
+    path = tmp_path / "t.txt"
+    path.write_bytes(b"good\nbad \xff byte\nalso good\n")
+    m = build([str(path)], tmp_path / "o", config_from_dict({"validate": {"on_invalid": "skip"}}), tokenizer=sample_tok)
+    assert m["counts"]["rejected"] == {"invalid_utf8": 1} and m["counts"]["records"] == 3
+    assert json.loads((tmp_path / "o" / "rejects.jsonl").read_text())["line"] == 2
+
+
+def test_a_directory_gives_its_json_files_and_a_glob_its_text_files(tmp_path):
+    for name in ("a.json", "b.json.gz", "c.txt", "d.jsonl", "README.md", "e.csv", "f.txt.zst"):
+        (tmp_path / name).write_text("")
+    assert [Path(p).name for p in expand_inputs([str(tmp_path)])] == ["a.json", "b.json.gz", "d.jsonl"]
+    assert [Path(p).name for p in expand_inputs([f"{tmp_path}/*.txt*"])] == ["c.txt", "f.txt.zst"]
+
+
+def test_an_array_is_one_part_and_a_text_file_by_line_is_cut(tmp_path):
+    from weightprep.distribute.plan import plan_parts
+
+    array = tmp_path / "a.json"
+    array.write_text(json.dumps([{"text": "x" * 100}] * 50))
+    text = tmp_path / "t.txt"
+    text.write_text("line of text\n" * 400)
+    assert len(plan_parts([str(array)], 1024)) == 1
+    assert len(plan_parts([str(text)], 1024)) > 1
+    assert len(plan_parts([str(text)], 1024, "paragraph")) == 1
+
+
+def test_a_json_file_rewritten_as_an_array_is_looked_at_again(tmp_path):
+    import os
+
+    path = tmp_path / "data.json"
+    _jsonl(path, RECORDS)
+    assert file_kind(str(path)) == "jsonl"
+    path.write_text(json.dumps(RECORDS))
+    os.utime(path, ns=(0, 10**9))  # a new modification time, whatever the clock's resolution
+    assert file_kind(str(path)) == "json_array"
