@@ -99,16 +99,86 @@ _TAG_TOKENS = re.compile(
 _PLAIN = re.compile(r"</?(think|tool_call|tool_response|arg_key|arg_value)>|<｜tool[^｜]*｜>")
 
 
-def template_names(pattern: str = "*") -> list[str]:
-    """The installed TRL's chat templates matching the glob ``pattern`` (on the name without ``.jinja``)."""
-    return sorted(p.stem for p in TEMPLATES.glob(f"{pattern}.jinja"))
+#: Real templates as model repositories publish them, which TRL does not ship (copies kept by llama.cpp under
+#: ``models/templates/``; ``chat_templates/README.md`` names each one's source and licence).
+REAL_TEMPLATES = Path(__file__).resolve().parent / "chat_templates"
+#: Real template -> (BOS, EOS, special added tokens its vocabulary has beyond the special-looking literals,
+#: plain (non-special) added tokens: its reasoning and tool-call markers). From the models' tokenizer configs.
+REAL_FAMILIES: dict[str, tuple[str | None, str, tuple[str, ...], tuple[str, ...]]] = {
+    "Apertus-8B-Instruct": ("<s>", "<|assistant_end|>", (), ()),
+    "Apriel-1.6-15b-Thinker-fixed": ("<s>", "</s>", (), ()),
+    "LFM2.5-Instruct": ("<|startoftext|>", "<|im_end|>", (), ()),
+    "Qwen3.5-4B": (None, "<|im_end|>", ("<|endoftext|>",), ()),
+    "Reka-Edge": (None, "<sep>", (), ()),
+    "deepseek-ai-DeepSeek-V3.2": ("<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", (), ()),
+    "ibm-granite-granite-4.1": (None, "<|end_of_text|>", (), ()),
+    "upstage-Solar-Open-100B": (None, "<|end|>", (), ("<|think|>",)),
+    "Bielik-11B-v3.0-Instruct": ("<s>", "<|im_end|>", (), ()),
+    "ByteDance-Seed-OSS": ("<seed:bos>", "<seed:eos>", ("<seed:pad>",), (
+        "<seed:think>", "</seed:think>", "<seed:tool_call>", "</seed:tool_call>", "<seed:cot_budget_reflect>",
+        "</seed:cot_budget_reflect>")),
+    "CohereForAI-c4ai-command-r7b-12-2024-tool_use": ("<BOS_TOKEN>", "<|END_OF_TURN_TOKEN|>", (), ()),
+    "GLM-4.6": (None, "<|endoftext|>", (), ()),
+    "GLM-4.7-Flash": (None, "<|endoftext|>", (), ()),
+    "GigaChat3-10B-A1.8B": ("<s>", "</s>", (), ()),
+    "HuggingFaceTB-SmolLM3-3B": (None, "<|im_end|>", (), ()),
+    "Kimi-K2-Instruct": ("[BOS]", "<|im_end|>", (), ()),
+    "Kimi-K2-Thinking": ("[BOS]", "<|im_end|>", (), ()),
+    "LFM2-8B-A1B": ("<|startoftext|>", "<|im_end|>", (), ()),
+    "MiMo-VL": (None, "<|im_end|>", (), ()),
+    "MiniMax-M2": ("]~!b[", "[e~[", ("]~b]",), ("<minimax:tool_call>", "</minimax:tool_call>")),
+    "Mistral-Small-3.2-24B-Instruct-2506": ("<s>", "</s>", (
+        "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]", "[TOOL_CALLS]",
+        "[TOOL_RESULTS]", "[/TOOL_RESULTS]", "[CALL_ID]"), ()),
+    "NVIDIA-Nemotron-3-Nano-30B-A3B-BF16": (None, "<|im_end|>", (), ()),
+    "NVIDIA-Nemotron-Nano-v2": ("<s>", "<SPECIAL_12>", ("<SPECIAL_10>", "<SPECIAL_11>"), (
+        "<TOOLCALL>", "</TOOLCALL>", "<TOOL_RESPONSE>", "</TOOL_RESPONSE>", "<AVAILABLE_TOOLS>",
+        "</AVAILABLE_TOOLS>")),
+    "NousResearch-Hermes-3-Llama-3.1-8B-tool_use": ("<|begin_of_text|>", "<|im_end|>", (), ()),
+    "Qwen-QwQ-32B": (None, "<|im_end|>", ("<|endoftext|>",), ()),
+    "Qwen3-Coder": (None, "<|im_end|>", ("<|endoftext|>",), ()),
+    "StepFun3.5-Flash": ("<|begin_of_text|>", "<|im_end|>", (), ()),
+    "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B": (
+        "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", (), ("<tool_call>", "</tool_call>")),
+    "deepseek-ai-DeepSeek-V3.1": ("<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", (), ()),
+    "ibm-granite-granite-3.3-2B-Instruct": (None, "<|end_of_text|>", (), ()),
+    "ibm-granite-granite-4.0": (None, "<|end_of_text|>", (), ()),
+    "llama-cpp-microsoft-Phi-4-mini-instruct": (None, "<|endoftext|>", ("<|user|>",), ()),
+    "meetkai-functionary-medium-v3.2": ("<|begin_of_text|>", "<|eot_id|>", (), ()),
+    "microsoft-Phi-3.5-mini-instruct": ("<s>", "<|endoftext|>", (), ()),
+    "mistralai-Ministral-3-14B-Reasoning-2512": ("<s>", "</s>", (
+        "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]", "[TOOL_CALLS]",
+        "[TOOL_RESULTS]", "[/TOOL_RESULTS]"), ()),
+    "mistralai-Mistral-Nemo-Instruct-2407": ("<s>", "</s>", (
+        "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]", "[TOOL_CALLS]", "[TOOL_RESULTS]", "[/TOOL_RESULTS]"), ()),
+    "openai-gpt-oss-120b": ("<|startoftext|>", "<|return|>", ("<|endoftext|>",), ()),
+    "unsloth-Apriel-1.5": ("<s>", "</s>", (), ()),
+    "unsloth-mistral-Devstral-Small-2507": ("<s>", "</s>", (
+        "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]", "[TOOL_CALLS]",
+        "[TOOL_RESULTS]", "[/TOOL_RESULTS]"), ()),
+}  # fmt: skip
+
+
+def template_names(pattern: str = "*", corpus: str = "trl") -> list[str]:
+    """The chat templates matching the glob ``pattern`` (on the name without ``.jinja``): the installed TRL's
+    (``corpus="trl"``) or the real ones of ``REAL_TEMPLATES`` (``"real"``)."""
+    where = TEMPLATES if corpus == "trl" else REAL_TEMPLATES
+    return sorted(p.stem for p in where.glob(f"{pattern}.jinja"))
 
 
 def template_text(name: str) -> str:
-    return (TEMPLATES / f"{name}.jinja").read_text(encoding="utf-8")
+    path = REAL_TEMPLATES / f"{name}.jinja" if name in REAL_FAMILIES else TEMPLATES / f"{name}.jinja"
+    return path.read_text(encoding="utf-8")
+
+
+def template_path(name: str) -> Path:
+    return REAL_TEMPLATES / f"{name}.jinja" if name in REAL_FAMILIES else TEMPLATES / f"{name}.jinja"
 
 
 def _family(name: str) -> tuple[str | None, str, tuple[str, ...]]:
+    if name in REAL_FAMILIES:
+        bos, eos, specials, plain = REAL_FAMILIES[name]
+        return bos, eos, specials + plain
     prefixes = [p for p in FAMILY_TOKENS if name.startswith(p)]
     if not prefixes:
         raise KeyError(f"no FAMILY_TOKENS entry for template {name!r}: add its BOS/EOS")
@@ -136,9 +206,10 @@ def family_tokens(name: str, text: str) -> FamilyTokens:
     found |= {m.group() for m in re.finditer(r"<\|[a-z_]{2,30}\|>", text)}
     found |= {t for t in (bos, eos, *extra) if t}
     ordered = sorted(found)
+    plain = set(REAL_FAMILIES[name][3]) if name in REAL_FAMILIES else set()
     return FamilyTokens(
-        tuple(t for t in ordered if not _PLAIN.fullmatch(t)),
-        tuple(t for t in ordered if _PLAIN.fullmatch(t)),
+        tuple(t for t in ordered if not _PLAIN.fullmatch(t) and t not in plain),
+        tuple(t for t in ordered if _PLAIN.fullmatch(t) or t in plain),
         bos,
         eos,
     )
@@ -169,7 +240,7 @@ def training_template(tok: Any) -> tuple[str | None, str]:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             text = get_training_chat_template(tok)
-    except ValueError:
+    except Exception:  # ValueError: not supported; others: TRL's probe renders fail on the template
         return None, "TRL has no training template for it"
     if text is None:
         text = tok.chat_template
@@ -216,6 +287,10 @@ def tool_markup(text: str) -> str:
     if "<｜tool▁call▁begin｜>" in text:
         return ("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n"
                 '{"city": "Paris"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>')  # fmt: skip
+    if "<|START_ACTION|>" in text:
+        return '<|START_ACTION|>[{"tool_call_id": "0", "tool_name": "get_weather", "parameters": {"city": "Paris"}}]<|END_ACTION|>'
+    if "<|tool_call|>" in text and "<|/tool_call|>" in text:
+        return '<|tool_call|>{"name": "get_weather", "arguments": {"city": "Paris"}}<|/tool_call|>'
     if "<|tool_call>" in text:
         return '<|tool_call>call:get_weather{city:<|"|>Paris<|"|>}<tool_call|>'
     if "<|tool_call_start|>" in text:
@@ -225,6 +300,16 @@ def tool_markup(text: str) -> str:
     if "<tool_call>" in text and "<function=" in text:
         return "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>"
     return '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+
+
+def think_markup(text: str, reasoning: str) -> str:
+    """``reasoning`` in the family's own reasoning markers, as the start of an answer's content (``<think>`` for
+    families without their own)."""
+    for opener, closer in (("[THINK]", "[/THINK]"), ("<|START_THINKING|>", "<|END_THINKING|>"),
+                           ("<seed:think>", "</seed:think>")):  # fmt: skip
+        if opener in text:
+            return f"{opener}{reasoning}{closer}"
+    return f"<think>\n{reasoning}\n</think>\n\n"
 
 
 def shape_record(shape: str, template: str) -> dict[str, Any]:
@@ -243,7 +328,7 @@ def shape_record(shape: str, template: str) -> dict[str, Any]:
         "reasoning_multi": {
             "messages": [u1, {**a1, "reasoning_content": REASONING}, u2, {**a2, "reasoning_content": REASONING_2}]
         },
-        "think_in_content": {"messages": [u1, {**a1, "content": f"<think>\n{REASONING}\n</think>\n\n{answer1}"}]},
+        "think_in_content": {"messages": [u1, {**a1, "content": think_markup(template, REASONING) + answer1}]},
         "tool_calls": {"messages": [{"role": "user", "content": weather},
                                     {"role": "assistant", "content": "", "tool_calls": TOOL_CALLS}], "tools": TOOLS},
         "tool_message": {"messages": [
@@ -406,19 +491,20 @@ def reference(tok: Any, record: dict[str, Any], template: str) -> Reference:
                 char_w[a:b] = _weight(record["messages"][i])
         return char_w, ""
 
+    added = [t for t in tok.get_added_vocab() if t.strip()]
+
     def turn_span(i: int) -> tuple[int, int, str] | None:
-        """Assistant turn ``i``'s characters ``[len(G_i), len(P_{i+1}))`` in ``P_{i+1}``, or None with why."""
+        """Assistant turn ``i``'s characters ``[a, len(P_{i+1}))`` in ``P_{i+1}`` (``answer_start``), or None
+        with why."""
         try:
             prompt, upto = render(i, generation=True), render(i + 1)
+            before = render(i) if i else ""
         except Exception as exc:
             return (0, 0, f"rendering a prefix raises {type(exc).__name__}: {exc}")
-        if not upto.startswith(prompt):
-            return (
-                0,
-                0,
-                f"the generation prompt before messages[{i}] is not how the template renders that turn",
-            )
-        return (len(prompt), len(upto), "")
+        a = answer_start(tok, before, prompt, upto, record["messages"][i].get("content"), added)
+        if a is None:
+            return (0, 0, f"the generation prompt before messages[{i}] cannot be aligned with the turn's render")
+        return (a, len(upto), "")
 
     # the whole conversation
     if tagged:
@@ -459,6 +545,46 @@ def reference(tok: Any, record: dict[str, Any], template: str) -> Reference:
     if any(d.weights is None for d in per_turn):
         per_turn = None
     return Reference(None, whole, per_turn)
+
+
+def answer_start(tok: Any, before: str, prompt: str, upto: str, content: Any, added: list[str]) -> int | None:
+    """Where an assistant turn's weight starts in ``upto`` (``P_{i+1}``), ``prompt`` being ``G_i`` and ``before``
+    ``P_i``, by token ids (as LLaMA-Factory v1 compares renders):
+
+    - the generation prompt's tokens are the first tokens of ``upto``: after them;
+    - else the first token where the two differ, where that token is past ``before`` (the prompt prefills what
+      the turn is not rendered with): from that token;
+    - else (an earlier message rendered otherwise once the turn follows): after the first place past the
+      difference where ``upto``'s tokens hold the longest run of the prompt's last tokens (its own tokens, its
+      header, at least);
+
+    then, where the answer's content starts with text the generation prompt ends with, that text holds an
+    added token and ``upto`` goes on with the content's next character, that text belongs to the answer."""
+    enc = tok.backend_tokenizer.encode
+    up, pr = enc(upto, add_special_tokens=False), enc(prompt, add_special_tokens=False)
+    t = next((k for k, (x, y) in enumerate(zip(up.ids, pr.ids, strict=False)) if x != y), min(len(up.ids), len(pr.ids)))
+    if t == len(pr.ids) and upto.startswith(prompt):
+        a = len(prompt)
+    elif pr.offsets[t][0] >= len(before) if t < len(pr.ids) else False:
+        a = up.offsets[t][0]
+    elif prompt.startswith(before):  # the longest run of the prompt's last tokens past ``t`` that ``upto`` holds
+        own = len(enc(prompt[len(before):], add_special_tokens=False).ids) if len(prompt) > len(before) else 1
+        for n in range(len(pr.ids) - t, own - 1, -1):
+            tail = pr.ids[len(pr.ids) - n :]
+            hits = [k for k in range(t, len(up.ids) - n + 1) if up.ids[k : k + n] == tail]
+            if hits:
+                a = up.offsets[hits[0] + n - 1][1]
+                break
+        else:
+            return None
+    else:
+        return None
+    if isinstance(content, str) and a <= len(prompt) and upto[:a] == prompt[:a]:
+        for j in range(min(len(content) - 1, a), 0, -1):
+            head = content[:j]
+            if prompt[:a].endswith(head) and any(x in head for x in added) and upto[a : a + 1] == content[j]:
+                return a - j
+    return a
 
 
 def assistant_masks(tok: Any, record: dict[str, Any], template: str) -> list[int]:
@@ -690,7 +816,7 @@ def _rows_for(
     if training_run:
         if train_name is None:
             return Row(name, {}, note)
-        in_effect, path, alt = template_text(train_name), str(TEMPLATES / f"{train_name}.jinja"), None
+        in_effect, path, alt = template_text(train_name), str(template_path(train_name)), None
         row_note = f"`{train_name}`" + (f" ({note})" if note else "")
     else:
         in_effect, path = text, None

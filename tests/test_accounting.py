@@ -40,6 +40,7 @@ def test_final_counts_computes_every_field_by_hand():
         "chat_history_documents": 0,
         "chat_history_extra_tokens": 0,
         "chat_training_template_turns": 0,
+        "chat_sanitized_control_tokens": 0,
         "empty_documents": 1,
         "documents_written": 10,
         "dropped": {"overlong": 1, "unsupervised": 1},

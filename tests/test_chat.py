@@ -298,9 +298,8 @@ def test_several_generation_blocks_in_a_turn_each_carry_its_weight(training):
                    {"role": "assistant", "content": "4", "reasoning_content": "two and two"},
                    {"role": "user", "content": "3+3?"}, {"role": "assistant", "content": "6"}],
          "not_prefix_preserving", "messages[1]"),
-        ("deepseek_r1_distill", [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}],
-         "generation_prompt_mismatch", "messages[1]"),
-    ],
+    ],  # a generation prompt that is not how the turn renders (DeepSeek-R1) is built where the renders part
+    # (test_chat_history); one written after every render is refused (test_chat_align)
 )  # fmt: skip
 def test_templates_that_cannot_be_aligned_are_refused(template, messages, reason, field):
     tok = chat_tokenizer("chatml", (TEMPLATES / f"{template}.jinja").read_text())
@@ -319,7 +318,7 @@ def test_templates_that_cannot_be_aligned_are_refused(template, messages, reason
 
 
 def test_a_snippet_near_the_start_of_a_text_starts_at_its_first_character():
-    from weightprep.stages.chat import _snippet
+    from weightprep.stages.chat_common import snippet as _snippet
 
     assert _snippet("abcdefghijklmnopqrstuvwxyz0123456789", 3) == repr("abcdefghijklmnopqrstuvw")
 

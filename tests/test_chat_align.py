@@ -73,23 +73,38 @@ def _diverge(a: str, b: str) -> int:
     return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
 
 
-def test_a_generation_prompt_that_leaves_its_turn_is_refused_showing_that_turn():
-    """The message shows the generation prompt and the turn as ``messages[:i+1]`` renders it (not the next turn)."""
+def test_a_generation_prompt_that_leaves_its_turn_is_built_from_where_the_renders_part():
+    """A generation prompt that is not how the template renders the turn (``<|assistant|>:`` vs ``<|assistant|>\\n``):
+    the turn's weight starts at the first token where the two renders differ (``chat_spans``), under every
+    history mode; the ids are the template's own render."""
     template = (
         "{% for m in messages %}<|{{ m.role }}|>\n{{ m.content }}<|end|>{% endfor %}"
         "{% if add_generation_prompt %}<|assistant|>:{% endif %}"
     )
     tok = _tok(template)
     messages = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"},
-                {"role": "user", "content": "next question"}, {"role": "assistant", "content": "b"}]  # fmt: skip
+                {"role": "user", "content": "next question"}, {"role": "assistant", "content": "b", "weight": 2.0}]  # fmt: skip
+    for history in ("auto", "full"):
+        out = ChatRenderer(tok, history=history).tokens(chat_record(messages))
+        assert out.ids.tolist() == tok.apply_chat_template(messages)["input_ids"]
+        assert _weighted_text(tok, out, 1.0) == "\na<|end|>" and _weighted_text(tok, out, 2.0) == "\nb<|end|>"
+
+
+def test_a_template_that_writes_its_prompt_after_every_render_is_refused_showing_that_turn():
+    """A template that appends its generation prompt whatever ``add_generation_prompt`` says (Command R7B's
+    tool_use opener) and renders the answer without its prefill: the end of the last turn would hold the opener,
+    so it is refused, showing the prompt and the turn as ``messages[:i+1]`` renders it."""
+    template = "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}<|end|>{% endfor %}<|assistant|><|think|>"
+    tok = _tok(template)
+    messages = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
     prompt = tok.apply_chat_template(messages[:1], tokenize=False, add_generation_prompt=True)
     turn = tok.apply_chat_template(messages[:2], tokenize=False)
     at = _diverge(prompt, turn)
     with pytest.raises(ChatError) as caught:
         ChatRenderer(tok).tokens(chat_record(messages))
     assert caught.value.reason == "generation_prompt_mismatch" and caught.value.field == "messages[1]"
-    assert str(caught.value).endswith(
-        f"they differ at character {at}: {prompt[at - 10 : at + 20]!r} vs {turn[at - 10 : at + 20]!r}"
+    assert f"they differ at character {at}: {prompt[at - 10 : at + 20]!r} vs {turn[at - 10 : at + 20]!r}" in str(
+        caught.value
     )
 
 

@@ -151,7 +151,7 @@ def test_control_tokens_split_into_turn_structure_and_in_turn_markers_from_the_t
 @pytest.mark.parametrize("name", list(FAMILY))
 def test_the_control_tokens_of_a_tokenizer_without_transformers_method_are_the_same(name):
     """Where the tokenizer lacks ``_get_control_tokens`` (transformers < 5), the same rule gives the same tokens."""
-    from weightprep.stages.chat import _control_token_list
+    from weightprep.stages.chat_control import control_token_list as _control_token_list
 
     tok = copy.deepcopy(family_tokenizer(name))
     tok.add_tokens(["\n\n", "  "])  # whitespace added tokens the template writes are no control tokens
@@ -165,7 +165,7 @@ def test_the_control_tokens_of_a_tokenizer_without_transformers_method_are_the_s
 
 
 def test_the_control_token_pattern_tries_a_token_before_the_tokens_it_contains():
-    from weightprep.stages.chat import _token_pattern
+    from weightprep.stages.chat_control import token_pattern as _token_pattern
 
     pattern = _token_pattern(("<a>", "<a>b", "<x>"))
     assert pattern.findall("1<a>b2<a>3<x>") == ["<a>b", "<a>", "<x>"]
@@ -414,6 +414,10 @@ def test_sanitize_from_the_cli_and_the_config(tmp_path):
     manifest = json.loads((tmp_path / "b" / "weightprep_manifest.json").read_text())
     assert manifest["config"]["chat"]["sanitize_control_tokens"] is True
     assert manifest["counts"]["documents"] == 1
+    # counted (<|im_end|> in the user's content; <tool_call> is an in-turn marker, a token) and warned once
+    assert manifest["counts"]["chat_sanitized_control_tokens"] == 1
+    assert built.output.count("warning: 1 control token(s) in the records were encoded as text") == 1
+    assert "sees text pieces where inference sees one token" in built.output
     assert config_from_dict({"chat": {"sanitize_control_tokens": True}}).chat.sanitize_control_tokens is True
 
 

@@ -180,9 +180,12 @@ def test_the_report_of_the_sample(sample):
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     default, training = sample
-    text = bench.report("python benchmarks/chat_coverage.py --templates X", list(SHAPES), default, training)
-    assert text.count("| template | one_turn | multi_turn |") == 2
+    real = run_coverage(["GLM-4.7-Flash", "CohereForAI-c4ai-command-r7b-12-2024-tool_use"], ["one_turn"])
+    text = bench.report("python benchmarks/chat_coverage.py --templates X", list(SHAPES), default, training, real)
+    assert text.count("| template | one_turn | multi_turn |") == 3
     assert "| `qwen3` | ok |" in text and "`qwen3_training` |" in text
+    assert "| `GLM-4.7-Flash` | ok |" in text  # the real templates' table, and what their refusals say
+    assert "- `CohereForAI-c4ai-command-r7b-12-2024-tool_use` / one_turn: messages[1]: the generation prompt" in text
     t = totals(default)
     assert f"**{t.exact} of {t.renderable} renderable pairs built exactly ({t.percent:.1f}%)**" in text
 

@@ -269,10 +269,11 @@ def test_deepseek_per_turn_prefilled_think_is_part_of_the_generation_prompt_and_
     ]
     for history in ("full", "per-turn"):
         renderer = ChatRenderer(tok, history=history, original=None)
-        if history == "full":
-            with pytest.raises(ChatError) as err:
-                renderer.tokens(chat_record(messages))
-            assert err.value.reason == "generation_prompt_mismatch"
+        if history == "full":  # one document, the template's own render: weights where the renders part
+            whole = renderer.tokens(chat_record(messages))
+            assert whole.ids.tolist() == tok.apply_chat_template(plain_messages(messages), tokenize=True)["input_ids"]
+            weighted = [tok.decode(whole.ids[whole.weights == w]) for w in (1.0, 0.5)]
+            assert weighted == ["\n\n4<｜end▁of▁sentence｜>", "\n\n6<｜end▁of▁sentence｜>"]
             continue
         out = renderer.tokens(chat_record(messages))
     (_, _), (ids, w) = _split(out)
@@ -457,11 +458,13 @@ def test_training_is_refused_without_a_training_template_or_without_trl(monkeypa
     monkeypatch.setattr(chat_templates, "_FOUND", {})  # nothing looked up yet
     with pytest.raises(TrlMissing, match=re.escape("pip install 'weightprep[train]'")):
         resolve_templates(family_tokenizer("qwen3"), "training")
-    # the default needs TRL only where the template cannot render a turn (DeepSeek-R1): those are refused, named
+    # without TRL, a template that cannot render a turn after its own prompt (DeepSeek-R1) is built from its own
+    # render, the weights where the renders part (chat_spans): TRL's training template is a choice, not a need
     messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "<think>\nhm\n</think>\n\nHello"}]
-    with pytest.raises(ChatError) as refused:
-        ChatRenderer(family_tokenizer("deepseek_r1_distill"), history="auto").tokens(chat_record(messages))
-    assert refused.value.reason == "generation_prompt_mismatch" and "pip install 'weightprep[train]'" in refused.value.problem
+    deepseek = family_tokenizer("deepseek_r1_distill")
+    built = ChatRenderer(deepseek, history="auto").tokens(chat_record(messages))
+    assert built.ids.tolist() == deepseek.apply_chat_template(plain_messages(messages), tokenize=True)["input_ids"]
+    assert deepseek.decode(built.ids[built.weights > 0]) == "\n\nHello<｜end▁of▁sentence｜>" and built.training == 0
     assert ChatRenderer(family_tokenizer("qwen3"), history="auto").tokens(chat_record(_qwen3_reasoning())).offsets is not None
 
 
@@ -588,6 +591,15 @@ def test_cli_training_template_and_history_flags(tmp_path):
     assert result.exit_code == 0, result.output
     m = json.loads((tmp_path / "out" / "weightprep_manifest.json").read_text())
     assert m["chat"]["history"] == "per-turn" and m["counts"]["chat_history_documents"] == 2
+    # repeated context of half the tokens or more: the summary names it and the alternative
+    from weightprep.commands.build import format_summary
+
+    c = m["counts"]
+    large = {**m, "counts": {**c, "chat_history_extra_tokens": c["tokens"] // 2}}
+    small = {**m, "counts": {**c, "chat_history_extra_tokens": c["tokens"] // 2 - 1}}
+    line = f"per-turn documents repeat their context: {c['tokens'] // 2:,} extra tokens for {c['tokens']:,}"
+    assert line in format_summary(large, "out") and "--chat-template training" in format_summary(large, "out")
+    assert "repeat their context" not in format_summary(small, "out")
     bad = CliRunner().invoke(main, [*args, "--chat-history", "sometimes", "--overwrite"])
     assert bad.exit_code == 2
     with pytest.raises(Exception, match="chat.history"):

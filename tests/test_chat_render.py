@@ -22,8 +22,8 @@ from weightprep.stages.chat import (
     _dict_getattr,
     _plain_messages,
     _Template,
-    _template_literal_text,
 )
+from weightprep.stages.chat_control import template_literal_text as _template_literal_text
 
 KWARGS = {"bos_token": "<s>", "eos_token": "</s>"}
 

@@ -51,7 +51,12 @@ MODULES: dict[str, list[str]] = {
     ],
     # prefix renders cut from one render of the whole conversation (split out of chat.py)
     "stages/chat_prefixes.py": ["tests/test_chat_prefixes.py", "tests/test_chat.py"],
-    "stages/chat_templates.py": ["tests/test_chat_history.py"],
+    "stages/chat_templates.py": ["tests/test_chat_history.py", "tests/test_chat_real_templates.py"],
+    # split out of chat.py (issue 32): the turn-token rule, where a turn's weight starts, the history modes
+    "stages/chat_control.py": ["tests/test_chat_control.py", "tests/test_chat_real_templates.py"],
+    "stages/chat_spans.py": ["tests/test_chat_spans.py", "tests/test_chat_real_templates.py", "tests/test_chat_align.py"],
+    "stages/chat_history.py": ["tests/test_chat_history.py", "tests/test_chat_fallbacks.py", "tests/test_chat.py"],
+    "stages/chat_common.py": ["tests/test_chat.py", "tests/test_chat_align.py"],
     # lines and their bytes: the block cutter, the decompressor and each block's bytes behind it
     "stages/read.py": [
         "tests/test_read.py", "tests/test_decompress.py", "tests/test_hostile_fuzz.py", "tests/test_hostile_inputs.py",
@@ -103,7 +108,6 @@ _ONE_READY = "one ready block is in order already (t, then read number, ascendin
 _MARGIN = "the margin stays above six standard deviations: only how often the exact second pass runs changes, not the keys"
 _TAKE_EDGE = "take = 0, 1 or len(every) in the other branch gives the same smallest keys"
 _ZERO_GRAPH = "every term is x * 0.0: adding or subtracting one gives the same value and the same zero gradients"
-_HEADER_UNUSED = "headers is empty only when no probe shape was read (read is empty): header is used in that loop only"
 _CACHE_KEY = "a cache key only: dicts equal but for their key order get their own entries, each rendered alike"
 _NAMES_TEST = "_names_ok is read only as `not _names_ok(...)`: None refuses as False does"
 _JOINED = ("the search of every string joined only decides whether to search string by string: a token in one string "
@@ -259,13 +263,6 @@ EQUIVALENT: dict[str, str] = {
     "sources.py:_source:bool:ok = False":
         "the name's problem is always appended on that path, so every caller raises ConfigError and throws the "
         "returned Source away (Source() accepts any name)",
-    "stages/chat.py:ChatRenderer._turn_structure:bool:ats = [turn.find(m['content']) for turn, m in zip(turns, messages, strict=True)]":
-        "turns has one entry per message (range(len(messages))): strict changes nothing on equal lengths",
-    "stages/chat.py:ChatRenderer._turn_structure:int+1:header = min(headers, default=1)": _HEADER_UNUSED,
-    "stages/chat.py:ChatRenderer._turn_structure:int-1:header = min(headers, default=1)": _HEADER_UNUSED,
-    "stages/chat.py:ChatRenderer._turn_structure:int+1:found.update(pattern.findall(text[:len(prefixes[0])]))":
-        "text[:len(P_1)] is the preamble and turn 0, a system or user turn in every probe shape, whose tokens the "
-        "loop adds anyway (found.update(pattern.findall(turn)))",
     "stages/chat.py:ChatRenderer._empty:bool:key = ('', '') if chat.tools is None and chat.template_kwargs is None else (json.dumps(chat.tools...":
         _CACHE_KEY,
     "stages/chat.py:ChatRenderer._empty:bool:key = ('', '') if chat.tools is None and chat.template_kwargs is None else (json.dumps(chat.tools...#1":
@@ -299,13 +296,13 @@ EQUIVALENT: dict[str, str] = {
         "the probe conversation has two messages: rendering its first three renders both, as two does",
     "stages/chat.py:ChatRenderer._check_control_tokens:negate:if self._joinable is None:": _JOINED,
     "stages/chat.py:ChatRenderer._check_control_tokens:compare0:if self._joinable is None:": _JOINED,
-    "stages/chat.py:ChatRenderer._check_control_tokens:not:self._joinable = not any((_SEPARATOR in t for t in self.control_tokens()[0]))":
+    "stages/chat.py:ChatRenderer._check_control_tokens:not:self._joinable = not any((SEPARATOR in t for t in self.control_tokens()[0]))":
         _JOINED,
-    "stages/chat.py:ChatRenderer._check_control_tokens:compare0:self._joinable = not any((_SEPARATOR in t for t in self.control_tokens()[0]))":
+    "stages/chat.py:ChatRenderer._check_control_tokens:compare0:self._joinable = not any((SEPARATOR in t for t in self.control_tokens()[0]))":
         _JOINED,
-    "stages/chat.py:ChatRenderer._check_control_tokens:int+1:self._joinable = not any((_SEPARATOR in t for t in self.control_tokens()[0]))":
+    "stages/chat.py:ChatRenderer._check_control_tokens:int+1:self._joinable = not any((SEPARATOR in t for t in self.control_tokens()[0]))":
         _JOINED,
-    "stages/chat.py:ChatRenderer._check_control_tokens:negate:if self._joinable:": _JOINED,
+    "stages/chat_control.py:first_turn_token:negate:if joinable:": _JOINED,
     "stages/chat.py:ChatRenderer._marked_offsets:int+1:enc, shift = (backend.encode('\\n' + piece, add_special_tokens=False), 1) if i else (None, 0)#1":
         "for the first piece enc is None, so the next line encodes it again and sets shift to 0 whatever it was",
     "stages/chat.py:ChatRenderer._marked_offsets:int+1:ends += [at + max(e - shift, 0) for _, e in enc.offsets[drop:]]":
@@ -338,11 +335,6 @@ EQUIVALENT: dict[str, str] = {
         "at n == HEAD_BYTES the loop goes on appending empty slices (p[:0]): the same bytes",
     "distribute/executors.py:RayExecutor.close:bool:self._ray, self._owned = (None, False)":
         "_owned is read only in close, after _ray is set, and start sets both: with _ray None, close returns first",
-    "stages/chat.py:ChatRenderer.documents:compare0:if exc.reason == 'generation_prompt_mismatch' and self.original is None:#1":
-        "with original None the per-turn loop meets the same mismatch at the same message (G_i and P_i+1 are the "
-        "same renders of messages[:i+1]) and returns the same _trained document; with original set the template is "
-        "TRL's training template, whose answers are weighed by their {% generation %} blocks: char_weights never "
-        "raises generation_prompt_mismatch there",
 }
 
 _COMPARE_SWAP = {

@@ -102,7 +102,8 @@ class ChatTokens(NamedTuple):
     turn, and the record it came from (whose canonical JSON the validation split hashes). A conversation built
     as per-turn documents (``chat.history``) holds several documents, one after the other: ``offsets`` between
     them (None: one document); ``training``: how many of its weighted turns TRL's training template rendered
-    (the template itself could not)."""
+    (the template itself could not); ``sanitized``: how many control tokens of its strings were encoded as text
+    (``--sanitize-control-tokens``)."""
 
     ids: np.ndarray  # int32[N]
     weights: np.ndarray  # float32[N]
@@ -110,6 +111,7 @@ class ChatTokens(NamedTuple):
     turns: np.ndarray  # int32[N], each token's turn code (``turn_code``; 0 outside every message)
     offsets: np.ndarray | None = None  # int64[D + 1], the documents of per-turn history
     training: int = 0
+    sanitized: int = 0
 
     @property
     def canonical(self) -> str:

@@ -88,6 +88,7 @@ def _chat_documents(chats: Records, counts: Counter[str]) -> Documents:
             counts["chat_history_documents"] += len(c.offsets) - 1  # type: ignore[union-attr]
             counts["chat_history_extra_tokens"] += int(c.offsets[-2])  # type: ignore[union-attr]
         counts["chat_training_template_turns"] += c.training  # type: ignore[union-attr]
+        counts["chat_sanitized_control_tokens"] += c.sanitized  # type: ignore[union-attr]
     ids = np.concatenate([c.ids for c in rendered]) if rendered else np.zeros(0, np.int32)  # type: ignore[union-attr]
     weights = np.concatenate([c.weights for c in rendered]) if rendered else np.zeros(0, np.float32)  # type: ignore[union-attr]
     turns = np.concatenate([c.turns for c in rendered]) if rendered else np.zeros(0, np.int32)  # type: ignore[union-attr]

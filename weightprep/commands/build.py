@@ -70,6 +70,16 @@ def format_summary(manifest: dict[str, Any], out: str, *, built: bool = True) ->
             if (n := c.get("chat_history_conversations")) else []
         ),  # fmt: skip
         *(
+            [f"  chat: per-turn documents repeat their context: {extra:,} extra tokens for {c['tokens']:,}; "
+             "--chat-template training renders each conversation once where TRL has a training template"]
+            if (extra := c.get("chat_history_extra_tokens", 0)) and extra >= c.get("tokens", 0) // 2 else []
+        ),
+        *(
+            [f"  warning: {n:,} control token(s) in the records were encoded as text (--sanitize-control-tokens): "
+             "the model sees text pieces where inference sees one token"]
+            if (n := c.get("chat_sanitized_control_tokens")) else []
+        ),  # fmt: skip
+        *(
             f"  {name}: {sc['records']:,} records, {sc['documents_written']:,} documents, {sc['rows']:,} rows, "
             f"{sc['tokens']:,} tokens (supervised {sc['supervised_tokens']:,}), fill {100 * sc['fill_ratio']:.2f}%"
             for name, split in (manifest.get("splits") or {}).items()

@@ -11,9 +11,12 @@ fail loudly:
    must be a prefix of ``S`` (else ``not_prefix_preserving``: templates that rewrite earlier turns, like Qwen3's
    reasoning stripping or Mistral v3's moved system prompt, are refused, never misaligned). Only the boundaries of
    messages with a weight > 0 are rendered and checked: a rewrite elsewhere moves no weighted character.
-3. An assistant message: ``G_i = render(messages[:i], add_generation_prompt=True)`` must satisfy
-   ``P_i ⊑ G_i ⊑ P_{i+1}`` (else ``generation_prompt_mismatch``); ``[|P_i|, |G_i|)`` is the generation prompt and
-   gets weight 0, ``[|G_i|, |P_{i+1}|)`` (content, end-of-turn token, trailing newline) the message's weight.
+3. An assistant message: ``G_i = render(messages[:i], add_generation_prompt=True)``; where ``P_i ⊑ G_i ⊑ P_{i+1}``,
+   ``[|P_i|, |G_i|)`` is the generation prompt and gets weight 0, ``[|G_i|, |P_{i+1}|)`` (content, end-of-turn
+   token, trailing newline) the message's weight. Where not (a prompt that prefills what the answer is not rendered
+   with, an earlier message of weight 0 rendered otherwise once the answer follows), the weight starts where the
+   renders part (``chat_spans.answer_start``: ``derive``; ``generation_prompt_mismatch`` where they cannot be
+   aligned). A reasoning or tool-call marker the content starts with carries the message's weight.
    With ``{% generation %}`` tags the tagged blocks are weighted instead, as transformers' ``assistant_masks``
    marks them: each block with the weight of the assistant turn ``[|P_i|, |P_{i+1}|)`` that holds its last
    character (a turn may have several: Gemma's thinking channel, content and ``<turn|>``; DeepSeek's
@@ -27,14 +30,13 @@ fail loudly:
    (``stages/spans.py``), or from tokenizers' offsets where the tokens do not spell the text byte for byte. Each
    token takes the weight of its characters. A token across a weight change is ``token_straddle``; offsets that go
    backwards or leave weighted characters uncovered are ``bad_offsets``; two leading BOS are ``double_bos``.
-6. Control tokens (transformers' ``_get_control_tokens``) come in two kinds (``ChatRenderer.control_tokens``, read
-   from probe renders of the template): the markers the template writes inside a turn (``<tool_call>``,
-   ``<think>``) are tokens in any content, as ``apply_chat_template`` makes them, with their message's weight; a
-   string of the record holding one that opens or closes a turn (``<|im_end|>`` in a user message, BOS/EOS, a role
-   header) is ``control_token_in_content``, or with ``sanitize_control_tokens`` is encoded as text as
-   ``apply_chat_template(..., sanitize_control_tokens=True)`` encodes it. A template that raises is
-   ``template_error``; ``chat_template_kwargs`` that set what the renderer sets itself (``add_generation_prompt``,
-   ``messages``, ``tools``, the tokenizer's special tokens, ...: ``RESERVED_KWARGS``) are
+6. Control tokens (``chat_control``): the turn tokens, what the template writes at a turn's boundary in probe
+   renders, in a string of the record are ``control_token_in_content``, or with ``sanitize_control_tokens`` are
+   encoded as text as ``apply_chat_template(..., sanitize_control_tokens=True)`` encodes them (counted:
+   ``ChatTokens.sanitized``); every other control token (a marker in a turn, a preamble or a default system prompt:
+   ``<tool_call>``, ``<think>``, ``[THINK]``) is a token in any content, with its message's weight. A template that
+   raises is ``template_error``; ``chat_template_kwargs`` that set what the renderer sets itself
+   (``add_generation_prompt``, ``messages``, ``tools``, the tokenizer's special tokens, ...: ``RESERVED_KWARGS``) are
    ``reserved_template_kwarg``, field ``chat_template_kwargs.KEY``: with ``add_generation_prompt`` a trailing
    generation prompt would enter the document with the last turn's weight.
    A template that does not parse is a usage error naming its file and line, raised by ``check`` before any record.
@@ -43,23 +45,11 @@ Default weights: ``assistant`` 1, every other role 0 (``--role-weights``); a mes
 A rejected conversation names ``messages[i]`` and the reason, in strict mode as an error, with ``--skip-invalid``
 in rejects.jsonl.
 
-History (``chat.history``). ``full``: one document per conversation, as above. ``per-turn``: one document per
-message ``i`` with a weight > 0, the conversation as inference renders it at that turn: ``messages[:i + 1]``
-rendered by steps 1-5 with only message ``i`` weighted (for an assistant turn that is ``G_i`` then the turn as
-the template writes it last: earlier reasoning stripped as the template strips it, the turn's own kept). Where
-the template does not start the turn with its own generation prompt (DeepSeek-R1 distills prefill
-``<think>\\n`` and drop every turn's reasoning), the turn is the one TRL's training template for it renders
-after the same generation prompt, spliced after ``G_i``: the generation prompt, prefilled ``<think>\\n``
-included, keeps weight 0. ``auto`` (the build's default): ``full`` where steps 2-3 hold for the conversation;
-else, where the template cannot render a weighted turn after its own generation prompt (DeepSeek-R1 distills,
-Nemotron 3 and Qwen3.5-nothink prefill ``<think>``), the whole conversation as TRL's training template renders
-it, weighted on its ``{% generation %}`` blocks: what SFTTrainer trains on with ``assistant_only_loss``, the
-default a TRL user expects (refused, saying why, where TRL has none); else (a template that rewrites earlier
-turns: Qwen3, gpt-oss) ``per-turn``. Where steps 2-3 hold, each per-turn document is a prefix of the whole (as
-text; Phi-3's final EOS aside) with the same weights on its turn, so the whole is the per-turn documents without
-their repeated contexts. With TRL's training template (``chat.template: training``) a whole conversation is
-weighted on its ``{% generation %}`` spans whatever it rewrites (SFTTrainer's assistant mask), and per-turn
-documents take their context from the original template and their turn from the training one.
+History (``chat.history``: ``full``, ``per-turn``, ``auto``): which documents a conversation becomes, in
+``chat_history``. The modules of this stage, by step: ``chat_common`` (reasons, ``ChatError``), this one (steps
+1-5: rendering, character weights, tokenizing, alignment), ``chat_prefixes`` (prefixes cut from one render),
+``chat_spans`` (step 3 where the renders part), ``chat_control`` (step 6), ``chat_history`` (history modes),
+``chat_templates`` (which template: the tokenizer's, a file, TRL's training one).
 
 Cost, for a 5-message conversation of ~670 tokens on one core: ~125 µs, of which ~60 µs render and weight it and
 ~65 µs tokenize and align it. The prefixes and generation prompts are cut from one render of the whole
@@ -74,7 +64,7 @@ import functools
 import itertools
 import json
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -82,7 +72,19 @@ import numpy as np
 from weightprep.batches import Chat, ChatTokens, Records, Reject, turn_code
 from weightprep.errors import ConfigError, UsageError
 from weightprep.stages import chat_prefixes
-from weightprep.stages.chat_templates import TrlMissing, training_template
+from weightprep.stages.chat_common import CHAT_REASONS, ChatError, diverge, snippet, template_messages
+from weightprep.stages.chat_control import (
+    SEPARATOR,
+    control_token_list,
+    first_turn_token,
+    record_strings,
+    template_literal_text,
+    token_pattern,
+    turn_structure,
+)
+from weightprep.stages.chat_history import HISTORY_MODES, Document, HistoryModes, joined
+from weightprep.stages.chat_spans import answer_start
+from weightprep.stages.chat_templates import TrlMissing
 from weightprep.stages.spans import TokenSpans
 from weightprep.stages.tokenize import PieceTokenizer
 from weightprep.weights import is_valid_weight, weight_overflow_note
@@ -93,17 +95,6 @@ __all__ = [
 ]  # fmt: skip
 
 
-CHAT_REASONS = (
-    "template_error",
-    "not_prefix_preserving",
-    "generation_prompt_mismatch",
-    "generation_tag_mismatch",
-    "control_token_in_content",
-    "token_straddle",
-    "bad_offsets",
-    "double_bos",
-    "reserved_template_kwarg",
-)
 #: What every render sets itself, besides the tokenizer's special tokens: the template's inputs, and the parameters
 #: of ``render_jinja_template`` (which it reads rather than passes on, so a record must not set them either).
 RESERVED_KWARGS = (
@@ -113,28 +104,8 @@ RESERVED_KWARGS = (
 #: The marks ``apply_chat_template(..., sanitize_control_tokens=True)`` puts around a control token in the inputs
 #: (transformers' ``_CONTROL_TOKEN_START`` / ``_CONTROL_TOKEN_END``), and so does ``prepare`` with ``sanitize``.
 _MARKS = re.compile("[\U000f0000\U000f0001]")
-#: ``chat.history``: whole conversations, per-turn documents, or whole where that is exact, else per-turn.
-HISTORY_MODES = ("auto", "full", "per-turn")
-#: What ``auto`` answers with per-turn documents: a template that rewrites earlier turns, or whose generation
-#: prompt is not where the turn it renders starts.
-_REWRITTEN = ("not_prefix_preserving", "generation_prompt_mismatch")
 _GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%\}")
 _PROBES = ("\ue000weightprep-probe-a\ue000", "\ue001weightprep-probe-b\ue001")
-#: The conversations whose rendering tells a template's turn structure from its in-turn markers
-#: (``ChatRenderer.control_tokens``): two turns then one (templates that rewrite an earlier turn, like Qwen3's or
-#: gpt-oss', render one-turn conversations unchanged), with and without a system message (which some refuse).
-_PROBE_SHAPES = (
-    ("system", "user", "assistant", "user", "assistant"), ("user", "assistant", "user", "assistant"),
-    ("system", "user", "assistant"), ("user", "assistant"),
-)  # fmt: skip
-
-
-class ChatError(Exception):
-    """A conversation that cannot be rendered and aligned: the field, what is wrong, the reason code."""
-
-    def __init__(self, field: str, problem: str, reason: str) -> None:
-        super().__init__(f"{field}: {problem}")
-        self.field, self.problem, self.reason = field, problem, reason
 
 
 def parse_role_weights(spec: str) -> dict[str, float]:
@@ -151,83 +122,6 @@ def parse_role_weights(spec: str) -> dict[str, float]:
                                f"{weight_overflow_note(w)}"])  # fmt: skip
         weights[role.strip()] = w
     return weights
-
-
-def _diverge(a: str, b: str) -> int:
-    n = min(len(a), len(b))
-    eq = np.frombuffer(a[:n].encode("utf-32-le"), dtype=np.uint32) == np.frombuffer(b[:n].encode("utf-32-le"), dtype=np.uint32)
-    return int(np.argmin(eq)) if not eq.all() else n
-
-
-def _template_messages(chat: Chat) -> list[dict[str, Any]]:
-    """The messages as apply_chat_template renders them: keys whose value is None dropped, and our ``weight``."""
-    return [{k: v for k, v in m.items() if v is not None and k != "weight"} for m in chat.messages]
-
-
-def _control_token_list(tok: Any, template: str) -> tuple[str, ...]:
-    """transformers' control tokens of ``template`` (what ``apply_chat_template(..., sanitize_control_tokens=True)``
-    encodes as text): the special added tokens, and the added tokens the template's literal text holds (whitespace
-    tokens aside). The same rule where the tokenizer lacks ``_get_control_tokens`` (transformers < 5)."""
-    if hasattr(tok, "_get_control_tokens"):
-        return tuple(dict.fromkeys(tok._get_control_tokens(template)))
-    written = _template_literal_text(template)
-    added = getattr(tok, "added_tokens_decoder", {}).values()
-    return tuple(dict.fromkeys(
-        t.content for t in added if t.special or (t.content in written and not t.content.isspace())
-    ))  # fmt: skip
-
-
-def _template_literal_text(template: str) -> str:
-    """The literal strings of ``template`` (transformers' ``_get_template_literal_text``; its source where that is
-    missing): a token found there is one the template writes."""
-    from transformers.utils import chat_template_utils as ctu
-
-    literal = getattr(ctu, "_get_template_literal_text", None)
-    return literal(template) if literal is not None else template  # type: ignore[no-any-return]
-
-
-def _token_pattern(tokens: tuple[str, ...]) -> re.Pattern[str]:
-    """A regex of ``tokens``, longest first (a token before the tokens it contains); never matches if empty."""
-    return re.compile("|".join(map(re.escape, sorted(set(tokens), key=len, reverse=True))) or "(?!)")
-
-
-def _strings(value: Any, field: str) -> Iterator[tuple[str, str]]:
-    """Every string in ``value`` with its field, as ``mark_control_tokens`` visits them (dict keys are not)."""
-    if isinstance(value, str):
-        yield field, value
-    elif isinstance(value, dict):
-        for key, v in value.items():
-            yield from _strings(v, f"{field}.{key}")
-    elif isinstance(value, (list, tuple)):
-        for i, v in enumerate(value):
-            yield from _strings(v, f"{field}[{i}]")
-
-
-_SEPARATOR = "\x00"
-
-
-def _string_values(value: Any, out: list[str]) -> None:
-    """The strings ``_strings`` finds in ``value``, without their fields, appended to ``out``."""
-    if isinstance(value, str):
-        out.append(value)
-    elif isinstance(value, dict):
-        for v in value.values():
-            _string_values(v, out)
-    elif isinstance(value, (list, tuple)):
-        for v in value:
-            _string_values(v, out)
-
-
-def _record_strings(chat: Chat, messages: list[dict[str, Any]]) -> Iterator[tuple[str, str]]:
-    """The strings of a conversation that reach its template, with their fields (``messages[2].content``)."""
-    for i, m in enumerate(messages):
-        yield from _strings(m, f"messages[{i}]")
-    yield from _strings(chat.tools, "tools")
-    yield from _strings(chat.template_kwargs, "chat_template_kwargs")
-
-
-def _snippet(text: str, at: int) -> str:
-    return repr(text[max(0, at - 10) : at + 20])
 
 
 class _Template:
@@ -382,7 +276,7 @@ class _Prepared(NamedTuple):
     whole: dict[str, Any] | None = None
 
 
-class ChatRenderer:
+class ChatRenderer(HistoryModes):
     """Renders and aligns conversations for one tokenizer and template text (default: the tokenizer's own).
 
     ``tokenize`` is the build's ``PieceTokenizer`` (fastokens where it runs); without one, tokenizers'. ``source``
@@ -444,6 +338,7 @@ class ChatRenderer:
         self._context: ChatRenderer | None = None  # renders ``original``
         self._training: ChatRenderer | None | bool = False  # TRL's training template (False: not looked up)
         self._trl_missing: TrlMissing | None = None
+        self._added: re.Pattern[str] | None = None  # ``_markers``
 
     def check(self) -> None:
         """Refuse, before any work, a tokenizer that cannot render conversations."""
@@ -497,21 +392,19 @@ class ChatRenderer:
 
         Control tokens are transformers' (``_get_control_tokens``: the special added tokens, and the added tokens
         the template's literal text holds). ``in_turn``: those the template's literal text holds that it does not
-        write as turn structure in a probe conversation (``_PROBE_SHAPES``, contents that hold no token): not in the
-        preamble, not in a system or user turn, not in an assistant turn's role header (the first control tokens of
-        the generation prompt, as many as the user's header has) and not after an assistant's content (its end of
-        turn); and none of the tokenizer's BOS, EOS, pad or unknown tokens. Those are the markers the template writes
-        inside a turn (``<tool_call>``, ``<think>``, gpt-oss' ``<|channel|>``), which any message's content may hold
-        as ``apply_chat_template`` tokenizes them. ``turn``: every other control token (the turn openers and closers,
-        role headers, BOS/EOS, and special tokens the template never writes), refused in content or, with
-        ``sanitize_control_tokens``, encoded as text. A template that renders no probe shape (one that wants contents
+        write at a turn's boundary (``chat_control.turn_structure``: found by rendering probe conversations) and
+        none of the tokenizer's BOS, EOS, pad or unknown tokens: the markers the template writes inside a turn, a
+        preamble or a default system prompt (``<tool_call>``, ``<think>``, ``[THINK]``, gpt-oss' ``<|channel|>``),
+        which any message's content may hold as ``apply_chat_template`` tokenizes them. ``turn``: every other
+        control token (role headers, ends of turns, BOS/EOS, and special tokens the template never writes), refused
+        in content or, with ``sanitize_control_tokens``, encoded as text. A template that renders no probe shape
         as lists of parts) keeps every control token in ``turn``."""
         if self._control_split is None:
             self._compiled()  # a template that does not parse fails here, as a usage error naming its line
-            control = _control_token_list(self.tok, self.template)
-            written = _template_literal_text(self.template)
+            control = control_token_list(self.tok, self.template)
+            written = template_literal_text(self.template)
             fixed = {getattr(self.tok, f"{k}_token", None) for k in ("bos", "eos", "pad", "unk")}
-            structure = self._turn_structure(control)
+            structure = self._turn_structure(control, fixed)
             in_turn = tuple(t for t in control if t in written and t not in fixed and t not in structure)
             self._control_split = (tuple(t for t in control if t not in in_turn), in_turn)
         return self._control_split
@@ -519,58 +412,17 @@ class ChatRenderer:
     def _control_tokens(self) -> re.Pattern[str]:
         """The control tokens that content may not hold (``control_tokens()[0]``), longest first."""
         if self._control is None:
-            self._control = _token_pattern(self.control_tokens()[0])
+            self._control = token_pattern(self.control_tokens()[0])
         return self._control
 
-    def _turn_structure(self, control: tuple[str, ...]) -> set[str]:
-        """The control tokens the template writes as turn structure in the probe conversations it renders (every
-        control token where it renders none): see ``control_tokens``."""
-        pattern = _token_pattern(control)
-        found: set[str] = set()
-        headers: list[int] = []
-        read: list[tuple] = []  # the shapes it renders prefix-preserving: their messages, texts and turns
-        for shape in _PROBE_SHAPES:
-            messages = [
-                {"role": r, "content": f"\ue000weightprep-control-probe-{k}\ue000"} for k, r in enumerate(shape)
-            ]
-            prepared = self._compiled().prepare(messages, None, dict(self.tok.special_tokens_map))
-            try:
-                text = self.render(prepared, len(messages))[0]
-                prefixes = [self.render(prepared, k)[0] for k in range(1, len(messages))]
-                try:
-                    prefixes.insert(0, self.render(prepared, 0)[0])
-                except ChatError:  # templates that refuse an empty conversation: the preamble is the first turn's
-                    prefixes.insert(0, "")
-                prompts = {
-                    k: self.render(prepared, k, generation=True)[0] for k, r in enumerate(shape) if r == "assistant"
-                }
-            except ChatError:
-                continue
-            prefixes.append(text)
-            turns = [text[len(prefixes[k]) : len(prefixes[k + 1])] for k in range(len(messages))]
-            ats = [turn.find(m["content"]) for turn, m in zip(turns, messages, strict=True)]
-            if not all(text.startswith(p) for p in prefixes) or min(ats) < 0:
-                continue  # a template that rewrites the probe's turns: its structure is not read from this shape
-            # a role header has as many control tokens for every role (Llama-3's two, Cohere's two, ChatML's one):
-            # the user's tells how much of the generation prompt is the assistant's, the rest (DeepSeek-R1's
-            # prefilled <think>) is in the turn. The fewest over the shapes: a template that injects a system turn
-            # where there is none (Qwen3.8, Nemotron 3) writes it into the first user turn of a shape without one
-            user = max(k for k, r in enumerate(shape) if r == "user")
-            headers.append(max(1, len(pattern.findall(turns[user][: ats[user]]))))
-            read.append((messages, text, prefixes, prompts, turns, ats))
-        header = min(headers, default=1)
-        for messages, text, prefixes, prompts, turns, ats in read:
-            found.update(pattern.findall(text[: len(prefixes[0])]))
-            for k, m in enumerate(messages):
-                turn, at = turns[k], ats[k]
-                if m["role"] != "assistant":
-                    found.update(pattern.findall(turn))
-                    continue
-                start = len(prefixes[k])
-                prompt = prompts[k][start:] if prompts[k].startswith(prefixes[k]) else turn[:at]
-                found.update((pattern.findall(prompt) or pattern.findall(turn[:at]))[:header])
-                found.update(pattern.findall(turn[at + len(m["content"]) :]))
-        return found if read else set(control)
+    def _turn_structure(self, control: tuple[str, ...], fixed: set[str | None]) -> set[str]:
+        """The control tokens the template writes at a turn's boundary in probe renders (``chat_control``)."""
+        specials = dict(self.tok.special_tokens_map)
+
+        def render(messages: list[dict[str, Any]], k: int, generation: bool, tools: Any) -> str:
+            return self.render(self._compiled().prepare(messages, tools, specials), k, generation=generation)[0]
+
+        return turn_structure(render, control, fixed)
 
     @property
     def tokenize(self) -> PieceTokenizer:
@@ -632,11 +484,13 @@ class ChatRenderer:
             )
         return w
 
-    def char_weights(self, chat: Chat) -> tuple[str, np.ndarray, np.ndarray]:
+    def char_weights(self, chat: Chat, *, derive: bool = False) -> tuple[str, np.ndarray, np.ndarray]:
         """The rendered text, one weight per character (steps 1-4 of the module docstring) and one turn code per
-        character (``turn_code``: the message whose span holds it; 0 for template text outside every message)."""
+        character (``turn_code``: the message whose span holds it; 0 for template text outside every message).
+        ``derive``: an assistant turn's weight may start where the renders say it does where its generation
+        prompt is not a prefix of it (``chat_spans.answer_start``), and a message of weight 0 may be rewritten."""
         self._check_kwargs(chat)
-        messages = _template_messages(chat)
+        messages = template_messages(chat)
         if not self.sanitize:
             self._check_control_tokens(chat, messages)
         prepared = self.prepare(chat, messages)
@@ -667,12 +521,12 @@ class ChatRenderer:
                 if not text.startswith(here) and self._trails_eos() and text.startswith(here[: -len(eos)]):
                     here = here[: -len(eos)]  # the EOS written after the last message only: turns end before it
                 if not text.startswith(here):
-                    at = _diverge(here, text)
+                    at = diverge(here, text)
                     raise ChatError(
                         f"messages[{k - 1}]",
                         f"the template is not prefix-preserving: rendering messages[:{k}] gives text that is not a "
-                        f"prefix of the whole conversation (they differ at character {at}: {_snippet(here, at)} vs "
-                        f"{_snippet(text, at)}), so turns cannot be aligned; use a template that renders earlier "
+                        f"prefix of the whole conversation (they differ at character {at}: {snippet(here, at)} vs "
+                        f"{snippet(text, at)}), so turns cannot be aligned; use a template that renders earlier "
                         "turns unchanged (--chat-template)",
                         "not_prefix_preserving",
                     )
@@ -685,6 +539,27 @@ class ChatRenderer:
             if w == 0:
                 continue
             if in_order and m["role"] == "assistant":  # SFTTrainer's mask, as it is (above)
+                continue
+            if derive and m["role"] == "assistant" and not self.tagged:  # the turn before may be rewritten
+                here = prefix(i + 1)
+                try:
+                    before: str | None = self.render(prepared, i)[0] if i else self._empty(chat, prepared, text)
+                except ChatError:
+                    before = None
+                prompt = self.render(prepared, i, generation=True)[0]
+                at = answer_start(before, prompt, here, m.get("content"), self._markers(), self._first_difference)
+                if at is None:
+                    d = diverge(prompt, here)
+                    raise ChatError(
+                        f"messages[{i}]",
+                        f"the generation prompt (render with add_generation_prompt=True) is not where this turn "
+                        f"starts, and the renders cannot be aligned (chat_spans): they differ at character {d}: "
+                        f"{snippet(prompt, d)} vs {snippet(here, d)}. No flag builds it exactly; pass "
+                        "--chat-template FILE.jinja with a template that writes the generation prompt only when "
+                        "asked and renders each answer after it",
+                        "generation_prompt_mismatch",
+                    )
+                weights[at : len(here)] = w
                 continue
             start, end = len(prefix(i)), len(prefix(i + 1))
             if end < start:
@@ -702,17 +577,18 @@ class ChatRenderer:
                     prompt = self.render(prepared, i, generation=True)[0]
                     here = prefix(i + 1)
                     if not (prompt.startswith(prefix(i)) and here.startswith(prompt)):
-                        at = _diverge(prompt, here)
+                        at = diverge(prompt, here)
                         raise ChatError(
                             f"messages[{i}]",
                             f"the generation prompt (render with add_generation_prompt=True) is not where this turn "
-                            f"starts: they differ at character {at}: {_snippet(prompt, at)} vs {_snippet(here, at)}",
+                            f"starts: they differ at character {at}: {snippet(prompt, at)} vs {snippet(here, at)}",
                             "generation_prompt_mismatch",
                         )
-                    weights[len(prompt) : end] = w
+                    at = answer_start(prefix(i), prompt, here, m.get("content"), self._markers())
+                    weights[len(prompt) if at is None else at : end] = w
             else:
                 probes = [self.render(self.prepare(chat, [*messages[:i], {**m, "content": p}]), i + 1)[0] for p in _PROBES]
-                weights[max(start, _diverge(*probes)) : end] = w
+                weights[max(start, diverge(*probes)) : end] = w
         stray = [(a, b) for k, (a, b) in enumerate(tagged_spans) if a < b and not claimed[k]] if not in_order else []
         if stray and all(self._weight(i, chat.messages[i]) > 0 for i in assistants):  # then a block outside every
             a, b = stray[0]  # assistant turn is none's: SFTTrainer trains on it, weightprep cannot tell its weight
@@ -721,6 +597,23 @@ class ChatRenderer:
                 "outside every assistant turn", "generation_tag_mismatch",
             )  # fmt: skip
         return text, weights, self._char_turns(messages, text, prefix)
+
+    def _markers(self) -> re.Pattern[str]:
+        """The tokenizer's added tokens (whitespace ones aside), longest first: where a render's boundary may fall
+        inside one, and what an answer's content may open with (``chat_spans``)."""
+        if self._added is None:
+            added = getattr(self.tok, "added_tokens_encoder", {})
+            self._added = token_pattern(tuple(t for t in added if t.strip()))
+        return self._added
+
+    def _first_difference(self, prompt: str, upto: str) -> int:
+        """The first character of the first token of ``upto`` that is not ``prompt``'s token at the same place
+        (both tokenized by tokenizers, as the build's tokenizer is guarded to): where the renders part
+        (``chat_spans``)."""
+        encode = self.tok.backend_tokenizer.encode
+        a, b = encode(prompt, add_special_tokens=False), encode(upto, add_special_tokens=False)
+        t = next((k for k, (x, y) in enumerate(zip(a.ids, b.ids, strict=False)) if x != y), min(len(a.ids), len(b.ids)))
+        return b.offsets[t][0] if t < len(b.ids) else len(upto)
 
     def _trails_eos(self) -> bool:
         """Whether the template ends every render with EOS after the last message, whatever its role (Phi-3's
@@ -743,180 +636,18 @@ class ChatRenderer:
         string of the messages, tools and ``chat_template_kwargs``) that holds a control token that opens or closes a
         turn is ``control_token_in_content``; in-turn markers (``control_tokens``) are tokens there, as
         ``apply_chat_template`` makes them."""
-        control = self._control_tokens()
         if self._joinable is None:  # no control token holds the separator: no match spans two strings joined
-            self._joinable = not any(_SEPARATOR in t for t in self.control_tokens()[0])
-        if self._joinable:
-            found: list[str] = []
-            for value in (messages, chat.tools, chat.template_kwargs):
-                _string_values(value, found)
-            if not control.search(_SEPARATOR.join(found)):
-                return  # one search of every string at once; where one holds a token, find it and its field below
-        for field, value in _record_strings(chat, messages):
-            if hit := control.search(value):
-                raise ChatError(
-                    field,
-                    f"holds the template's control token {hit.group()!r} at character {hit.start()}; it opens or "
-                    "closes a turn, so as a token it would end or forge one. Remove it, or pass "
-                    "--sanitize-control-tokens to encode it as plain text",
-                    "control_token_in_content",
-                )
-
-    def documents(self, chat: Chat) -> tuple[list[_Document], bool]:
-        """The conversation's documents by ``history`` (module docstring, "History"), and whether they are
-        per-turn ones: ``full`` one, ``per-turn`` one per weighted message, ``auto`` one where the template
-        renders the conversation prefix-preserving with each turn after its generation prompt, else
-        per-turn."""
-        if self.history != "per-turn":
-            try:
-                return [_Document(chat, *self.char_weights(chat))], False
-            except ChatError as exc:
-                if self.history == "full" and exc.reason in _REWRITTEN:
-                    raise ChatError(exc.field, f"{exc.problem}; --chat-history full asks one document per "
-                                    "conversation, which this template cannot give: --chat-history per-turn builds "
-                                    "one per weighted message as inference renders it, --chat-history auto (the "
-                                    "default) does so only where needed", exc.reason) from None  # fmt: skip
-                if self.history == "full" or exc.reason not in _REWRITTEN:
-                    raise
-                if exc.reason == "generation_prompt_mismatch" and self.original is None:
-                    return [self._trained(chat, exc)], False
-        weights = [self._weight(i, m) for i, m in enumerate(chat.messages)]
-        docs = []
-        for i, w in enumerate(weights):
-            if w > 0:  # the conversation up to message i, the only one weighted
-                only = [{**m, "weight": w if j == i else 0.0} for j, m in enumerate(chat.messages[: i + 1])]
-                try:
-                    docs.append(self._turn(chat._replace(messages=only), i))
-                except ChatError as exc:  # auto: a later turn the template cannot render after its prompt
-                    if self.history != "auto" or exc.reason != "generation_prompt_mismatch" or self.original:
-                        raise
-                    return [self._trained(chat, exc)], False
-        if not docs:  # nothing weighted: one document, which the filter drops (and counts) as unsupervised
-            return [_Document(chat, *self.char_weights(chat))], False
-        return docs, True
-
-    def _turn(self, turn: Chat, i: int) -> _Document:
-        """The per-turn document of message ``i``, the last of ``turn`` and its only weighted message: the
-        context as inference renders it, then the turn. Where the template does not start the turn with its
-        own generation prompt (DeepSeek-R1 distills: the prompt prefills ``<think>\\n``, the turn is
-        re-rendered without its reasoning), the turn as the training template TRL maps the template to renders
-        it."""
-        assistant = turn.messages[i]["role"] == "assistant"
-        if self.original is not None:  # --chat-template training: the context by the template inference uses
-            context = self._context_renderer()
-            if not assistant:
-                return _Document(turn, *context.char_weights(turn))
-            return self._spliced(turn, i, context, self)
-        try:
-            return _Document(turn, *self.char_weights(turn))
-        except ChatError as exc:
-            if exc.reason != "generation_prompt_mismatch" or not assistant or self.history == "auto":
-                raise  # auto: the whole conversation as TRL's training template renders it (``documents``)
-            training = self._training_for(exc)
-            if training is None:
-                raise
-            return self._spliced(turn, i, self, training)
-
-    def _training_for(self, exc: ChatError) -> ChatRenderer | None:
-        """The training renderer that may render what ``exc`` refused (None: TRL has no training template for this
-        one); without TRL, ``exc`` saying that TRL's template was not tried."""
-        try:
-            return self._training_renderer()
-        except TrlMissing as missing:
+            self._joinable = not any(SEPARATOR in t for t in self.control_tokens()[0])
+        found = first_turn_token(self._control_tokens(), chat, messages, self._joinable)
+        if found is not None:
+            field, hit = found
             raise ChatError(
-                exc.field, f"{exc.problem}. TRL's training template was not tried: {missing}", exc.reason,
-            ) from None  # fmt: skip
-
-    def _trained(self, chat: Chat, exc: ChatError) -> _Document:
-        """``auto`` for a conversation with a turn the template cannot render after its own generation prompt
-        (``exc``; DeepSeek-R1 distills prefill ``<think>\\n`` and drop the reasoning, Nemotron 3 prefills
-        ``<think>\\n`` and renders ``<think></think>``): the whole conversation as the training template TRL maps
-        the template to renders it, weighted on its ``{% generation %}`` blocks, each with its turn's weight: what
-        SFTTrainer trains on with ``assistant_only_loss``. Refused (``exc``, saying why) where TRL has none."""
-        training = self._training_for(exc)
-        if training is None:
-            raise ChatError(
-                exc.field,
-                f"{exc.problem}; TRL has no training template for this chat template either (one that renders the "
-                "turn as SFTTrainer trains on it). Pass --chat-template FILE.jinja with a template whose generation "
-                "prompt begins each assistant turn as it renders it",
-                exc.reason,
-            ) from None
-        text, weights, turns = training.char_weights(chat)
-        weighted = sum(self._weight(i, m) > 0 for i, m in enumerate(chat.messages) if m["role"] == "assistant")
-        return _Document(chat, text, weights, turns, weighted)
-
-    def _spliced(self, turn: Chat, i: int, context: ChatRenderer, turns: ChatRenderer) -> _Document:
-        """``G_i`` of ``context`` (the conversation before message ``i`` and the generation prompt, as
-        inference renders it), then what ``turns`` renders after that same generation prompt when message
-        ``i`` is the last. Only those characters are weighted: the generation prompt, prefilled ``<think>\\n``
-        included, stays 0."""
-        full = turns.char_weights(turn)[0]  # also checks the contents and kwargs as for any document
-        messages = _template_messages(turn)
-        ours, theirs = context.prepare(turn, messages), turns.prepare(turn, messages)
-        before, prompt = context.render(ours, i)[0], context.render(ours, i, generation=True)[0]
-        turn_before, turn_prompt = turns.render(theirs, i)[0], turns.render(theirs, i, generation=True)[0]
-        if not (
-            prompt.startswith(before) and turn_prompt.startswith(turn_before) and full.startswith(turn_prompt)
-            and turn_prompt[len(turn_before):] == prompt[len(before):]
-        ):  # fmt: skip
-            which = "the training template" if turns is self else (
-                "neither in the template nor in the training template TRL maps it to, which"
-            )  # fmt: skip
-            at = len(turn_before)
-            raise ChatError(
-                f"messages[{i}]",
-                f"the generation prompt {prompt[len(before):]!r} is not where this turn starts: {which} "
-                f"renders the turn as {full[at : at + 40]!r}. After a prompt that prefills reasoning markup, "
-                "the turn's content must start with it (such templates may not read reasoning_content)",
-                "generation_prompt_mismatch",
+                field,
+                f"holds the template's control token {hit.group()!r} at character {hit.start()}; it opens or "
+                "closes a turn, so as a token it would end or forge one. Remove it, or pass "
+                "--sanitize-control-tokens to encode it as plain text",
+                "control_token_in_content",
             )
-        text = prompt + full[len(turn_prompt) :]
-        weights = np.zeros(len(text), dtype=np.float32)
-        weights[len(prompt) :] = self._scaled_weight(i, turn.messages[i])
-
-        def prefix(k: int) -> str:
-            """``P_k`` of ``context``: the characters of the earlier messages, for their turn codes."""
-            if k > i:
-                return text
-            if k == i:
-                here = before
-            else:
-                here = context._empty(turn, ours, text) if k == 0 else context.render(ours, k)[0]
-            if not text.startswith(here):  # no turn code for that message (_char_turns)
-                raise ChatError(f"messages[{k - 1}]", "not a prefix of the document", "not_prefix_preserving")
-            return here
-
-        char_turns = context._char_turns(messages, text, prefix)
-        return _Document(turn, text, weights, char_turns, 1 if turns is not self else 0)
-
-    def _context_renderer(self) -> ChatRenderer:
-        """Renders ``original``, the template inference uses (``--chat-template training``)."""
-        if self._context is None:
-            tokens = self._tokenize
-            self._context = ChatRenderer(
-                self.tok, self.original, self.role_weights, self.roles, tokens, scale=self.scale
-            )
-        return self._context
-
-    def _training_renderer(self) -> ChatRenderer | None:
-        """Renders the training template TRL maps ``template`` to (None: TRL has none, or trains on
-        ``template`` as it is). ``TrlMissing`` without TRL."""
-        if self._training is False:
-            if self._trl_missing is not None:
-                raise self._trl_missing
-            try:
-                found = training_template(self.tok, self.template)
-            except TrlMissing as exc:
-                self._trl_missing = exc
-                raise
-            self._training = None
-            if found is not None and found != self.template:  # weighted as SFTTrainer's mask (``training``)
-                self._training = ChatRenderer(
-                    self.tok, found, self.role_weights, self.roles, self._tokenize, training=True,
-                    sanitize_control_tokens=self.sanitize, scale=self.scale,
-                )  # fmt: skip
-        return self._training  # type: ignore[return-value]
 
     def _check_kwargs(self, chat: Chat) -> None:
         """``chat_template_kwargs`` come after the renderer's own arguments (``prepare``): one that names an argument
@@ -962,7 +693,7 @@ class ChatRenderer:
     ) -> list[ChatTokens | ChatError]:
         """``tokens`` for many conversations, tokenized in one call; a failure is returned in its place.
         ``where(c)`` is the (file, line) of conversation ``c``, for the tokenizer guard's error."""
-        rendered: list[tuple[list[_Document], bool] | ChatError] = []
+        rendered: list[tuple[list[Document], bool] | ChatError] = []
         for chat in chats:
             try:
                 rendered.append(self.documents(chat))
@@ -970,9 +701,11 @@ class ChatRenderer:
                 rendered.append(exc)
         docs = [(c, doc) for c, r in enumerate(rendered) if not isinstance(r, ChatError) for doc in r[0]]
         tokenized: dict[int, tuple] = {}  # by index into docs
+        sanitized: dict[int, int] = {}  # by conversation: its control tokens encoded as text
         if self.sanitize:  # a text with marked control tokens is tokenized as apply_chat_template's sanitize does
             for d, (c, doc) in enumerate(docs):
                 if not isinstance(rendered[c], ChatError) and _MARKS.search(doc.text):
+                    sanitized[c] = sanitized.get(c, 0) + len(_MARKS.findall(doc.text)) // 2
                     try:
                         tokenized[d] = self._sanitized(doc.chat, doc.text, doc.weights, doc.turns)
                     except ChatError as exc:
@@ -996,7 +729,8 @@ class ChatRenderer:
         for c, parts in aligned.items():
             if not isinstance(out[c], ChatError):
                 documents, per_turn = rendered[c]  # type: ignore[misc]
-                out[c] = _joined(chats[c], parts, per_turn, sum(d.training for d in documents))
+                out[c] = joined(chats[c], parts, per_turn, sum(d.training for d in documents)
+                                 )._replace(sanitized=sanitized.get(c, 0))
         return out
 
     def _sanitized(
@@ -1014,7 +748,7 @@ class ChatRenderer:
             ids = np.asarray(ctu.encode_marked_chat(self.tok, text), dtype=np.int32)
         except ValueError as exc:  # a control token that the tokenizer makes from plain text too
             token = re.search(r"Can't sanitize '(.*)'", str(exc))
-            holders = (f for f, v in _record_strings(chat, _template_messages(chat)) if token and token[1] in v)
+            holders = (f for f, v in record_strings(chat, template_messages(chat)) if token and token[1] in v)
             field = next(holders, "messages")
             raise ChatError(
                 field, f"cannot be encoded as plain text ({exc}); remove the control token", "control_token_in_content"
@@ -1098,7 +832,7 @@ class ChatRenderer:
         uncovered = (np.cumsum(covered)[: len(text)] == 0) & (char_w > 0)
         if uncovered.any():
             at = int(np.argmax(uncovered))
-            raise ChatError("messages", f"weighted character {at} ({_snippet(text, at)}) is in no token", "bad_offsets")
+            raise ChatError("messages", f"weighted character {at} ({snippet(text, at)}) is in no token", "bad_offsets")
 
     def align(
         self, chat: Chat, text: str, char_w: np.ndarray, char_turns: np.ndarray, ids: np.ndarray, starts: np.ndarray,
@@ -1136,37 +870,12 @@ class ChatRenderer:
 
     def _message_at(self, chat: Chat, char: int) -> str:
         """The field of the message whose characters hold ``char`` (for error messages)."""
-        messages = _template_messages(chat)
+        messages = template_messages(chat)
         prepared = self.prepare(chat, messages)
         for i in range(len(messages)):
             if len(_MARKS.sub("", self.render(prepared, i + 1)[0])) > char:  # ``char`` is in the text without marks
                 return f"messages[{i}]"
         return "messages"
-
-
-class _Document(NamedTuple):
-    """A document's rendered text, its characters' weights and turn codes, the conversation it was rendered
-    from (truncated after its turn for a per-turn document; named in errors), and how many of its weighted turns
-    TRL's training template rendered (the template itself could not)."""
-
-    chat: Chat
-    text: str
-    weights: np.ndarray
-    turns: np.ndarray
-    training: int = 0
-
-
-def _joined(chat: Chat, parts: list[ChatTokens], per_turn: bool, training: int) -> ChatTokens:
-    """A conversation's documents as one ``ChatTokens`` (``offsets`` between them for per-turn documents)."""
-    source = chat._replace(raw=b"")
-    if not per_turn:
-        return parts[0]._replace(source=source, training=training)
-    offsets = np.zeros(len(parts) + 1, dtype=np.int64)
-    np.cumsum([len(p.ids) for p in parts], out=offsets[1:])
-    return ChatTokens(
-        np.concatenate([p.ids for p in parts]), np.concatenate([p.weights for p in parts]), source,
-        np.concatenate([p.turns for p in parts]), offsets, training,
-    )  # fmt: skip
 
 
 def render_chats(records: Records, render: ChatRenderer, rejects: list[Reject]) -> Records:

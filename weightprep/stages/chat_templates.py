@@ -60,6 +60,8 @@ def _trl() -> Any:
 
 #: ``training_template``'s answers, by template text (TRL maps a template by comparing its text with its own)
 _FOUND: dict[str, str | None] = {}
+#: why TRL has no training template for a template, where that is not TRL's own "not supported"
+_WHY: dict[str, str] = {}
 
 
 def training_template(tok: Any, template: str) -> str | None:
@@ -76,6 +78,10 @@ def training_template(tok: Any, template: str) -> str | None:
             found = utils.get_training_chat_template(holder)
         except ValueError:  # "patching is not supported for this template"
             found = False
+        except Exception as exc:  # noqa: BLE001 - TRL's own probe renders fail on the template (Hermes 3's
+            # tool_use template iterates ``tools`` without a guard: TypeError): TRL has no training template for it
+            found = False
+            _WHY[template] = f" (TRL's check of the template fails: {type(exc).__name__}: {exc})"
         _FOUND[template] = None if found is False else template if found is None else found
     return _FOUND[template]
 
@@ -109,7 +115,8 @@ def resolve_templates(tok: Any, setting: str | None) -> Templates:
     if found is None:
         raise UsageError(
             "--chat-template training: TRL has no training template for this tokenizer's chat_template (it "
-            "knows its own copies of about 30 model templates, compared character for character); build with "
+            f"knows its own copies of about 30 model templates, compared character for character){_WHY.get(own, '')}; "
+            "build with "
             "the tokenizer's own template (no --chat-template: whole conversations, or per-turn documents "
             "where it rewrites history) or pass a prefix-preserving template with --chat-template FILE.jinja"
         )

@@ -1,0 +1,171 @@
+"""Real chat templates that TRL does not ship (``tests/chat_templates``: llama.cpp's copies of what model
+repositories publish), each on a tokenizer carrying its family's markers as added tokens
+(``chat_coverage_support.REAL_FAMILIES``): the five symptoms of issue 32, each built exactly.
+
+A pair (template, shape) is built through ``weightprep.pipeline.build`` as a user's JSONL is and classified
+against ``apply_chat_template`` and the per-character reference of ``chat_coverage_support``: ``ok`` means the ids
+equal ``apply_chat_template``'s and the weights the reference's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+
+import pytest
+from chat_coverage_support import (
+    OK,
+    REJECTED_WRONGLY,
+    coverage_tokenizer,
+    run_coverage,
+    shape_record,
+    template_names,
+    template_text,
+)
+from chat_support import chat_record, plain_messages
+from click.testing import CliRunner
+
+from weightprep.stages.chat import ChatRenderer
+
+HERMES = "NousResearch-Hermes-3-Llama-3.1-8B-tool_use"
+COMMAND_R7B = "CohereForAI-c4ai-command-r7b-12-2024-tool_use"
+
+
+def _cell(name: str, shape: str, tmp_path) -> object:
+    (row,) = run_coverage([name], [shape], work=tmp_path)
+    return row.cells[shape]
+
+
+@pytest.mark.parametrize(
+    ("name", "shape"),
+    [
+        ("HuggingFaceTB-SmolLM3-3B", "think_in_content"),  # <think> in its default system prompt
+        ("mistralai-Ministral-3-14B-Reasoning-2512", "think_in_content"),  # [THINK] in its default system prompt
+        ("NVIDIA-Nemotron-Nano-v2", "think_in_content"),  # <think> prefilled after the assistant's header
+        (HERMES, "tool_markup"),  # <tool_call> in its tool preamble
+        ("llama-cpp-microsoft-Phi-4-mini-instruct", "tool_markup"),  # <|tool_call|> in its tool instructions
+    ],
+)  # fmt: skip
+def test_symptom_1_a_marker_that_opens_or_closes_no_turn_is_a_token_in_content(name, shape, tmp_path):
+    """A marker the template writes in a preamble, default system prompt or prefill is not turn structure: in an
+    answer's content it is the token ``apply_chat_template`` makes of it, with the answer's weight."""
+    cell = _cell(name, shape, tmp_path)
+    assert cell.status == OK, cell.detail
+
+
+def test_symptom_1_command_r7b_thinking_and_action_markers_are_in_turn_markers(tmp_path):
+    """Command R7B writes ``<|START_THINKING|>`` and ``<|START_ACTION|>`` inside an answer, its role tokens at
+    turns' boundaries: only those are turn tokens (refused in content, or encoded as text with
+    ``--sanitize-control-tokens``)."""
+    tok = coverage_tokenizer(COMMAND_R7B, str(tmp_path / "tok"))
+    turn, in_turn = ChatRenderer(tok).control_tokens()
+    assert {"<|START_THINKING|>", "<|END_THINKING|>", "<|START_ACTION|>", "<|END_ACTION|>"} <= set(in_turn)
+    assert {"<|START_OF_TURN_TOKEN|>", "<|END_OF_TURN_TOKEN|>", "<|USER_TOKEN|>", "<|CHATBOT_TOKEN|>"} <= set(turn)
+
+
+def test_symptom_1_an_added_token_the_template_never_writes_is_tokenized_as_apply_chat_template_does(tmp_path):
+    """``<tool_call>`` in a DeepSeek-R1-distill answer on a Qwen-based vocabulary: an added token the template
+    never writes, which ``apply_chat_template`` makes one token of."""
+    name = "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B"
+    tok = coverage_tokenizer(name, str(tmp_path / "tok"))
+    messages = [{"role": "user", "content": "Weather in Paris?"},
+                {"role": "assistant", "content": '<tool_call>\n{"name": "get_weather"}\n</tool_call>'}]  # fmt: skip
+    out = ChatRenderer(tok, history="auto").tokens(chat_record(messages))
+    assert out.ids.tolist() == tok.apply_chat_template(plain_messages(messages), tokenize=True)["input_ids"]
+    assert tok.convert_tokens_to_ids("<tool_call>") in out.ids[out.weights > 0].tolist()
+
+
+@pytest.mark.parametrize(
+    ("name", "shape"),
+    [
+        ("GLM-4.7-Flash", "one_turn"),  # the prompt ends <think>, the answer renders </think>
+        ("GLM-4.7-Flash", "tool_message"),
+        ("MiniMax-M2", "one_turn"),  # the prompt ends <think>\n, the answer renders none
+        ("MiniMax-M2", "tool_calls"),
+        ("Qwen-QwQ-32B", "multi_turn"),
+        ("NVIDIA-Nemotron-Nano-v2", "tool_calls"),
+        ("Apertus-8B-Instruct", "tool_message"),  # an answer after a tool result
+        ("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B", "one_turn"),  # not TRL's copy: no training template
+    ],
+)  # fmt: skip
+def test_symptom_2_a_generation_prompt_that_differs_from_the_answer_is_built_from_the_renders(name, shape, tmp_path):
+    """Where the generation prompt is not how the template renders the answer, the answer's weight starts where
+    the two renders part (``chat_spans``): exact with the template as it is, no training template needed."""
+    cell = _cell(name, shape, tmp_path)
+    assert cell.status == OK, cell.detail
+
+
+@pytest.mark.parametrize(
+    ("name", "shape"),
+    [
+        (HERMES, "tool_message"),  # a last tool result is written without the \n it gets when a message follows
+        ("mistralai-Mistral-Nemo-Instruct-2407", "system"),  # the system prompt moves to the last user turn
+        ("llama-cpp-microsoft-Phi-4-mini-instruct", "tool_calls"),  # EOS after the last message only
+    ],
+)  # fmt: skip
+def test_symptom_3_a_weight_0_message_the_template_rewrites_does_not_refuse_the_conversation(name, shape, tmp_path):
+    cell = _cell(name, shape, tmp_path)
+    assert cell.status == OK, cell.detail
+
+
+def test_symptom_3_a_template_that_writes_its_opener_after_every_render_is_refused_saying_so(tmp_path):
+    """Command R7B's tool_use template appends its response opener whatever ``add_generation_prompt`` says: the
+    end of the last turn cannot be told from it, so the conversation is refused, naming that (never misbuilt)."""
+    cell = _cell(COMMAND_R7B, "one_turn", tmp_path)
+    assert cell.status == REJECTED_WRONGLY and "generation_prompt_mismatch" in cell.text
+    assert "No flag builds it exactly" in cell.detail
+
+
+def test_symptom_4_a_reasoning_marker_at_the_start_of_the_content_carries_the_answers_weight(tmp_path):
+    """MiniMax-M2's prompt ends ``<think>\\n`` and an answer's content opens with ``<think>\\n``: that marker is the
+    answer's (weight 1), like the rest of its content, not the prompt's."""
+    name = "MiniMax-M2"
+    tok = coverage_tokenizer(name, str(tmp_path / "tok"))
+    messages = plain_messages(shape_record("think_in_content", template_text(name))["messages"])
+    out = ChatRenderer(tok, history="auto").tokens(chat_record(messages))
+    assert out.ids.tolist() == tok.apply_chat_template(messages, tokenize=True)["input_ids"]
+    weighted = tok.decode(out.ids[out.weights > 0])
+    assert weighted.startswith("<think>\nThe user asks") and weighted.endswith("Paris.[e~[\n")
+    assert _cell(name, "think_in_content", tmp_path).status == OK
+
+
+def test_symptom_5_training_template_on_hermes_3_exits_2_naming_why(tmp_path):
+    """``--chat-template training`` where TRL's own check of the template raises (Hermes 3 iterates ``tools``
+    without a guard): exit 2 with the reason, no traceback."""
+    from weightprep.cli import main
+
+    coverage_tokenizer(HERMES, str(tmp_path / "tok"))  # saved there, as a user's tokenizer is
+    inp = tmp_path / "c.jsonl"
+    record = {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}], "tools": []}
+    inp.write_text(json.dumps(record) + "\n")
+    args = ["build", str(inp), "--tokenizer", str(tmp_path / "tok"), "--out", str(tmp_path / "out")]
+    result = CliRunner().invoke(main, [*args, "--chat-template", "training"])
+    assert result.exit_code == 2, result.output
+    assert "TRL has no training template" in result.output and "TypeError" in result.output
+    assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("name", template_names(corpus="real"))
+def test_no_template_and_flag_ends_in_a_traceback(name, tmp_path):
+    """Every real template under every flag: a built conversation, a ``ChatError`` naming why, or (``--chat-template
+    training`` where TRL has none) a usage error; nothing else. (The whole grid, 11 shapes x TRL's and the real
+    templates x history x sanitize x training, was run once by hand: 11,352 combinations, none raised otherwise.)"""
+    from weightprep.errors import UsageError
+    from weightprep.stages.chat import ChatError
+    from weightprep.stages.chat_templates import resolve_templates
+
+    tok = coverage_tokenizer(name, str(tmp_path / "tok"))
+    settings = [{}]
+    try:
+        chosen = resolve_templates(tok, "training")
+        settings.append({"template": chosen.template, "original": chosen.original, "training": chosen.training})
+    except UsageError as exc:
+        assert "TRL has no training template" in str(exc)
+    for shape in ("tool_message", "think_in_content"):
+        record = shape_record(shape, template_text(name))
+        for history in ("auto", "full", "per-turn"):
+            for sanitize in (False, True):
+                for setting in settings:
+                    renderer = ChatRenderer(tok, history=history, sanitize_control_tokens=sanitize, **setting)
+                    with contextlib.suppress(ChatError):
+                        renderer.tokens(chat_record(record["messages"], record.get("tools")))
