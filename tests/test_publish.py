@@ -92,19 +92,19 @@ def builds(mem, tmp_path):
     return {"old": (load_rows("memory://ref/old"), old), "new": (load_rows("memory://ref/new"), new)}
 
 
-def _commit_writes(mem, monkeypatch, builds) -> int:
-    """How many store writes the commit of NEW over OLD makes (a complete run, counted)."""
+def _commit_writes(mem, monkeypatch, builds) -> list[tuple[str, str]]:
+    """The store writes the commit of NEW over OLD makes (a complete run, counted): (method, path) each."""
     build(["memory://in/old.jsonl"], OUT, _cfg())
     with monkeypatch.context() as m:
         counter = _KillAt(m, mem, None)
         build(["memory://in/new.jsonl"], OUT, _cfg(), overwrite=True)
     assert load_rows(OUT) == builds["new"][0]
     mem.rm("/out", recursive=True)
-    return len(counter.seen)
+    return counter.seen
 
 
 def test_a_kill_at_every_write_of_the_commit_leaves_the_old_or_the_new_build(mem, monkeypatch, builds):
-    n = _commit_writes(mem, monkeypatch, builds)
+    n = len(_commit_writes(mem, monkeypatch, builds))
     assert n >= 12  # journal, shard, sidecar, 3 loadable files, then the tidying
     outcomes = []
     for at in range(n):
@@ -146,8 +146,10 @@ def test_a_kill_at_every_write_of_the_commit_leaves_the_old_or_the_new_build(mem
 def test_a_killed_commit_is_finished_or_undone_without_overwrite(mem, monkeypatch, builds):
     """Recovery does not need --overwrite: it restores what the killed build was allowed to do. An undone commit
     keeps the killed build's finished parts (``--resume`` reuses them); a finished one leaves nothing."""
-    n = _commit_writes(mem, monkeypatch, builds)
-    for at, expected in ((2, "old"), (n - 1, "new")):
+    writes = _commit_writes(mem, monkeypatch, builds)
+    manifest_write = writes.index(("pipe_file", f"/out/shards/{MANIFEST_NAME}"))
+    # early; at the manifest (all else written: sidecars in the prefix); just after it; at the last removal
+    for at, expected in ((2, "old"), (manifest_write, "old"), (manifest_write + 1, "new"), (len(writes) - 1, "new")):
         build(["memory://in/old.jsonl"], OUT, _cfg())
         with monkeypatch.context() as m:
             _KillAt(m, mem, at)
@@ -288,6 +290,17 @@ def test_a_local_replace_killed_between_its_renames_gets_the_earlier_build_back(
         build([str(tmp_path / "new.jsonl")], out, _cfg())
     assert {p.name: p.read_bytes() for p in out.iterdir()} == earlier
     assert sorted(p.name for p in tmp_path.iterdir()) == ["new.jsonl", "old.jsonl", "shards"]
+
+
+def test_recovering_an_empty_marker_of_an_earlier_version_leaves_no_marker(mem):
+    """weightprep < 0.2 wrote an empty ``publishing`` marker and removed the earlier build first: a partial output
+    without a manifest is removed, and so is the marker, even where no build follows."""
+    mem.pipe_file("/out/shards/data-00000-of-00002.arrow", b"partial")
+    mem.pipe_file("/out/.shards.tmp-0123456789abcdef/publishing", b"")
+    mem.pipe_file("/out/.shards.tmp-0123456789abcdef/parts/00000/result.json", b"{}")
+    publish.prepare_output(OUT, overwrite=False)
+    assert mem.find("/out/shards") == []
+    assert mem.find("/out/.shards.tmp-0123456789abcdef") == ["/out/.shards.tmp-0123456789abcdef/parts/00000/result.json"]
 
 
 def test_remove_output_takes_the_manifest_first_then_the_loadable_files(mem, monkeypatch):
