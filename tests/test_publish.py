@@ -316,3 +316,121 @@ def test_remove_output_takes_the_manifest_first_then_the_loadable_files(mem, mon
     assert removed[:6] == [MANIFEST_NAME, "dataset_dict.json", "state.json", "dataset_info.json", "train/state.json",
                            "train/dataset_info.json"]
     assert sorted(removed) == sorted(set(removed)) and mem.find("/out/shards") == []
+
+
+def _local(tmp_path, data=OLD, name="raw.jsonl"):
+    (tmp_path / name).write_bytes(data)
+    return str(tmp_path / name)
+
+
+def test_a_local_build_lists_its_shards_and_leaves_nothing_beside_it(tmp_path):
+    """The manifest that is written is the one returned, it lists exactly the shards written with their rows, and
+    a replace leaves neither the temporary nor the earlier directory beside the output."""
+    import datasets
+
+    out = tmp_path / "a" / "b" / "shards"  # parents made as needed
+    build([_local(tmp_path)], out, _cfg())
+    manifest = build([_local(tmp_path, NEW, "new.jsonl")], out, _cfg(), overwrite=True)
+    assert read_manifest(out) == manifest
+    assert sorted(s["filename"] for s in manifest["shards"]) == sorted(p.name for p in out.glob("*.arrow"))
+    assert sum(s["rows"] for s in manifest["shards"]) == len(datasets.load_from_disk(str(out)))
+    assert sorted(p.name for p in out.parent.iterdir()) == ["shards"]
+
+
+def test_a_local_build_whose_records_all_drop_writes_one_empty_shard(tmp_path):
+    cfg = config_from_dict({"pack": {"seq_len": 16}, "validate": {"on_invalid": "skip"}})  # every document overlong
+    manifest = build([_local(tmp_path)], tmp_path / "out", cfg)
+    assert [s["rows"] for s in manifest["shards"]] == [0] and manifest["counts"]["rows"] == 0
+    import datasets
+
+    assert len(datasets.load_from_disk(str(tmp_path / "out"))) == 0
+
+
+def test_a_failed_local_build_leaves_nothing(tmp_path):
+    from weightprep.errors import InputError
+
+    bad = _local(tmp_path, OLD + b'{"pieces": 3}\n')
+    with pytest.raises(InputError, match="raw.jsonl:41: pieces"):
+        build([bad], tmp_path / "out", config_from_dict({"pack": {"seq_len": 128}}))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["raw.jsonl"]
+
+
+def test_local_output_checks(tmp_path, monkeypatch):
+    raw = _local(tmp_path)
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(UsageError, match="exists and is not a directory"):
+        publish.prepare_output(tmp_path / "afile", overwrite=True)
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "raw.jsonl").write_bytes(OLD)
+    with pytest.raises(UsageError, match="is inside the output path"):
+        publish.prepare_output(tmp_path / "out", overwrite=True, inputs=[str(tmp_path / "out" / "raw.jsonl")])
+    (tmp_path / "out" / "raw.jsonl").unlink()
+    monkeypatch.chdir(tmp_path / "out")
+    assert publish.prepare_output(".", overwrite=True, inputs=[raw]) == tmp_path / "out"  # "." as its real name
+
+
+def test_directories_of_live_processes_are_left_alone(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        for name in (f".shards.tmp-{live.pid}", f".shards.old-{live.pid}", f".shards.old-{os.getpid()}"):
+            (tmp_path / name).mkdir()
+            (tmp_path / name / "x").write_text("x")
+        build([_local(tmp_path)], tmp_path / "shards", _cfg())
+        for name in (f".shards.tmp-{live.pid}", f".shards.old-{live.pid}", f".shards.old-{os.getpid()}"):
+            assert (tmp_path / name / "x").exists(), name
+    finally:
+        live.kill()
+        live.wait()
+
+
+def test_a_killed_local_build_is_resumed_from_its_parts_and_other_plans_are_dropped(tmp_path, monkeypatch):
+    """The directory of a dead build of this plan is adopted by --resume (its finished parts not run again); one
+    of another plan is removed; without --resume or --overwrite the build stops and says what it found."""
+    import os
+
+    from weightprep.distribute.job import PartJob
+    from weightprep.errors import BuildInterrupted, LeftoverParts
+
+    raw = _local(tmp_path, OLD + NEW)
+    cfg = config_from_dict({"pack": {"seq_len": 128}, "read": {"part_bytes": 4_000}, "validate": {"on_invalid": "skip"}})
+    real, runs, interrupt = PartJob._run, [], [True]
+
+    def interrupted(self, part, tmp, progress):
+        runs.append(part.index)
+        if part.index == 1 and interrupt[0]:
+            raise KeyboardInterrupt
+        return real(self, part, tmp, progress)
+
+    monkeypatch.setattr(PartJob, "_run", interrupted)
+    with pytest.raises(BuildInterrupted):
+        build([raw], tmp_path / "shards", cfg)
+    dead = _dead_pid()
+    (tmp_path / f".shards.tmp-{os.getpid()}").rename(tmp_path / f".shards.tmp-{dead}")
+    other = tmp_path / f".shards.tmp-{_dead_pid()}"
+    (other / "parts" / "00000").mkdir(parents=True)
+    (other / "plan.json").write_text("another plan")
+    (other / "parts" / "00000" / "result.json").write_text("{}")
+    interrupt[0] = False
+    with pytest.raises(LeftoverParts):
+        build([raw], tmp_path / "shards", cfg)
+    runs.clear()
+    build([raw], tmp_path / "shards", cfg, resume=True)
+    assert 0 not in runs and 1 in runs  # part 0 reused
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["raw.jsonl", "shards"]  # the other plan's removed
+    fresh = build([raw], tmp_path / "fresh", cfg)
+    assert read_manifest(tmp_path / "shards")["counts"] == fresh["counts"]
+    assert {p.name: p.read_bytes() for p in (tmp_path / "shards").glob("*.arrow")} == {
+        p.name: p.read_bytes() for p in (tmp_path / "fresh").glob("*.arrow")}
+
+
+def test_overwrite_removes_a_dead_builds_parts(tmp_path):
+    dead = tmp_path / f".shards.tmp-{_dead_pid()}"
+    (dead / "parts" / "00000").mkdir(parents=True)
+    (dead / "plan.json").write_text("p")
+    (dead / "parts" / "00000" / "result.json").write_text("{}")
+    build([_local(tmp_path)], tmp_path / "shards", _cfg(), overwrite=True)
+    assert not dead.exists()
