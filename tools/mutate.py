@@ -81,9 +81,9 @@ MODULES: dict[str, list[str]] = {
     # the bytes to and from stores: literal names, ranged reads, retries, redaction, fresh reads for recovery.
     # The moto-server tests (test_storage_guarantees, test_storage_server) hold the same promises against a real
     # store, but take minutes: each survivor would cost that; the memory:// tests here run in seconds
-    "storage.py": ["tests/test_storage.py", "tests/test_publish.py", "tests/test_read.py"],
+    "storage.py": ["tests/test_storage.py", "tests/test_publish.py", "tests/test_publish_local.py", "tests/test_read.py"],
     # the commit protocol, local (renames) and in a store (journal, non-colliding names, finish or undo)
-    "stages/publish.py": ["tests/test_publish.py", "tests/test_storage.py"],
+    "stages/publish.py": ["tests/test_publish_local.py", "tests/test_publish.py", "tests/test_storage.py"],
     "stages/write.py": [
         "tests/test_build_output.py", "tests/test_stages.py", "tests/test_chat_turns.py", "tests/test_publish.py",
     ],

@@ -1,0 +1,197 @@
+"""The local half of the commit protocol (``weightprep.stages.publish``): a build written into a hidden directory
+beside the output and renamed into place; a replace through ``.NAME.old-PID``; what killed builds leave, by the
+process that left it (dead or alive) and by the output it was for; ``--resume`` adopting a dead build's parts."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import SAMPLE_RAW
+
+from weightprep.config import config_from_dict
+from weightprep.errors import UsageError
+from weightprep.manifest import read_manifest
+from weightprep.pipeline import build
+from weightprep.stages import publish
+
+LINES = SAMPLE_RAW.read_bytes().splitlines(keepends=True)
+OLD = b"".join(LINES[:40])
+NEW = b"".join(LINES[40:70]) + b'{"pieces": "not a list"}\n'
+
+
+class _Killed(BaseException):
+    """A kill -9, as the code sees it: nothing of weightprep catches it."""
+
+
+def _cfg():
+    return config_from_dict({"pack": {"seq_len": 128}, "validate": {"on_invalid": "skip"}})
+
+
+def _dead_pid() -> int:
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_leftovers_of_other_outputs_beside_are_kept(tmp_path):
+    (tmp_path / "raw.jsonl").write_bytes(OLD)
+    dead = _dead_pid()
+    for name in (f".shards.tmp-{dead}", f".other.tmp-{dead}", f".shards2.old-{dead}"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "x").write_text("x")
+    build([str(tmp_path / "raw.jsonl")], tmp_path / "shards", _cfg())
+    assert not (tmp_path / f".shards.tmp-{dead}").exists()  # this output's: a killed build's, removed
+    assert (tmp_path / f".other.tmp-{dead}" / "x").exists() and (tmp_path / f".shards2.old-{dead}" / "x").exists()
+
+
+def test_a_local_replace_killed_between_its_renames_gets_the_earlier_build_back(tmp_path, monkeypatch):
+    """Replacing is out -> .out.old-PID, then the new directory -> out: a kill between the two leaves the earlier
+    build in .old, which the next build to out puts back before anything else."""
+    import os
+    from pathlib import Path
+
+    (tmp_path / "old.jsonl").write_bytes(OLD)
+    (tmp_path / "new.jsonl").write_bytes(NEW)
+    out = tmp_path / "shards"
+    build([str(tmp_path / "old.jsonl")], out, _cfg())
+    earlier = {p.name: p.read_bytes() for p in out.iterdir()}
+    real = Path.rename
+
+    def killed_at_the_second(self, target):
+        if Path(target) == out:
+            raise _Killed("kill -9")
+        return real(self, target)
+
+    monkeypatch.setattr(Path, "rename", killed_at_the_second)
+    with pytest.raises(_Killed):
+        build([str(tmp_path / "new.jsonl")], out, _cfg(), overwrite=True)
+    monkeypatch.setattr(Path, "rename", real)
+    assert not out.exists()
+    dead = _dead_pid()  # the process is gone: its leftovers carry a dead process's id
+    for p in tmp_path.iterdir():
+        if p.name.endswith(f"-{os.getpid()}"):
+            p.rename(tmp_path / p.name.replace(f"-{os.getpid()}", f"-{dead}"))
+    with pytest.raises(UsageError, match="already exists"):  # put back first, then refused without --overwrite
+        build([str(tmp_path / "new.jsonl")], out, _cfg())
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == earlier
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["new.jsonl", "old.jsonl", "shards"]
+
+
+def _local(tmp_path, data=OLD, name="raw.jsonl"):
+    (tmp_path / name).write_bytes(data)
+    return str(tmp_path / name)
+
+
+def test_a_local_build_lists_its_shards_and_leaves_nothing_beside_it(tmp_path):
+    """The manifest that is written is the one returned, it lists exactly the shards written with their rows, and
+    a replace leaves neither the temporary nor the earlier directory beside the output."""
+    import datasets
+
+    out = tmp_path / "a" / "b" / "shards"  # parents made as needed
+    build([_local(tmp_path)], out, _cfg())
+    manifest = build([_local(tmp_path, NEW, "new.jsonl")], out, _cfg(), overwrite=True)
+    assert read_manifest(out) == manifest
+    assert sorted(s["filename"] for s in manifest["shards"]) == sorted(p.name for p in out.glob("*.arrow"))
+    assert sum(s["rows"] for s in manifest["shards"]) == len(datasets.load_from_disk(str(out)))
+    assert sorted(p.name for p in out.parent.iterdir()) == ["shards"]
+
+
+def test_a_local_build_whose_records_all_drop_writes_one_empty_shard(tmp_path):
+    cfg = config_from_dict({"pack": {"seq_len": 16}, "validate": {"on_invalid": "skip"}})  # every document overlong
+    manifest = build([_local(tmp_path)], tmp_path / "out", cfg)
+    assert [s["rows"] for s in manifest["shards"]] == [0] and manifest["counts"]["rows"] == 0
+    import datasets
+
+    assert len(datasets.load_from_disk(str(tmp_path / "out"))) == 0
+
+
+def test_a_failed_local_build_leaves_nothing(tmp_path):
+    from weightprep.errors import InputError
+
+    bad = _local(tmp_path, OLD + b'{"pieces": 3}\n')
+    with pytest.raises(InputError, match="raw.jsonl:41: pieces"):
+        build([bad], tmp_path / "out", config_from_dict({"pack": {"seq_len": 128}}))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["raw.jsonl"]
+
+
+def test_local_output_checks(tmp_path, monkeypatch):
+    raw = _local(tmp_path)
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(UsageError, match="exists and is not a directory"):
+        publish.prepare_output(tmp_path / "afile", overwrite=True)
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "raw.jsonl").write_bytes(OLD)
+    with pytest.raises(UsageError, match="is inside the output path"):
+        publish.prepare_output(tmp_path / "out", overwrite=True, inputs=[str(tmp_path / "out" / "raw.jsonl")])
+    (tmp_path / "out" / "raw.jsonl").unlink()
+    monkeypatch.chdir(tmp_path / "out")
+    assert publish.prepare_output(".", overwrite=True, inputs=[raw]) == tmp_path / "out"  # "." as its real name
+
+
+def test_directories_of_live_processes_are_left_alone(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        for name in (f".shards.tmp-{live.pid}", f".shards.old-{live.pid}", f".shards.old-{os.getpid()}"):
+            (tmp_path / name).mkdir()
+            (tmp_path / name / "x").write_text("x")
+        build([_local(tmp_path)], tmp_path / "shards", _cfg())
+        for name in (f".shards.tmp-{live.pid}", f".shards.old-{live.pid}", f".shards.old-{os.getpid()}"):
+            assert (tmp_path / name / "x").exists(), name
+    finally:
+        live.kill()
+        live.wait()
+
+
+def test_a_killed_local_build_is_resumed_from_its_parts_and_other_plans_are_dropped(tmp_path, monkeypatch):
+    """The directory of a dead build of this plan is adopted by --resume (its finished parts not run again); one
+    of another plan is removed; without --resume or --overwrite the build stops and says what it found."""
+    import os
+
+    from weightprep.distribute.job import PartJob
+    from weightprep.errors import BuildInterrupted, LeftoverParts
+
+    raw = _local(tmp_path, OLD + NEW)
+    cfg = config_from_dict({"pack": {"seq_len": 128}, "read": {"part_bytes": 4_000}, "validate": {"on_invalid": "skip"}})
+    real, runs, interrupt = PartJob._run, [], [True]
+
+    def interrupted(self, part, tmp, progress):
+        runs.append(part.index)
+        if part.index == 1 and interrupt[0]:
+            raise KeyboardInterrupt
+        return real(self, part, tmp, progress)
+
+    monkeypatch.setattr(PartJob, "_run", interrupted)
+    with pytest.raises(BuildInterrupted):
+        build([raw], tmp_path / "shards", cfg)
+    dead = _dead_pid()
+    (tmp_path / f".shards.tmp-{os.getpid()}").rename(tmp_path / f".shards.tmp-{dead}")
+    other = tmp_path / f".shards.tmp-{_dead_pid()}"
+    (other / "parts" / "00000").mkdir(parents=True)
+    (other / "plan.json").write_text("another plan")
+    (other / "parts" / "00000" / "result.json").write_text("{}")
+    interrupt[0] = False
+    with pytest.raises(LeftoverParts):
+        build([raw], tmp_path / "shards", cfg)
+    runs.clear()
+    build([raw], tmp_path / "shards", cfg, resume=True)
+    assert 0 not in runs and 1 in runs  # part 0 reused
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["raw.jsonl", "shards"]  # the other plan's removed
+    fresh = build([raw], tmp_path / "fresh", cfg)
+    assert read_manifest(tmp_path / "shards")["counts"] == fresh["counts"]
+    assert {p.name: p.read_bytes() for p in (tmp_path / "shards").glob("*.arrow")} == {
+        p.name: p.read_bytes() for p in (tmp_path / "fresh").glob("*.arrow")}
+
+
+def test_overwrite_removes_a_dead_builds_parts(tmp_path):
+    dead = tmp_path / f".shards.tmp-{_dead_pid()}"
+    (dead / "parts" / "00000").mkdir(parents=True)
+    (dead / "plan.json").write_text("p")
+    (dead / "parts" / "00000" / "result.json").write_text("{}")
+    build([_local(tmp_path)], tmp_path / "shards", _cfg(), overwrite=True)
+    assert not dead.exists()
