@@ -31,8 +31,9 @@ __all__ = ["redact", "redact_record", "remember", "remember_options", "MASK"]
 #: What replaces a secret.
 MASK = "***"
 
-#: A URL inside text: a scheme, then everything up to whitespace, a quote or an angle bracket.
-_URL = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*://)(?P<rest>[^\s'\"<>`]*)")
+#: A URL inside text: a scheme, then everything up to whitespace, a double quote, a backtick or an angle bracket (a
+#: single quote may be part of a password; one that ends the URL goes back to the text, as other punctuation does).
+_URL = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*://)(?P<rest>[^\s\"<>`]*)")
 
 #: Secrets seen in this process (``remember``), masked wherever they appear; shorter strings are too common to mask.
 _KNOWN: set[str] = set()
@@ -41,7 +42,7 @@ _SHORTEST = 4
 _SECRET_KEYS = re.compile(r"key|secret|token|passw|credential|signature|sas|auth", re.IGNORECASE)
 
 #: Punctuation that ends a sentence or a message's "URL: problem" rather than the URL.
-_TRAILING = ".,:;)]}"
+_TRAILING = ".,:;)]}'"
 
 
 def _keep(secret: str) -> None:
