@@ -260,3 +260,52 @@ def test_remove_output_takes_the_manifest_first_then_the_loadable_files(mem, mon
     assert removed[:6] == [MANIFEST_NAME, "dataset_dict.json", "state.json", "dataset_info.json", "train/state.json",
                            "train/dataset_info.json"]
     assert sorted(removed) == sorted(set(removed)) and mem.find("/out/shards") == []
+
+
+def test_an_undo_removes_the_new_builds_switches_first(mem, monkeypatch):
+    """A failed commit to a fresh output with splits: dataset_dict.json (what makes it a DatasetDict) goes before
+    the splits' state.json, so no reader ever sees a DatasetDict with a split missing."""
+    cfg = config_from_dict({"pack": {"seq_len": 128}, "split": {"validation_fraction": 0.2}})
+    real_write, real_remove, removed = storage.write_bytes, storage.remove, []
+
+    def refuse_manifest(url, data):
+        if url == f"{OUT}/{MANIFEST_NAME}":
+            raise storage.StorageError(f"{url}: writing it failed (AccessDenied)")
+        return real_write(url, data)
+
+    monkeypatch.setattr(storage, "write_bytes", refuse_manifest)
+    monkeypatch.setattr(storage, "remove", lambda url: (removed.append(url), real_remove(url))[1])
+    with pytest.raises(UsageError, match="AccessDenied"):
+        build(["memory://in/old.jsonl"], OUT, cfg)
+    loadable = [u.rsplit("shards/", 1)[1] for u in removed if u.startswith(OUT + "/") and u.endswith(".json")]
+    assert loadable[:2] == [MANIFEST_NAME, "dataset_dict.json"] and set(loadable) == {MANIFEST_NAME,
+        "dataset_dict.json", *(f"{s}/{f}" for s in ("train", "validation") for f in ("state.json", "dataset_info.json"))}
+    assert mem.find("/out/shards") == []
+
+
+def test_an_undo_the_store_refuses_says_so_and_leaves_no_local_staging(mem, monkeypatch, capsys):
+    import glob
+    import tempfile
+
+    build(["memory://in/old.jsonl"], OUT, _cfg())
+    staging = set(glob.glob(f"{tempfile.gettempdir()}/weightprep-out-*"))
+    real_write = storage.write_bytes
+
+    def refuse(url, *args):
+        raise storage.StorageError(f"{url}: refused (AccessDenied)")
+
+    # the store takes the journal and the shards, then refuses every write to the output and every removal
+    monkeypatch.setattr(storage, "write_bytes", lambda url, data: refuse(url) if url.startswith(OUT + "/") else
+                        real_write(url, data))
+    monkeypatch.setattr(storage, "remove", refuse)
+    with pytest.raises(UsageError, match="AccessDenied"):
+        build(["memory://in/new.jsonl"], OUT, _cfg(), overwrite=True)
+    assert "warning: could not undo the commit" in capsys.readouterr().err
+    assert set(glob.glob(f"{tempfile.gettempdir()}/weightprep-out-*")) == staging
+    assert load_rows(OUT) == builds_rows_old(mem)
+
+
+def builds_rows_old(mem):
+    """The rows of OLD built alone (the earlier build, still what the output holds)."""
+    build(["memory://in/old.jsonl"], "memory://ref/old-again", _cfg())
+    return load_rows("memory://ref/old-again")
