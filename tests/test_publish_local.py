@@ -195,3 +195,28 @@ def test_overwrite_removes_a_dead_builds_parts(tmp_path):
     (dead / "parts" / "00000" / "result.json").write_text("{}")
     build([_local(tmp_path)], tmp_path / "shards", _cfg(), overwrite=True)
     assert not dead.exists()
+
+
+def test_alive_tells_running_processes_from_dead_and_zombie_ones():
+    import os
+    import subprocess
+    import sys
+    import time
+
+    running = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    zombie = subprocess.Popen([sys.executable, "-c", "pass"])  # exits, and is not waited for: a zombie
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            with open(f"/proc/{zombie.pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    break
+            time.sleep(0.05)
+        assert publish._alive(running.pid) is True
+        assert publish._alive(os.getpid()) is True
+        assert publish._alive(zombie.pid) is False  # its leftovers are a dead build's
+        assert publish._alive(_dead_pid()) is False
+    finally:
+        running.kill()
+        running.wait()
+        zombie.wait()
