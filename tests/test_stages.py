@@ -18,7 +18,7 @@ from weightprep.batches import Documents
 from weightprep.constants import IGNORE_INDEX
 from weightprep.stages.filter import filter_documents
 from weightprep.stages.mask import mask
-from weightprep.stages.pack import Packer, best_fit_decreasing
+from weightprep.stages.pack import Packer, best_fit_decreasing, rows_from_bins
 
 _weights = st.sampled_from([0.0, 0.5, 1.0, 2.0])
 _document = st.lists(st.tuples(st.integers(0, 999), _weights), min_size=0, max_size=6)
@@ -217,7 +217,7 @@ def test_best_fit_decreasing_examples(lengths, capacity, bins):
 
 @pytest.mark.parametrize("capacity", [1, 2, 3, 4, 7, 8, 9, 15, 16, 17, 31, 32, 33, 64])
 def test_best_fit_decreasing_at_power_of_two_capacities(capacity):
-    """The segment tree is sized to the next power of two above ``capacity``: every room 1..capacity is used."""
+    """Every room 1..capacity is used, at capacities around powers of two."""
     lengths = [n for n in range(capacity, 0, -1) for _ in range(2)] + [1] * capacity
     got = best_fit_decreasing(np.array(lengths, dtype=np.int64), capacity)
     assert got == _best_fit_reference(lengths, capacity)
@@ -283,3 +283,108 @@ def test_packer_starts_afresh_after_a_flush():
     assert list(packer.add(_numbered(2, [2, 2]))) == []  # 2 pending, not 3
     assert [_documents_in(r) for r in packer.add(_numbered(4, [2]))] == [[2, 3, 4]]
     assert list(packer.flush()) == []
+
+
+def _rows_reference(docs: Documents, bins: list[list[int]], seq_len: int, pad_id: int):
+    """Rows built one document slice at a time (the plain loop ``rows_from_bins`` vectorizes)."""
+    n = len(bins)
+    ids, labels = np.full((n, seq_len), pad_id, np.int32), np.full((n, seq_len), IGNORE_INDEX, np.int32)
+    weights, positions = np.zeros((n, seq_len), np.float32), np.zeros((n, seq_len), np.int32)
+    turns, segments = np.zeros((n, seq_len), np.int32), []
+    for r, members in enumerate(bins):
+        pos, segs = 0, []
+        for d in members:
+            s, e = int(docs.offsets[d]), int(docs.offsets[d + 1])
+            ids[r, pos : pos + e - s], labels[r, pos : pos + e - s] = docs.input_ids[s:e], docs.labels[s:e]
+            weights[r, pos : pos + e - s], turns[r, pos : pos + e - s] = docs.weights[s:e], docs.turns[s:e]
+            positions[r, pos : pos + e - s] = np.arange(e - s)
+            segs.append(e - s)
+            pos += e - s
+        if pos < seq_len:
+            positions[r, pos:] = np.arange(seq_len - pos)
+            segs.append(seq_len - pos)
+        segments.append(segs)
+    return ids, labels, weights, positions, turns, segments
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.integers(1, 12),
+    st.lists(st.integers(0, 12), max_size=30),
+    st.randoms(use_true_random=False),
+    st.booleans(),
+)
+def test_rows_from_bins_matches_a_row_by_row_copy(seq_len, lengths, rnd, attention_mask):
+    """Every column, the segments and the pad tails, against plain slice copies; empty documents, full rows,
+    rows of one document and bins in any order included."""
+    lengths = [min(n, seq_len) for n in lengths]
+    rng = np.random.default_rng(rnd.randrange(1 << 30))
+    total = sum(lengths)
+    offsets = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)]).astype(np.int64)
+    weights = rng.choice([0.0, 0.5, 1.0], total).astype(np.float32)
+    input_ids = rng.integers(0, 1000, total, dtype=np.int32)
+    docs = Documents(
+        input_ids=input_ids, weights=weights, offsets=offsets, lines=np.arange(len(lengths), dtype=np.int64),
+        labels=np.where(weights > 0, input_ids, IGNORE_INDEX).astype(np.int32),
+        turns=rng.integers(0, 5, total, dtype=np.int32),
+    )
+    bins = best_fit_decreasing(np.array(lengths, dtype=np.int64), seq_len)
+    rnd.shuffle(bins)
+    rows = rows_from_bins(docs, bins, seq_len, -7, attention_mask=attention_mask)
+    ids, labels, weights_, positions, turns, segments = _rows_reference(docs, bins, seq_len, -7)
+    np.testing.assert_array_equal(rows.input_ids, ids)
+    np.testing.assert_array_equal(rows.labels, labels)
+    np.testing.assert_array_equal(rows.weights, weights_)
+    np.testing.assert_array_equal(rows.position_ids, positions)
+    np.testing.assert_array_equal(rows.turns, turns)
+    assert [s.tolist() for s in rows.seq_lengths] == segments
+    assert all(s.dtype == np.int32 for s in rows.seq_lengths)
+    assert rows.input_ids.dtype == rows.labels.dtype == rows.position_ids.dtype == np.int32
+    assert rows.documents.tolist() == [len(b) for b in bins]
+    used = [sum(lengths[d] for d in b) for b in bins]
+    assert rows.real_tokens.tolist() == used
+    if attention_mask:
+        assert rows.attention_mask.tolist() == [[int(t < u) for t in range(seq_len)] for u in used]
+    else:
+        assert rows.attention_mask is None
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.lists(st.tuples(st.integers(0, 5), _weights), min_size=0, max_size=4), max_size=8),
+    st.booleans(),
+    st.sampled_from([0.0, 1.0, 0.3]),
+)
+def test_assemble_matches_a_record_by_record_loop(records, with_bos, eos_weight):
+    """BOS (or not) + each piece's ids with its weight + EOS, per record, against a plain loop; empty pieces and
+    records of no piece included."""
+    from weightprep.batches import Records
+    from weightprep.stages.assemble import assemble
+    from weightprep.tokenizer import SpecialTokens
+
+    rng = np.random.default_rng(len(records))
+    pieces = [p for r in records for p in r]
+    piece_ids = [rng.integers(10, 99, n).astype(np.int32) for n, _ in pieces]
+    piece_offsets = np.concatenate([[0], np.cumsum([len(i) for i in piece_ids], dtype=np.int64)]).astype(np.int64)
+    batch = Records(
+        path="x.jsonl", lines=np.arange(1, len(records) + 1, dtype=np.int64), texts=["t"] * len(pieces),
+        piece_weights=np.array([w for _, w in pieces], dtype=np.float64),
+        piece_offsets=np.concatenate([[0], np.cumsum([len(r) for r in records], dtype=np.int64)]).astype(np.int64),
+    )
+    flat = np.concatenate(piece_ids) if piece_ids else np.zeros(0, np.int32)
+    specials = SpecialTokens(bos=1 if with_bos else None, eos=2, pad=0)
+    docs = assemble(batch, flat, piece_offsets, specials, eos_weight)
+    ids, weights, k = [], [], 0
+    for r, record in enumerate(records):
+        doc_ids, doc_weights = ([1], [0.0]) if with_bos else ([], [])
+        for _, w in record:
+            doc_ids += piece_ids[k].tolist()
+            doc_weights += [w] * len(piece_ids[k])
+            k += 1
+        ids.append(doc_ids + [2])
+        weights.append(doc_weights + [eos_weight])
+        assert docs.lines[r] == r + 1
+    assert [docs.input_ids[a:b].tolist() for a, b in zip(docs.offsets[:-1], docs.offsets[1:], strict=True)] == ids
+    expected = [np.float32(w) for doc in weights for w in doc]
+    assert docs.input_ids.dtype == np.int32 and docs.weights.dtype == np.float32
+    assert docs.weights.tolist() == [float(w) for w in expected]

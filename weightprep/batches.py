@@ -257,13 +257,14 @@ class Documents:
         return Documents(input_ids=input_ids, weights=weights, offsets=offsets, lines=lines, labels=labels, turns=turns)
 
 
-def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """Concatenation of ``arange(s, s + n)`` for each (s, n), without a Python loop."""
+def _ranges(starts: np.ndarray, lengths: np.ndarray, dtype: Any = np.int64) -> np.ndarray:
+    """Concatenation of ``arange(s, s + n)`` for each (s, n), without a Python loop (as ``dtype``: one that holds
+    every value, e.g. int32 for positions within rows)."""
     total = int(lengths.sum())
     if total == 0:
-        return np.zeros(0, dtype=np.int64)
+        return np.zeros(0, dtype=dtype)
     ends = np.cumsum(lengths)
-    step = np.ones(total, dtype=np.int64)
+    step = np.ones(total, dtype=dtype)
     nonempty = lengths > 0
     first = (ends - lengths)[nonempty]
     # at each range's first slot, jump from the previous range's last value to this start

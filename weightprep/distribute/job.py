@@ -17,6 +17,7 @@ A build with sources (``weightprep.sources``) runs ``MixedPart``s instead: their
 from __future__ import annotations
 
 import copy
+import ctypes
 import gc
 import json
 import os
@@ -25,7 +26,7 @@ import tempfile
 import uuid
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +46,7 @@ from weightprep.stages.tokenize import FastokensPrefetch, PieceTokenizer
 from weightprep.stages.write import ShardWriter
 from weightprep.tokenizer import load_tokenizer, set_tokenizer_threads, special_tokens
 
-__all__ = ["PartJob", "KeyPass", "EpochPass", "Worker", "ProgressFn", "ADD_BOS"]
+__all__ = ["PartJob", "KeyPass", "EpochPass", "Worker", "ProgressFn", "ADD_BOS", "bound_heap"]
 
 #: Called after each block with (bytes of input consumed so far, counts so far: records ``accepted``, ``tokens``).
 ProgressFn = Callable[[int, Counter], None]
@@ -54,11 +55,38 @@ ProgressFn = Callable[[int, Counter], None]
 ADD_BOS = {"auto": None, "always": True, "never": False}
 
 
+#: glibc's ``mallopt`` parameters (malloc.h): the size from which an allocation is its own mapping, and the
+#: most heaps (arenas) that threads allocate from.
+_M_MMAP_THRESHOLD, _M_ARENA_MAX = -3, -8
+#: Allocations of this size and more get their own mapping, returned to the system when freed.
+MMAP_THRESHOLD = 1 << 20
+
+
+def bound_heap() -> bool:
+    """Keep a worker's resident memory at what it holds, not at what it once held (glibc only; False elsewhere).
+
+    A part's arrays are megabytes each and short-lived, made and freed by three threads (read, tokenize, pack and
+    write) and the tokenizer's own. glibc raises its mapping threshold each time such an array is freed (up to
+    32 MiB), so the next ones come from the threads' heaps, which are returned to the system only from their top:
+    a build's resident memory then grows with the input to well above what it holds at any time (653 MiB peak for
+    30k records, 801 MiB for 300k). A fixed threshold of 1 MiB (every block, window and row array is its own
+    mapping, unmapped when freed) and two heaps for all threads keep it at the working set (docs/performance.md).
+    Arrow's own pool (mimalloc, the JSON parse's buffers) is left as it is: moved to this heap it saved ~60 MiB of
+    peak but made the parse 1.5-2x slower (the reader thread's work)."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):  # not glibc (macOS, musl): its allocator is left as it is
+        return False
+    return bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(mallopt(_M_ARENA_MAX, 2))
+
+
 class Worker:
     """What one process keeps between the parts it runs: the tokenizer (loaded once), its special tokens,
     the piece tokenizer and the chat stage."""
 
     def __init__(self, tok: Any, cfg: BuildConfig, prefetch: FastokensPrefetch | None = None) -> None:
+        bound_heap()
         self.tok = tok
         self.specials = special_tokens(tok, add_bos=ADD_BOS[cfg.tokenizer.add_bos])
         self.notes: list[str] = []
@@ -247,7 +275,8 @@ class PartJob:
                     docs, batch_counts = document_batch(subset, state.tokenize, state.specials, cfg)
                     doc_counts[name].update(batch_counts)
                     accepted["tokens"] += batch_counts["tokens_accepted"]
-                    sink.put((name, docs))
+                    # rows get their labels from ids and weights (``rows_from_bins``): the queue does not carry them
+                    sink.put((name, replace(docs, labels=None)))
                 accepted["accepted"] += len(records)
                 if progress is not None:
                     progress(consumed, accepted)

@@ -8,7 +8,8 @@ ids, so each weight stays on exactly the tokens of its own piece. Example with B
     weights  0 | 0  0  0       | 1  1  1 | 1
 
 BOS gets weight 0: it is the first token of its document and nothing predicts it (the mask stage
-enforces that for whatever token comes first). Fully vectorized: no per-record Python loop.
+enforces that for whatever token comes first). Fully vectorized, no per-record Python loop and no per-token index
+array: the ids go in with one masked copy, the weights with one ``repeat`` over the [BOS] piece ... EOS segments.
 """
 
 from __future__ import annotations
@@ -30,29 +31,33 @@ def assemble(
 ) -> Documents:
     """Build one document per record from its pieces' token ids (see the module docstring)."""
     n_records = len(records)
-    n_special = 1 + (specials.bos is not None)
-    piece_lengths = np.diff(piece_offsets)
+    bos = specials.bos is not None
+    n_special = 1 + bos
     # tokens per record = sum of its pieces' lengths
     content_ends = piece_offsets[records.piece_offsets]  # token offset at each record boundary
-    content_lengths = np.diff(content_ends)
-    doc_lengths = content_lengths + n_special
     offsets = np.zeros(n_records + 1, dtype=np.int64)
-    np.cumsum(doc_lengths, out=offsets[1:])
-
+    np.cumsum(np.diff(content_ends) + n_special, out=offsets[1:])
     total = int(offsets[-1])
+    starts, ends = offsets[:-1], offsets[1:] - 1  # each document's first token (BOS or content) and its EOS
+
+    # ids: the pieces' ids in order into every position that is not BOS/EOS (one masked copy, no index arrays)
     input_ids = np.empty(total, dtype=np.int32)
-    weights = np.empty(total, dtype=np.float32)
+    content = np.ones(total, dtype=bool)
+    if bos:
+        content[starts] = False
+        input_ids[starts] = specials.bos
+    content[ends] = False
+    input_ids[content] = piece_ids
+    input_ids[ends] = specials.eos
 
-    # each content token of record r moves right by r * n_special (+1 for BOS) positions
-    record_of_token = np.repeat(np.arange(n_records, dtype=np.int64), content_lengths)
-    shift = record_of_token * n_special + (specials.bos is not None)
-    dest = np.arange(len(piece_ids), dtype=np.int64) + shift
-    input_ids[dest] = piece_ids
-    weights[dest] = np.repeat(records.piece_weights.astype(np.float32), piece_lengths)
-
-    if specials.bos is not None:
-        input_ids[offsets[:-1]] = specials.bos
-        weights[offsets[:-1]] = 0.0
-    input_ids[offsets[1:] - 1] = specials.eos
-    weights[offsets[1:] - 1] = eos_weight
+    # weights: the document as segments [BOS] piece ... piece EOS, each segment's weight repeated over its length
+    n_pieces = len(piece_offsets) - 1
+    slot = np.arange(n_pieces, dtype=np.int64)
+    slot += np.repeat(np.arange(n_records, dtype=np.int64) * n_special + bos, np.diff(records.piece_offsets))
+    seg_lengths = np.ones(n_pieces + n_special * n_records, dtype=np.int64)
+    seg_weights = np.zeros(len(seg_lengths), dtype=np.float32)  # BOS: weight 0
+    seg_lengths[slot] = np.diff(piece_offsets)
+    seg_weights[slot] = records.piece_weights
+    seg_weights[records.piece_offsets[1:] + np.arange(1, n_records + 1) * n_special - 1] = eos_weight
+    weights = np.repeat(seg_weights, seg_lengths)
     return Documents(input_ids=input_ids, weights=weights, offsets=offsets, lines=records.lines.copy())

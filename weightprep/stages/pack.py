@@ -3,28 +3,36 @@
 Packed: documents are collected into windows of exactly ``window`` documents (the last one shorter), in
 input order whatever batches they arrive in, so the rows do not depend on block sizes. Each window is
 sorted longest first and each document put into the fullest open row that still has room
-(best-fit-decreasing, O(log L) per document through a segment tree over remaining capacity). Rows come out in the order they were opened,
+(best-fit-decreasing, O(log L) per document: a ``bisect`` over the room values that open rows have). Rows come
+out in the order they were opened,
 documents within a row in the order they were placed, so the result is deterministic. Example,
 seq_len 8, documents A (3 tokens), B (2), pad id 0::
 
     input_ids     A0 A1 A2 B0 B1  0  0  0
     position_ids   0  1  2  0  1  0  1  2
     seq_lengths   [3, 2, 3]                # the pad tail is the last segment
-    labels/weights carry over from the documents; pads get IGNORE_INDEX / 0
+    weights carry over from the documents, labels are ids where the weight is positive (the mask stage's
+    rule, ``labels_from_weights``); pads get weight 0, label IGNORE_INDEX
 
 Unpacked: one document per row, in input order, right-padded, plus an ``attention_mask``.
-Cost: O(window) memory in documents; fill is typically > 99% with a window of thousands of
+Cost: O(window) memory in documents (8 bytes per token: ids and weights; the window is cut from the pending
+batches as views, then copied once); fill is typically > 99% with a window of thousands of
 documents, since only the last few rows of each window are left part-full.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_left, insort
 from collections.abc import Iterator
+from dataclasses import replace
+from itertools import chain
+from typing import Any
 
 import numpy as np
 
-from weightprep.batches import Documents, Rows
+from weightprep.batches import Documents, Rows, _ranges
 from weightprep.constants import IGNORE_INDEX
+from weightprep.stages.mask import labels_from_weights
 
 __all__ = ["best_fit_decreasing", "rows_from_bins", "Packer"]
 
@@ -39,99 +47,116 @@ def best_fit_decreasing(lengths: np.ndarray, capacity: int) -> list[list[int]]:
     left that still has room (> 0) for it, among bins with equal room the one that reached that room last;
     a document no bin takes opens a new bin. Bins are listed in the order they were opened.
 
+    The open bins are kept by room: a stack of bins per room value (the last to reach it on top) and the sorted
+    list of the room values that have a bin, so the best fit is one ``bisect`` (O(log L)) and a room value
+    appearing or emptying one insertion or deletion in a list of at most ``capacity`` ints (a memmove).
+
     >>> best_fit_decreasing(np.array([3, 5, 2, 6]), 8)
     [[3, 2], [1, 0]]
     """
-    size = 1
-    while size < capacity + 1:
-        size *= 2
-    tree = [0] * (2 * size)  # tree[node] = number of open bins whose remaining room is in node's range
-    by_room: list[list[int]] = [[] for _ in range(capacity + 1)]
-    room: list[int] = []
+    order = np.argsort(-lengths, kind="stable")
+    sizes = lengths[order].tolist()
+    if sizes and sizes[0] > capacity:
+        raise ValueError(f"document of {sizes[0]} tokens does not fit a row of {capacity}")
+    rooms: list[int] = []  # sorted room values (> 0) that at least one open bin has
+    by_room: dict[int, list[int]] = {}  # room -> its bins, the one that reached it last at the end
     bins: list[list[int]] = []
-
-    def update(r: int, delta: int) -> None:
-        i = r + size
-        while i:
-            tree[i] += delta
-            i //= 2
-
-    def smallest_room_at_least(n: int) -> int:
-        i = n + size
-        if tree[i]:
-            return n
-        while i > 1:
-            if i % 2 == 0 and tree[i + 1]:
-                i += 1
-                break
-            i //= 2
-        else:
-            return -1
-        while i < size:
-            i = 2 * i if tree[2 * i] else 2 * i + 1
-        return i - size
-
-    for doc in np.argsort(-lengths, kind="stable").tolist():
-        n = int(lengths[doc])
-        if n > capacity:
-            raise ValueError(f"document of {n} tokens does not fit a row of {capacity}")
-        r = smallest_room_at_least(n)
-        if r < 0:
+    for doc, n in zip(order.tolist(), sizes, strict=True):
+        i = bisect_left(rooms, n)
+        if i == len(rooms):  # no bin has room: open one
             b = len(bins)
             bins.append([doc])
-            room.append(capacity - n)
+            left = capacity - n
         else:
-            b = by_room[r].pop()
-            update(r, -1)
+            r = rooms[i]
+            stack = by_room[r]
+            b = stack.pop()
+            if not stack:
+                del rooms[i], by_room[r]
             bins[b].append(doc)
-            room[b] = r - n
-        if room[b] > 0:
-            by_room[room[b]].append(b)
-            update(room[b], +1)
+            left = r - n
+        if left > 0:
+            stack = by_room.get(left)
+            if stack is None:
+                by_room[left] = [b]
+                insort(rooms, left)
+            else:
+                stack.append(b)
     return bins
 
 
 def rows_from_bins(docs: Documents, bins: list[list[int]], seq_len: int, pad_id: int, *, attention_mask: bool) -> Rows:
     """Materialize ``bins`` (lists of document indices of ``docs``) as padded rows of ``seq_len``.
 
-    One slice copy per document and column: cheaper than building token-level index arrays,
-    since documents are hundreds of tokens long.
+    ``docs`` are masked documents; without their ``labels`` (the packer's window does not keep them), the rows'
+    labels are made from the rows' ids and weights by the mask stage's own rule (``labels_from_weights``): the
+    same labels, since the mask stage made them so and a pad has weight 0.
+
+    Vectorized: a row is its segments back to back (its documents, then the pad tail if any), so every column
+    of the ``n x seq_len`` block is one ``take`` from its document column through one token index (a pad
+    position reads any token, then the few pad positions are overwritten), and the positions restart at every
+    segment start (the concatenation of ``arange(segment length)`` over the segments).
     """
-    assert docs.labels is not None, "rows are built from masked documents"
     n_rows = len(bins)
     shape = (n_rows, seq_len)
-    input_ids = np.full(shape, pad_id, dtype=np.int32)
-    labels = np.full(shape, IGNORE_INDEX, dtype=np.int32)
-    weights = np.zeros(shape, dtype=np.float32)
-    position_ids = np.empty(shape, dtype=np.int32)
-    turns = None if docs.turns is None else np.zeros(shape, dtype=np.int32)
-    arange = np.arange(seq_len, dtype=np.int32)
-    src_ids, src_labels, src_weights = docs.input_ids, docs.labels, docs.weights
-    starts, lengths = docs.offsets[:-1].tolist(), docs.lengths.tolist()
-    used = np.zeros(n_rows, dtype=np.int64)
-    seq_lengths: list[np.ndarray] = []
-    for r, members in enumerate(bins):
-        pos = 0
-        segs = []
-        for d in members:
-            s, n = starts[d], lengths[d]
-            input_ids[r, pos : pos + n] = src_ids[s : s + n]
-            labels[r, pos : pos + n] = src_labels[s : s + n]
-            weights[r, pos : pos + n] = src_weights[s : s + n]
-            position_ids[r, pos : pos + n] = arange[:n]
-            if turns is not None:
-                turns[r, pos : pos + n] = docs.turns[s : s + n]  # type: ignore[index]
-            segs.append(n)
-            pos += n
-        assert pos <= seq_len
-        if pos < seq_len:  # the pad tail restarts its positions, like a document of its own
-            position_ids[r, pos:] = arange[: seq_len - pos]
-            segs.append(seq_len - pos)
-        used[r] = pos
-        seq_lengths.append(np.asarray(segs, dtype=np.int32))
-    mask = (arange[None, :] < used[:, None]).astype(np.int8) if attention_mask else None
-    docs_per_row = np.fromiter(map(len, bins), dtype=np.int64, count=n_rows)
-    return Rows(input_ids, labels, weights, position_ids, seq_lengths, used, docs_per_row, mask, turns)
+    per_row = np.fromiter(map(len, bins), dtype=np.int64, count=n_rows)
+    order = np.fromiter(chain.from_iterable(bins), dtype=np.int64, count=int(per_row.sum()))
+    lengths = docs.lengths[order]
+    row_ends = np.cumsum(per_row) - 1  # index in ``order`` of each row's last document
+    used = np.diff(np.cumsum(lengths)[row_ends], prepend=0) if len(order) else np.zeros(n_rows, dtype=np.int64)
+    assert (used <= seq_len).all()
+    tail = seq_len - used
+    has_tail = tail > 0
+    # segments: each row's documents, then its pad tail where it has one
+    segs_per_row = per_row + has_tail
+    seg_ends = np.cumsum(segs_per_row)
+    seg_first = seg_ends - segs_per_row  # index of each row's first segment
+    seg_lengths = np.empty(int(seg_ends[-1]) if n_rows else 0, dtype=np.int64)
+    seg_sources = np.zeros(len(seg_lengths), dtype=np.int64)  # where each segment's tokens start in ``docs``
+    doc_slot = np.repeat(seg_first, per_row) + (np.arange(len(order)) - np.repeat(row_ends + 1 - per_row, per_row))
+    seg_lengths[doc_slot] = lengths
+    seg_sources[doc_slot] = docs.offsets[:-1][order]
+    tail_slot = (seg_ends - 1)[has_tail]
+    seg_lengths[tail_slot] = tail[has_tail]
+    # n_rows * seq_len token indices; a pad tail's run from 0, clipped to the last token, then overwritten
+    gather = _ranges(seg_sources, seg_lengths)
+    pads = _ranges(np.flatnonzero(has_tail) * seq_len + used[has_tail], tail[has_tail])
+
+    input_ids = _column(docs.input_ids, gather, pads, pad_id, shape)
+    weights = _column(docs.weights, gather, pads, 0, shape)
+    if docs.labels is None:
+        labels = labels_from_weights(input_ids, weights)
+    else:
+        labels = _column(docs.labels, gather, pads, IGNORE_INDEX, shape)
+    turns = None if docs.turns is None else _column(docs.turns, gather, pads, 0, shape)
+    del gather, pads  # before the positions: the block's two index arrays are not held at once
+    position_ids = _ranges(np.zeros(len(seg_lengths), dtype=np.int32), seg_lengths, np.int32)
+    seq_lengths = np.split(seg_lengths.astype(np.int32), seg_ends[:-1]) if n_rows else []
+    mask = (np.arange(seq_len)[None, :] < used[:, None]).astype(np.int8) if attention_mask else None
+    return Rows(input_ids, labels, weights, position_ids.reshape(shape), seq_lengths, used, per_row, mask, turns)
+
+
+def _column(values: np.ndarray, gather: np.ndarray, pads: np.ndarray, pad: Any, shape: tuple[int, int]) -> np.ndarray:
+    """``values`` at the ``gather`` positions (clipped: a pad's position need not be a token), ``pad`` at ``pads``."""
+    if not len(values):  # no tokens at all: every position a pad
+        return np.full(shape, pad, dtype=values.dtype)
+    out = values.take(gather, mode="clip")
+    out[pads] = pad
+    return out.reshape(shape)
+
+
+def _head(docs: Documents, n: int) -> tuple[Documents, Documents]:
+    """The first ``n`` documents of ``docs`` and the rest, as views (no copy)."""
+    cut = int(docs.offsets[n])
+
+    def part(a: int, b: int, t0: int, t1: int) -> Documents:
+        return Documents(
+            input_ids=docs.input_ids[t0:t1], weights=docs.weights[t0:t1], offsets=docs.offsets[a : b + 1] - t0,
+            lines=docs.lines[a:b], labels=None if docs.labels is None else docs.labels[t0:t1],
+            turns=None if docs.turns is None else docs.turns[t0:t1],
+        )  # fmt: skip
+
+    return part(0, n, 0, cut), part(n, len(docs), cut, len(docs.input_ids))
 
 
 class Packer:
@@ -150,14 +175,22 @@ class Packer:
         if not self.packed:
             yield from self._emit(docs, [[i] for i in range(len(docs))])
             return
-        self._pending.append(docs)
+        # labels are ids where the weight is positive (the mask stage's rule): the window keeps ids and weights
+        # only, a third less memory per token held, and the rows get their labels back (``rows_from_bins``)
+        self._pending.append(replace(docs, labels=None))
         self._pending_docs += len(docs)
         while self._pending_docs >= self.window:  # windows of exactly ``window`` documents, whatever the batches
-            pending = Documents.concat(self._pending)
-            n = len(pending)
-            window = pending.take(np.arange(self.window))
-            rest = pending.take(np.arange(self.window, n))
-            self._pending, self._pending_docs = ([rest] if len(rest) else []), n - self.window
+            parts, n = [], 0
+            while n < self.window:  # whole batches, then the head of the one the window ends in (views)
+                first = self._pending.pop(0)
+                if n + len(first) > self.window:
+                    first, rest = _head(first, self.window - n)
+                    self._pending.insert(0, rest)
+                parts.append(first)
+                n += len(first)
+            self._pending_docs -= self.window
+            window = Documents.concat(parts)  # the window's one copy (none when it is one whole batch)
+            del parts, first  # the batches it was cut from are not held while its rows are built
             yield from self._emit(window, best_fit_decreasing(window.lengths, self.seq_len))
 
     def flush(self) -> Iterator[Rows]:
