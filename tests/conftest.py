@@ -66,3 +66,41 @@ def ray_session():
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     yield ray
     ray.shutdown()
+
+
+class PartInterrupter:
+    """``PartJob._run`` patched to raise ``KeyboardInterrupt`` (Ctrl-C) when it reaches part ``index``, while
+    ``interrupt`` is true; ``runs`` lists the parts run, in order (a test of --resume reads what was run again)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, index: int = 1) -> None:
+        from weightprep.distribute.job import PartJob
+
+        self.runs: list[int] = []
+        self.interrupt = True
+        real = PartJob._run
+
+        def run(job, part, tmp, progress):  # type: ignore[no-untyped-def]
+            self.runs.append(part.index)
+            if part.index == index and self.interrupt:
+                raise KeyboardInterrupt
+            return real(job, part, tmp, progress)
+
+        monkeypatch.setattr(PartJob, "_run", run)
+
+
+@pytest.fixture
+def mem(monkeypatch):
+    """fsspec's ``memory://`` filesystem, emptied before and after the test; store errors retried without waiting."""
+    import fsspec
+
+    from weightprep import storage
+
+    fs = fsspec.filesystem("memory")
+    fs.store.clear()
+    fs.pseudo_dirs.clear()
+    fs.pseudo_dirs.append("")
+    monkeypatch.setenv("WEIGHTPREP_STORAGE_BACKOFF", "0")
+    yield fs
+    fs.store.clear()
+    storage.configure(None)
+

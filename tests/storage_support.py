@@ -192,6 +192,28 @@ class RangeServer:
         self.server.server_close()
 
 
+def serve_s3(tmp_path_factory, bucket: str, objects: dict[str, bytes]):
+    """A generator for a module's fixture: moto's server behind a ``FaultProxy``, the process's storage options
+    pointing at the proxy, ``bucket`` made and ``objects`` (URL -> bytes) uploaded; yields (proxy, server), then
+    stops both."""
+    import boto3
+
+    from weightprep import storage
+
+    server = MotoServer(tmp_path_factory.mktemp("moto") / "requests.log")
+    proxy = FaultProxy(server.port)
+    storage.configure(s3_options(proxy.url))
+    boto3.client(
+        "s3", endpoint_url=proxy.url, aws_access_key_id="testing", aws_secret_access_key="testing", region_name="us-east-1"
+    ).create_bucket(Bucket=bucket)
+    for url, data in objects.items():
+        storage.write_bytes(url, data)
+    yield proxy, server
+    storage.configure(None)
+    proxy.stop()
+    server.stop()
+
+
 def load_rows(url: str) -> list[list[int]]:
     """The ``input_ids`` of every row ``datasets.load_from_disk`` gives for the build at ``url``, loaded from a
     fresh copy (``datasets`` copies a URL to one directory per path and process, where an earlier load's files

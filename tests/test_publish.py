@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 
-import fsspec
 import pytest
 from conftest import SAMPLE_RAW
 from storage_support import load_rows
@@ -35,16 +34,11 @@ def _cfg():
 
 
 @pytest.fixture
-def mem(monkeypatch):
-    fs = fsspec.filesystem("memory")
-    fs.store.clear()
-    fs.pseudo_dirs.clear()
-    fs.pseudo_dirs.append("")
-    monkeypatch.setenv("WEIGHTPREP_STORAGE_BACKOFF", "0")
-    fs.pipe_file("/in/old.jsonl", OLD)
-    fs.pipe_file("/in/new.jsonl", NEW)
-    yield fs
-    fs.store.clear()
+def mem(mem):
+    """conftest's ``memory://`` filesystem with the two inputs."""
+    mem.pipe_file("/in/old.jsonl", OLD)
+    mem.pipe_file("/in/new.jsonl", NEW)
+    return mem
 
 
 class _Killed(BaseException):
@@ -284,11 +278,12 @@ def test_an_undo_removes_the_new_builds_switches_first(mem, monkeypatch):
 
 
 def test_an_undo_the_store_refuses_says_so_and_leaves_no_local_staging(mem, monkeypatch, capsys):
-    import glob
+    import os
     import tempfile
 
     build(["memory://in/old.jsonl"], OUT, _cfg())
-    staging = set(glob.glob(f"{tempfile.gettempdir()}/weightprep-out-*"))
+    staging, real_mkdtemp = [], tempfile.mkdtemp
+    monkeypatch.setattr(publish.tempfile, "mkdtemp", lambda *a, **kw: staging.append(real_mkdtemp(*a, **kw)) or staging[-1])
     real_write = storage.write_bytes
 
     def refuse(url, *args):
@@ -301,7 +296,7 @@ def test_an_undo_the_store_refuses_says_so_and_leaves_no_local_staging(mem, monk
     with pytest.raises(UsageError, match="AccessDenied"):
         build(["memory://in/new.jsonl"], OUT, _cfg(), overwrite=True)
     assert "warning: could not undo the commit" in capsys.readouterr().err
-    assert set(glob.glob(f"{tempfile.gettempdir()}/weightprep-out-*")) == staging
+    assert staging and not any(os.path.exists(d) for d in staging)  # the build's local staging directories
     assert load_rows(OUT) == builds_rows_old(mem)
 
 

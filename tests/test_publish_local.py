@@ -5,7 +5,7 @@ process that left it (dead or alive) and by the output it was for; ``--resume`` 
 from __future__ import annotations
 
 import pytest
-from conftest import SAMPLE_RAW
+from conftest import SAMPLE_RAW, PartInterrupter
 
 from weightprep.config import config_from_dict
 from weightprep.errors import UsageError
@@ -153,20 +153,12 @@ def test_a_killed_local_build_is_resumed_from_its_parts_and_other_plans_are_drop
     of another plan is removed; without --resume or --overwrite the build stops and says what it found."""
     import os
 
-    from weightprep.distribute.job import PartJob
     from weightprep.errors import BuildInterrupted, LeftoverParts
 
     raw = _local(tmp_path, OLD + NEW)
     cfg = config_from_dict({"pack": {"seq_len": 128}, "read": {"part_bytes": 4_000}, "validate": {"on_invalid": "skip"}})
-    real, runs, interrupt = PartJob._run, [], [True]
-
-    def interrupted(self, part, tmp, progress):
-        runs.append(part.index)
-        if part.index == 1 and interrupt[0]:
-            raise KeyboardInterrupt
-        return real(self, part, tmp, progress)
-
-    monkeypatch.setattr(PartJob, "_run", interrupted)
+    ctrl_c = PartInterrupter(monkeypatch)
+    runs = ctrl_c.runs
     with pytest.raises(BuildInterrupted):
         build([raw], tmp_path / "shards", cfg)
     dead = _dead_pid()
@@ -175,7 +167,7 @@ def test_a_killed_local_build_is_resumed_from_its_parts_and_other_plans_are_drop
     (other / "parts" / "00000").mkdir(parents=True)
     (other / "plan.json").write_text("another plan")
     (other / "parts" / "00000" / "result.json").write_text("{}")
-    interrupt[0] = False
+    ctrl_c.interrupt = False
     with pytest.raises(LeftoverParts):
         build([raw], tmp_path / "shards", cfg)
     runs.clear()

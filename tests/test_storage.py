@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
-from conftest import SAMPLE_RAW
+from conftest import SAMPLE_RAW, PartInterrupter
 from fsspec.implementations.memory import MemoryFileSystem
 
 from weightprep import storage
@@ -28,18 +28,6 @@ DATA = SAMPLE_RAW.read_bytes()[: SAMPLE_RAW.read_bytes().index(b"\n", 60_000) + 
 
 def _cfg(**read):
     return config_from_dict({"pack": {"seq_len": 128}, "read": {"part_bytes": 20_000, "block_bytes": 8192, **read}})
-
-
-@pytest.fixture
-def mem(monkeypatch):
-    fs = fsspec.filesystem("memory")
-    fs.store.clear()
-    fs.pseudo_dirs.clear()
-    fs.pseudo_dirs.append("")
-    monkeypatch.setenv("WEIGHTPREP_STORAGE_BACKOFF", "0")
-    yield fs
-    fs.store.clear()
-    storage.configure(None)
 
 
 def _tree(fs, prefix: str) -> dict[str, bytes]:
@@ -224,24 +212,14 @@ def test_a_failed_commit_leaves_nothing_and_a_killed_one_is_cleared(mem, monkeyp
 
 
 def test_resume_reuses_the_finished_parts_in_the_store(mem, monkeypatch):
-    from weightprep.distribute.job import PartJob
-
     mem.pipe_file("/in/raw.jsonl", DATA)
-    real, runs, resumed = PartJob._run, [], False
-
-    def interrupted(self, part, tmp, progress):
-        nonlocal resumed
-        runs.append(part.index)
-        if part.index == 1 and not resumed:
-            raise KeyboardInterrupt
-        return real(self, part, tmp, progress)
-
-    monkeypatch.setattr(PartJob, "_run", interrupted)
+    ctrl_c = PartInterrupter(monkeypatch)
+    runs = ctrl_c.runs
     with pytest.raises(KeyboardInterrupt):
         build(["memory://in/raw.jsonl"], "memory://out/shards", _cfg())
     assert len(mem.glob("/out/.shards.tmp-*/parts/*/result.json")) == 1  # part 0 finished
     runs.clear()
-    resumed = True
+    ctrl_c.interrupt = False
     with pytest.raises(LeftoverParts, match=r"left 1 finished part\(s\) in memory://out/\.shards\.tmp-"):
         build(["memory://in/raw.jsonl"], "memory://out/shards", _cfg())  # neither --resume nor --overwrite: kept
     assert runs == [] and len(mem.glob("/out/.shards.tmp-*/parts/*/result.json")) == 1
@@ -486,18 +464,9 @@ def test_a_short_read_mid_range_is_retried_not_taken_as_the_end(mem):
 
 def test_resume_does_not_reuse_parts_of_an_input_replaced_at_the_same_size(mem, monkeypatch):
     """The resume key holds each object's version (ETag, generation, mtime): same size, other bytes, new parts."""
-    from weightprep.distribute.job import PartJob
-
     mem.pipe_file("/in/raw.jsonl", DATA)
-    real, runs, interrupt = PartJob._run, [], [True]
-
-    def interrupted(self, part, tmp, progress):
-        runs.append(part.index)
-        if part.index == 1 and interrupt[0]:
-            raise KeyboardInterrupt
-        return real(self, part, tmp, progress)
-
-    monkeypatch.setattr(PartJob, "_run", interrupted)
+    ctrl_c = PartInterrupter(monkeypatch)
+    runs = ctrl_c.runs
     with pytest.raises(KeyboardInterrupt):
         build(["memory://in/raw.jsonl"], "memory://out/shards", _cfg())
     lines = DATA.splitlines(keepends=True)
@@ -508,7 +477,7 @@ def test_resume_does_not_reuse_parts_of_an_input_replaced_at_the_same_size(mem, 
     time.sleep(0.01)  # the memory filesystem's version is its creation time
     mem.pipe_file("/in/raw.jsonl", replaced)
     runs.clear()
-    interrupt[0] = False
+    ctrl_c.interrupt = False
     manifest = build(["memory://in/raw.jsonl"], "memory://out/shards", _cfg(), resume=True)
     assert 0 in runs  # part 0 was run again, on the new bytes
     mem.pipe_file("/in/fresh.jsonl", replaced)

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 from conftest import REPO, SAMPLE_RAW
-from storage_support import FaultProxy, MotoServer, RangeServer, load_rows, s3_options
+from storage_support import RangeServer, load_rows, s3_options, serve_s3
 
 from weightprep import storage
 from weightprep.cli import main
@@ -44,20 +44,10 @@ def _cfg():
 
 @pytest.fixture(scope="module")
 def s3(tmp_path_factory):
-    server = MotoServer(tmp_path_factory.mktemp("moto") / "requests.log")
-    proxy = FaultProxy(server.port)
-    storage.configure(s3_options(proxy.url))
-    import boto3
-
-    boto3.client(
-        "s3", endpoint_url=proxy.url, aws_access_key_id="testing", aws_secret_access_key="testing", region_name="us-east-1"
-    ).create_bucket(Bucket=BUCKET)
-    storage.write_bytes(f"s3://{BUCKET}/in/old.jsonl", OLD)
-    storage.write_bytes(f"s3://{BUCKET}/in/new.jsonl", NEW)
-    yield proxy
-    storage.configure(None)
-    proxy.stop()
-    server.stop()
+    """The proxy in front of the server (its faults are these tests' tool), the bucket and the two inputs."""
+    objects = {f"s3://{BUCKET}/in/old.jsonl": OLD, f"s3://{BUCKET}/in/new.jsonl": NEW}
+    for proxy, _ in serve_s3(tmp_path_factory, BUCKET, objects):
+        yield proxy
 
 
 @pytest.fixture(autouse=True)

@@ -14,7 +14,7 @@ import re
 import pytest
 from click.testing import CliRunner
 from conftest import REPO, SAMPLE_RAW
-from storage_support import FaultProxy, MotoServer, s3_options
+from storage_support import s3_options, serve_s3
 
 from weightprep import storage
 from weightprep.cli import main
@@ -46,20 +46,7 @@ def _cfg():
 @pytest.fixture(scope="module")
 def s3(tmp_path_factory):
     """The server, its proxy, the bucket and the uploaded input; storage options pointing at the proxy."""
-    server = MotoServer(tmp_path_factory.mktemp("moto") / "requests.log")
-    proxy = FaultProxy(server.port)
-    storage.configure(s3_options(proxy.url))
-    import boto3
-
-    boto3.client(
-        "s3", endpoint_url=proxy.url, aws_access_key_id="testing", aws_secret_access_key="testing", region_name="us-east-1"
-    ).create_bucket(Bucket=BUCKET)
-    storage.write_bytes(INPUT, DATA)
-    storage.write_bytes(SMALL, SMALL_DATA)
-    yield proxy, server
-    storage.configure(None)
-    proxy.stop()
-    server.stop()
+    yield from serve_s3(tmp_path_factory, BUCKET, {INPUT: DATA, SMALL: SMALL_DATA})
 
 
 @pytest.fixture(autouse=True)
