@@ -240,15 +240,32 @@ def test_an_output_in_a_store_is_refused_unless_overwrite(mem):
         build(["memory://in/raw.jsonl"], "memory://in/raw.jsonl", _cfg(), overwrite=True)
 
 
-class _Flaky(MemoryFileSystem):
-    """A memory filesystem whose reads fail ``failures`` times (a dropped connection), then work."""
+class _Faulty(MemoryFileSystem):
+    """A memory filesystem under a protocol of its own whose opened files read through ``_read`` (a fault of the
+    subclass's choosing)."""
 
-    protocol = "flaky"
-    failures = 0
+    protocol = "faulty"
 
     @classmethod
     def _strip_protocol(cls, path):
-        return "/" + path.removeprefix("flaky://").lstrip("/")
+        return "/" + path.removeprefix(f"{cls.protocol}://").lstrip("/")
+
+    def _open(self, path, mode="rb", **kwargs):
+        f = super()._open(path, mode, **kwargs)
+        if "r" in mode:
+            read = f.read
+            f.read = lambda n=-1: self._read(f, read, n)
+        return f
+
+    def _read(self, f, read, n):
+        return read(n)
+
+
+class _Flaky(_Faulty):
+    """Reads that fail ``failures`` times (a dropped connection), then work."""
+
+    protocol = "flaky"
+    failures = 0
 
     def cat_file(self, path, start=None, end=None, **kwargs):
         if _Flaky.failures:
@@ -256,19 +273,11 @@ class _Flaky(MemoryFileSystem):
             raise ConnectionResetError("connection reset by peer")
         return super().cat_file(path, start, end, **kwargs)
 
-    def _open(self, path, mode="rb", **kwargs):
-        f = super()._open(path, mode, **kwargs)
-        if "r" in mode:
-            read = f.read
-
-            def flaky_read(n=-1):
-                if _Flaky.failures:
-                    _Flaky.failures -= 1
-                    raise ConnectionResetError("connection reset by peer")
-                return read(n)
-
-            f.read = flaky_read
-        return f
+    def _read(self, f, read, n):
+        if _Flaky.failures:
+            _Flaky.failures -= 1
+            raise ConnectionResetError("connection reset by peer")
+        return read(n)
 
 
 def test_transient_read_errors_are_retried_then_name_the_object(mem, monkeypatch):
@@ -427,28 +436,17 @@ def test_gcs_and_azure_urls_name_their_extra(url, extra, package):
         assert type(fs).__module__.split(".")[0] == package
 
 
-class _Short(MemoryFileSystem):
-    """A memory filesystem whose next ``short`` reads return an empty body (a store that ends a ranged GET early)."""
+class _Short(_Faulty):
+    """The next ``short`` reads past the start return an empty body (a store that ends a ranged GET early)."""
 
     protocol = "short"
     short = 0
 
-    @classmethod
-    def _strip_protocol(cls, path):
-        return "/" + path.removeprefix("short://").lstrip("/")
-
-    def _open(self, path, mode="rb", **kwargs):
-        f = super()._open(path, mode, **kwargs)
-        read = f.read
-
-        def short_read(n=-1):
-            if _Short.short and f.tell() > 0:
-                _Short.short -= 1
-                return b""
-            return read(n)
-
-        f.read = short_read
-        return f
+    def _read(self, f, read, n):
+        if _Short.short and f.tell() > 0:
+            _Short.short -= 1
+            return b""
+        return read(n)
 
 
 def test_a_short_read_mid_range_is_retried_not_taken_as_the_end(mem):
