@@ -208,7 +208,20 @@ def test_alive_tells_running_processes_from_dead_and_zombie_ones():
         assert publish._alive(os.getpid()) is True
         assert publish._alive(zombie.pid) is False  # its leftovers are a dead build's
         assert publish._alive(_dead_pid()) is False
+        from pathlib import Path
+
+        with pytest.MonkeyPatch.context() as m:  # another user's process: signals refused, so it is taken as alive
+            m.setattr(os, "kill", lambda pid, sig: (_ for _ in ()).throw(PermissionError(pid)))
+            assert publish._alive(running.pid) is True
+        with pytest.MonkeyPatch.context() as m:  # no /proc to read (another system): a live process stays alive
+            m.setattr(Path, "read_text", lambda self, *a, **k: (_ for _ in ()).throw(OSError(str(self))))
+            assert publish._alive(running.pid) is True
     finally:
         running.kill()
         running.wait()
         zombie.wait()
+
+
+def test_interrupted_builds_of_an_output_whose_parent_is_missing_are_none(tmp_path):
+    assert publish.interrupted_builds(tmp_path / "missing" / "shards") == []
+
