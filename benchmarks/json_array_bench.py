@@ -2,6 +2,7 @@
 
     python benchmarks/json_array_bench.py --mib 1024            # 1 GiB of JSON Lines (about 650k records), read only
     python benchmarks/json_array_bench.py --mib 64 --build      # and the whole build of each (tokenizer included)
+    python benchmarks/json_array_bench.py --mib 128 --build --workers 2 --part-bytes 33554432   # on 2 workers
 
 The records are the benchmark's generated data (``benchmarks/generate.py``); the array is written as LLaMA-Factory
 writes its files (``json.dump(records, f, indent=2, ensure_ascii=False)``: one record over many lines), so the
@@ -9,8 +10,10 @@ splitter (``weightprep.stages.json_array``) sees a pretty-printed file, its wors
 fresh subprocess, rounds interleaved; peak RSS is the subprocess's (``wait4``).
 
 ``read``: ``read_blocks`` + ``parse_block`` over the whole file (stage 1 and 2, the part that differs between the
-two files), records per second. ``build``: ``weightprep build`` of the file, whole process. The ratio is the
-array's throughput over the JSON Lines file's.
+two files), records per second. ``build``: ``weightprep build`` of the file, whole process (``--workers N``: with
+``--executor local --workers N``; ``--part-bytes``: the parts' size, for both files). ``plan``: the plan of the
+array's parts at ``--part-bytes`` (``weightprep.distribute.plan``: one pass of the splitter), which the array's
+build includes. The ratio is the array's throughput over the JSON Lines file's.
 """
 
 from __future__ import annotations
@@ -39,6 +42,15 @@ record, n = InputFile(sys.argv[1]), 0
 for block in read_blocks(record, 8 << 20):
     n += len(parse_block(block))
 print(n, time.perf_counter() - t0)
+"""
+
+
+_PLAN = """
+import sys, time
+from weightprep.distribute.plan import plan_parts
+t0 = time.perf_counter()
+parts = plan_parts([sys.argv[1]], int(sys.argv[2]))
+print(len(parts), time.perf_counter() - t0)
 """
 
 
@@ -84,11 +96,17 @@ def main() -> None:
     ap.add_argument("--mib", type=int, default=256, help="size of the JSON Lines file; the array is about 1.4x")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--build", action="store_true", help="also time the whole build of each file")
+    ap.add_argument("--workers", type=int, help="build with --executor local --workers N")
+    ap.add_argument("--part-bytes", type=int, default=256 << 20, help="the parts' size (read.part_bytes)")
     ap.add_argument("--json", type=Path, help="also write the figures here")
     args = ap.parse_args()
     jsonl, array = files(args.mib)
     results: dict[str, dict[str, list[float]]] = {}
+    plan: dict[str, list[float]] = {"seconds": [], "parts": []}
     for _ in range(args.repeat):
+        _, _, out = run([sys.executable, "-c", _PLAN, str(array), str(args.part_bytes)])
+        plan["parts"].append(int(out.split()[0]))
+        plan["seconds"].append(float(out.split()[1]))
         for name, path in (("jsonl", jsonl), ("array", array)):
             wall, rss, out = run([sys.executable, "-c", _READ, str(path)])
             records, seconds = out.split()
@@ -99,7 +117,9 @@ def main() -> None:
             if args.build:
                 with tempfile.TemporaryDirectory(dir=WORK) as out_dir:
                     cmd = [sys.executable, "-m", "weightprep", "build", str(path), "--out", f"{out_dir}/o",
-                           "--tokenizer", str(ensure_tokenizer())]  # fmt: skip
+                           "--tokenizer", str(ensure_tokenizer()), "--part-bytes", str(args.part_bytes)]  # fmt: skip
+                    if args.workers:
+                        cmd += ["--executor", "local", "--workers", str(args.workers)]
                     wall, rss, _ = run(cmd)
                 entry = results.setdefault(f"build {name}", {"seconds": [], "rss": [], "records": []})
                 entry["seconds"].append(wall)
@@ -112,7 +132,12 @@ def main() -> None:
     sizes = {"jsonl": jsonl.stat().st_size, "array": array.stat().st_size}
     print(f"JSON Lines {sizes['jsonl'] / 2**20:,.0f} MiB, array {sizes['array'] / 2**20:,.0f} MiB, "
           f"{results['read jsonl']['records'][0]:,} records; median of {args.repeat}")  # fmt: skip
+    table["plan array"] = {"seconds": statistics.median(plan["seconds"]), "parts": plan["parts"][0]}
+    print(f"  plan array   {table['plan array']['seconds']:8.2f} s  {plan['parts'][0]} parts of "
+          f"{args.part_bytes / 2**20:g} MiB")  # fmt: skip
     for key, row in table.items():
+        if key == "plan array":
+            continue
         print(f"  {key:12s} {row['seconds']:8.2f} s  {row['records_per_s']:>10,.0f} records/s  "
               f"peak RSS {row['peak_rss_mib']:7.0f} MiB")  # fmt: skip
     for stage in ("read", "build"):

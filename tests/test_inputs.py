@@ -221,16 +221,101 @@ def test_a_directory_gives_its_json_files_and_a_glob_its_text_files(tmp_path):
     assert [Path(p).name for p in expand_inputs([f"{tmp_path}/*.txt*"])] == ["c.txt", "f.txt.zst"]
 
 
-def test_an_array_is_one_part_and_a_text_file_by_line_is_cut(tmp_path):
+def test_a_compressed_or_broken_array_is_one_part_and_a_text_file_by_line_is_cut(tmp_path):
     from weightprep.distribute.plan import plan_parts
 
-    array = tmp_path / "a.json"
-    array.write_text(json.dumps([{"text": "x" * 100}] * 50))
+    records = json.dumps([{"text": "x" * 100}] * 50)
+    array = tmp_path / "a.json.gz"
+    array.write_bytes(gzip.compress(records.encode()))
+    broken = tmp_path / "b.json"
+    broken.write_text(records.replace("}, {", "}, , {", 1))  # an empty element: its one part names it
     text = tmp_path / "t.txt"
     text.write_text("line of text\n" * 400)
-    assert len(plan_parts([str(array)], 1024)) == 1
+    assert len(plan_parts([str(array)], 64)) == 1
+    assert len(plan_parts([str(broken)], 1024)) == 1
     assert len(plan_parts([str(text)], 1024)) > 1
     assert len(plan_parts([str(text)], 1024, "paragraph")) == 1
+
+
+def _part_records(path: Path, part_bytes: int, block_bytes: int) -> tuple[list[int], list[tuple[int, bytes, int]]]:
+    """The plan's cuts of ``path``, and every record line its parts hand on, numbered as the file's
+    (``plan.line_bases``, as the merge and the errors number them)."""
+    from weightprep.distribute.plan import line_bases, plan_parts
+
+    parts = plan_parts([str(path)], part_bytes)
+    read = [_lines(path, block_bytes, **({"size": p.end} if p.whole else {"start": p.start, "end": p.end})) for p in parts]
+    bases = line_bases(parts, [record.lines for record, _ in read])
+    return [p.start for p in parts], [(base + n, line, at) for base, (_, got) in zip(bases, read, strict=True) for n, line, at in got]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    records=st.lists(st.fixed_dictionaries({"text": st.text(alphabet='ab"\\[]{},: \n✓', max_size=40)}), min_size=1, max_size=30),
+    indent=st.sampled_from([None, 0, 2]),
+    part_bytes=st.integers(1, 400),
+    block_bytes=st.integers(1, 200),
+)
+def test_a_cut_array_hands_on_every_record_once_numbered_as_the_file(tmp_path, records, indent, part_bytes, block_bytes):
+    path = tmp_path / "data.json"
+    data = json.dumps(records, indent=indent, ensure_ascii=False).encode()
+    path.write_bytes(data)
+    starts, got = _part_records(path, part_bytes, block_bytes)
+    assert [n for n, _, _ in got] == list(range(len(records)))
+    assert [json.loads(line) for _, line, _ in got] == records
+    for _, line, at in got:
+        assert json.loads(data[at : at + len(line)]) == json.loads(line)  # each record's offset is the file's
+    for start in starts[1:]:  # a cut falls just past a separating ',' near each multiple of part_bytes
+        assert data[start - 1 : start] == b","
+    if len(data) > part_bytes:  # every cut past the first multiple; none if the file fits in one part
+        assert all(s >= part_bytes for s in starts[1:])
+    else:
+        assert starts == [0]
+
+
+@pytest.mark.parametrize("part_bytes", [40, 150, 600, 1 << 20])
+def test_a_cut_array_builds_as_json_lines_cut_at_the_same_records(tmp_path, sample_tok, part_bytes):
+    """``[r0,r1,...]`` and `` r0\nr1\n...`` hold each record at the same offset, its separator at the same byte: the
+    plan cuts both after the same records, and the parts' shards are the same bytes, on one worker or two."""
+    from weightprep.distribute.executors import LocalExecutor
+
+    records = [{"text": f"record {i} " + "words " * (i % 7)} for i in range(60)]
+    records[17] = {"pieces": [{"text": "Q: 2+2?", "weight": 0}, {"text": " 4", "weight": 1}]}
+    lines = [json.dumps(r) for r in records]
+    array, jsonl = tmp_path / "data.json", tmp_path / "data.jsonl"
+    array.write_text("[" + ",".join(lines) + "]\n")
+    jsonl.write_text(" " + "\n".join(lines) + "\n")
+    cfg = {"read": {"part_bytes": part_bytes, "block_bytes": 1024}}
+    ma, a = _build(tmp_path, array, sample_tok, "out-a", **cfg)
+    mj, j = _build(tmp_path, jsonl, sample_tok, "out-j", **cfg)
+    assert a == j and len(a) > 0
+    assert ma["counts"]["records"] == mj["counts"]["records"] == 60
+    if part_bytes == 150:
+        config = config_from_dict({"pack": {"seq_len": 128}, **cfg})
+        build([str(array)], tmp_path / "out-2", config, tokenizer=sample_tok, executor=LocalExecutor(2))
+        assert _arrow(tmp_path / "out-2") == a
+
+
+def test_a_bad_record_in_a_later_part_is_named_by_its_index_in_the_file(tmp_path, sample_tok):
+    records = [{"text": f"record {i} " + "x" * (i % 11)} for i in range(80)]
+    records[23] = {"pieces": [{"text": "c", "weight": -1}]}
+    records[61] = {"text": 5}
+    path = tmp_path / "data.json"
+    path.write_text(json.dumps(records, indent=2))
+    cfg = {"read": {"part_bytes": 300, "block_bytes": 1024}}
+    from weightprep.distribute.plan import plan_parts
+
+    assert len(plan_parts([str(path)], 300)) > 10
+    with pytest.raises(InputError) as err:
+        _build(tmp_path, path, sample_tok, "o", **cfg)
+    assert str(err.value).startswith(f"{path}: record 23: pieces[0].weight:")
+    m, _ = _build(tmp_path, path, sample_tok, "o2", validate={"on_invalid": "skip"}, **cfg)
+    assert m["counts"]["records"] == 80 and sum(m["counts"]["rejected"].values()) == 2
+    rejects = [json.loads(line) for line in (tmp_path / "o2" / "rejects.jsonl").read_text().splitlines()]
+    assert [r["record"] for r in rejects] == [23, 61]
+    assert [json.loads(r["original"]) for r in rejects] == [records[23], records[61]]
+    assert [json.loads(path.read_bytes()[r["byte_offset"] :].split(b"\n  },")[0] + b"}") for r in rejects] == [
+        records[23], records[61]
+    ]  # fmt: skip
 
 
 def test_a_json_file_rewritten_as_an_array_is_looked_at_again(tmp_path):

@@ -198,6 +198,12 @@ def _sources(inputs: tuple[str, ...], specs: tuple[str, ...], pipeline_file: str
     help="Other names of record fields, message keys and roles, TARGET=SOURCE,...: --columns "
     "prompt=question,completion=answer or messages=dialog,message.role=speaker,role.user=USER (docs/inputs.md).",
 )
+@click.option(
+    "--dataset-info",
+    metavar="FILE:NAME",
+    help="Read entry NAME of a LLaMA-Factory dataset_info.json as the --columns mapping it stands for (formatting, "
+    "columns, tags; added to --columns if both are given; docs/inputs.md).",
+)
 @click.option("--overwrite", is_flag=True, help="Replace the output directory (an earlier build) if it exists.")
 @click.option(
     "--executor",
@@ -247,6 +253,10 @@ def build(
     from weightprep.pipeline import build as run_build
     from weightprep.pipeline import source_files
 
+    if flags["dataset_info"] is not None:
+        from weightprep.stages.dataset_info import dataset_info_columns
+
+        flags["columns"] = ",".join(filter(None, [dataset_info_columns(flags["dataset_info"]), flags["columns"]])) or None
     overrides = {
         "tokenizer.name": flags["tokenizer"],
         "tokenizer.add_bos": flags["add_bos"],

@@ -1,8 +1,8 @@
 """The driver's merge: the parts' results, in part order, made into one build.
 
 - Counts are summed in part order (float sums are the same for every executor and worker count).
-- Line numbers of rejects are made the file's: the part's own number plus its line base (``plan.line_bases``, as
-  for the errors ``run_parts`` raises; byte offsets are the file's already); ``rejects.jsonl`` is the parts'
+- Line numbers of rejects (a JSON array's record numbers) are made the file's: the part's own number plus its line
+  base (``plan.line_bases``, as for the errors ``run_parts`` raises; byte offsets are the file's already); ``rejects.jsonl`` is the parts'
   rejects in part order.
 - Shards are taken in (part, shard) order, so the published ``data-i-of-n`` follow the input; the row numbers
   of ``chat_turns.jsonl`` are shifted by the rows of the earlier parts.
@@ -23,6 +23,7 @@ from typing import Any
 from weightprep import storage
 from weightprep.constants import TURNS_NAME
 from weightprep.distribute.plan import InputPart, MixedPart, line_bases
+from weightprep.errors import record_unit
 from weightprep.stages.rejects import REJECTS_NAME
 
 __all__ = ["Merged", "merge_results"]
@@ -96,12 +97,12 @@ def merge_results(
     turns: dict[str, Any] = {}
     row_base = dict.fromkeys(sets, 0)
     try:
-        for _, _, part_index, rejects_file in ranges:
+        for segment, _, part_index, rejects_file in ranges:
             base = next(line_base)
             if rejects is not None and rejects_file:
-                # a local directory or a prefix in a store
+                # a local directory or a prefix in a store; a reject names its line, or a JSON array's record
                 with storage.open_text(storage.join(work_dir, f"{part_index:05d}", rejects_file)) as f:
-                    rejects.writelines(_shift(f, "line", base))
+                    rejects.writelines(_shift(f, record_unit(segment.path), base))
         for part, result in zip(parts, results, strict=True):
             directory = storage.join(work_dir, f"{part.index:05d}")
             merged.rejected.update(result["rejected"])

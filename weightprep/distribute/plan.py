@@ -3,10 +3,14 @@
 A plain JSONL file larger than ``read.part_bytes`` is cut near every multiple ``k * part_bytes`` of that size,
 just after the first newline at or past byte ``k * part_bytes - 1``; a part owns the lines that start inside it.
 A line longer than a part makes the next cut fall after it (no part is empty unless its file is). A compressed
-file, a Parquet or Arrow file, a JSON array (where a record starts is known only by scanning from the start:
-``weightprep.stages.json_array``), a text file read by paragraph or as one document, and a file no larger than
+file, a Parquet or Arrow file, a text file read by paragraph or as one document, and a file no larger than
 ``part_bytes`` are one part each (``is_whole``); a text file read by line is cut as JSON Lines is. Finding a cut reads
 from the cut point to the next newline, nothing else, so planning a terabyte costs a few thousand short reads.
+
+A plain JSON array is cut by the same rule with its separating ``,`` for the newline
+(``weightprep.stages.json_array.record_cuts``). Where a record starts is known only by scanning from the array's
+start, so planning it costs one streaming pass of the splitter over the file, up to its last cut (a few NumPy
+passes a chunk, bounded memory; an object in a store is read once more for it); a malformed array is one part.
 
 With several sources (``weightprep.sources``) the plan is ``K`` mixed parts (``plan_mixed``), ``K`` from the
 total input size and ``part_bytes`` alone: each source's files, taken as one stream of bytes, are cut near
@@ -75,8 +79,19 @@ def is_whole(path: str, text_sample_by: str = "line") -> bool:
 
     if is_compressed(path) or is_columnar(path):
         return True
-    kind = file_kind(path)
-    return kind == "json_array" or (kind == "text" and text_sample_by != "line")
+    return file_kind(path) == "text" and text_sample_by != "line"
+
+
+def _array_cuts(path: str, targets: list[int]) -> list[int] | None:
+    """The cuts of a plain JSON array at ``targets`` (``record_cuts``; none if it is malformed: one part reads it and
+    names the fault), or None if ``path`` is no JSON array."""
+    from weightprep.stages.json_array import record_cuts
+    from weightprep.stages.read import file_kind
+
+    if not targets or file_kind(path) != "json_array":
+        return None
+    with storage.open_input(path) as f:  # one pass of the splitter up to the last cut
+        return record_cuts(f, targets) or []
 
 
 def file_cuts(path: str, part_bytes: int, text_sample_by: str = "line") -> list[int]:
@@ -84,6 +99,9 @@ def file_cuts(path: str, part_bytes: int, text_sample_by: str = "line") -> list[
     size = storage.size(path)
     if size <= part_bytes or is_whole(path, text_sample_by):
         return [0, size]
+    array = _array_cuts(path, list(range(part_bytes, size, part_bytes)))
+    if array is not None:
+        return [0, *array, size]
     cuts = [0]
     with storage.open_input(path) as f:  # an object: a range request at each cut point, nothing else
         target = part_bytes
@@ -137,6 +155,9 @@ class MixedPart:
 
 def _cuts_at(path: str, size: int, targets: list[int]) -> list[int]:
     """The line starts just at or after each offset of ``targets`` (ascending, inside the file), deduplicated."""
+    array = _array_cuts(path, targets)
+    if array is not None:
+        return array
     cuts: list[int] = []
     with storage.open_input(path) as f:  # an object: a range request at each cut point, nothing else
         for target in targets:

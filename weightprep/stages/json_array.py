@@ -20,14 +20,22 @@ itself -- an empty element (``,,`` or a trailing comma), bytes after the closing
 array -- stops the read with an ``InputError`` naming the record, as a truncated compressed file does: nothing after
 it can be numbered.
 
-Cost: a few NumPy passes over each chunk (about 1 GB/s on one core), far below the parse of the records. An array
-file is one input part (``weightprep.distribute.plan``): where a record starts is known only by scanning from the
-start, so the file is not cut at byte offsets as JSON Lines is.
+Cost: a few NumPy passes over each chunk (about 1 GB/s on one core), far below the parse of the records.
+
+Parts. Where a record starts is known only by scanning from the start, so a large (uncompressed) array is cut into
+input parts (``weightprep.distribute.plan``) by one scan at plan time, ``record_cuts``: the same splitter over
+the file, keeping, for each target offset, the offset just past the first separating ``,`` at or after it (JSON
+Lines is cut just past a newline by the same rule). A part is then a byte range that starts just after a ``,`` (or
+at the file's start) and ends just after a ``,`` (or at the file's end): ``array_blocks(..., inside=True)`` reads
+it as the array's elements from there (the scanner starts at depth 1, past the ``[``), ``ends_inside=True`` as a
+range that stops after a separator rather than at the closing ``]``. Its records are numbered from 0 within the
+part, as a JSON Lines part numbers its lines from 1; ``plan.line_bases`` makes them the file's. A malformed array
+is not cut (the plan's scan stops at the first fault): its one part reads it and names the fault.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any, BinaryIO
 
 import numpy as np
@@ -35,7 +43,7 @@ import numpy as np
 from weightprep.batches import Block
 from weightprep.errors import InputError
 
-__all__ = ["ArrayScanner", "array_blocks"]
+__all__ = ["ArrayScanner", "array_blocks", "record_cuts"]
 
 _QUOTE, _NEWLINE, _OPEN, _CLOSE, _COMMA = 1, 3, 4, 5, 6
 _TABLE = bytearray(256)
@@ -63,14 +71,15 @@ class ArrayScanner:
     spaces, separators into newlines) and the positions of the separators that end records; ``start`` is set to
     the position just after the opening ``[`` in the chunk that holds it."""
 
-    def __init__(self) -> None:
+    def __init__(self, inside: bool = False) -> None:
         self.in_string = False
         self.backslashes = 0  # the run of backslashes that ends the stream so far (inside a string)
-        self.depth = 0
-        self.opened = False
+        # inside: the stream starts just after a separating ',' of the array (an input part's range)
+        self.depth = 1 if inside else 0
+        self.opened = inside
         self.closed = False
         self.start: int | None = None
-        self.last_solid = -1  # the last byte so far that is not whitespace
+        self.last_solid = ord(",") if inside else -1  # the last byte so far that is not whitespace
 
     def scan(self, chunk: bytes) -> tuple[np.ndarray, np.ndarray]:
         data = np.frombuffer(chunk, dtype=np.uint8)
@@ -160,15 +169,20 @@ class ArrayScanner:
         return run + (self.backslashes if run == len(chunk) else 0)
 
 
-def array_blocks(path: str, stream: BinaryIO, block_bytes: int, max_record_bytes: int, read: Any) -> Iterator[Block]:
+def array_blocks(
+    path: str, stream: BinaryIO, block_bytes: int, max_record_bytes: int, read: Any, *,
+    origin: int = 0, inside: bool = False, ends_inside: bool = False,
+) -> Iterator[Block]:
     """Blocks of the records of the JSON array in ``stream``, one record a line, numbered from 0 (``Block``'s
-    ``first_line`` is the record's index, its ``offset`` the stream offset of the record's first byte). ``read(n, record, offset)``
+    ``first_line`` is the record's index, its ``offset`` the file offset of the record's first byte). ``read(n, record, offset)``
     reads the stream, turning a decompression error into an ``InputError``; the stream starts at the file's start
-    (a byte order mark, if any, is whitespace to the scanner: it precedes the opening bracket)."""
-    scanner = ArrayScanner()
-    record = 0  # index of the next record to hand on
-    offset = 0  # stream offset of the next byte to read
-    begin = 0  # stream offset of that record's first byte
+    (a byte order mark, if any, is whitespace to the scanner: it precedes the opening bracket), or, for an input
+    part (``inside``), at file offset ``origin``, just after a separating ``,``; ``ends_inside``: the stream ends
+    just after one (a part before the file's last), not at the closing ``]``."""
+    scanner = ArrayScanner(inside)
+    record = 0  # index of the next record to hand on (within the part)
+    offset = origin  # file offset of the next byte to read
+    begin = origin  # file offset of that record's first byte
     pending: list[bytes] = []
     pending_len = 0
     head = b""  # the first bytes of a record too long to hold (then pending is empty)
@@ -227,6 +241,10 @@ def array_blocks(path: str, stream: BinaryIO, block_bytes: int, max_record_bytes
         offset += len(chunk)
     if not scanner.opened:
         raise fail("no '[' opens the array")
+    if ends_inside:  # a part's range: it ends just after a separator, as the plan cut it
+        if scanner.closed or scanner.depth != 1 or scanner.in_string or pending_len or skipping:
+            raise fail("the part does not end after a record as planned; the file changed during the build")
+        return
     if not scanner.closed:
         raise fail(f"the file ends inside the array (record {record} is not closed by ',' or ']'); it is truncated")
 
@@ -249,3 +267,38 @@ def _checked(path: str, record: int, data: bytes, ends: np.ndarray, offset: int,
             yield Block(path, record + lo, n - lo, data[starts[lo] :], offset + int(starts[lo]))
         return
     yield Block(path, record, n, data, offset)
+
+
+def record_cuts(stream: BinaryIO, targets: Sequence[int], chunk_bytes: int = 8 << 20) -> list[int] | None:
+    """The cuts of the array in ``stream`` (from the file's start) into input parts: for each of ``targets``
+    (ascending file offsets), the offset just past the first separating ``,`` at or after ``target - 1``, skipping
+    a target that an earlier cut already passed (the rule ``weightprep.distribute.plan`` cuts JSON Lines by, a
+    newline there). One pass of the splitter, a chunk in memory at a time, stopped once the last target is cut.
+    None: the array is malformed before then (it is then read whole, and its reader names the fault)."""
+    cuts: list[int] = []
+    left = list(targets)
+    if not left:
+        return cuts
+    scanner, offset, i = ArrayScanner(), 0, 0
+    while i < len(left):
+        chunk = stream.read(chunk_bytes)
+        if not chunk:
+            break
+        try:
+            _, separators = scanner.scan(chunk)
+        except ValueError:  # EmptyElement included
+            return None
+        if len(separators):
+            data = np.frombuffer(chunk, dtype=np.uint8)
+            commas = separators[data[separators] == ord(",")] + offset
+            while i < len(left):
+                if cuts and cuts[-1] >= left[i]:
+                    i += 1
+                    continue
+                k = int(np.searchsorted(commas, left[i] - 1))
+                if k == len(commas):
+                    break
+                cuts.append(int(commas[k]) + 1)
+                i += 1
+        offset += len(chunk)
+    return cuts

@@ -311,9 +311,11 @@ def read_blocks(
     by ``columns`` (source -> target); text files a record per line, paragraph or document (``text_sample_by``).
 
     ``start``/``end`` read only that byte range of a plain JSONL or text file (an input part,
-    ``weightprep.distribute.plan``: it starts just after a newline). Lines are then numbered from 1 within the
-    range, byte offsets stay those of the file, and size, hash and line count are the range's. ``size``: the whole
-    file's size where the plan knows it (an object is then read to there without asking the store for it)."""
+    ``weightprep.distribute.plan``: it starts just after a newline) or of a plain JSON array (just after a
+    separating ``,``: ``weightprep.stages.json_array``). Lines are then numbered from 1 (an array's records from 0)
+    within the range, byte offsets stay those of the file, and size, hash and line count are the range's. ``size``:
+    the whole file's size where the plan knows it (an object is then read to there without asking the store for
+    it)."""
     kind = file_kind(record.path)
     if kind == "columnar":
         yield from columnar_blocks(record, max(64, block_bytes // 2048), columns or {}, size)
@@ -321,16 +323,21 @@ def read_blocks(
     if text_sample_by not in SAMPLE_BY:
         raise ValueError(f"text_sample_by: expected one of {SAMPLE_BY}, got {text_sample_by!r}")
     ranged = bool(start or end is not None)
-    if ranged and (is_compressed(record.path) or kind == "json_array"):
-        raise ValueError(f"{record.path}: a compressed file or a JSON array is read whole")
+    if ranged and is_compressed(record.path):
+        raise ValueError(f"{record.path}: a compressed file is read whole")
+    ends_inside = False  # a JSON array's part before its last: it ends just after a separator
     # an object in a store is read by range requests of its part only (weightprep.storage); a local file is cut here
     with storage.open_input(record.path, start, end if end is not None else size) as raw:
+        if ranged and kind == "json_array" and end is not None:
+            whole = storage.size(record.path) if storage.is_url(record.path) else os.fstat(raw.fileno()).st_size
+            ends_inside = end < whole
         if ranged and not storage.is_url(record.path):
             raw = _RangeReader(raw, (end if end is not None else os.fstat(raw.fileno()).st_size) - start)
         stream, decompressor = _open(record, raw)
         lines = _Lines(record, stream, block_bytes, max_line_bytes, start=start)
         if kind == "json_array":
-            blocks = array_blocks(record.path, stream, block_bytes, max_line_bytes, lines.read_at)
+            blocks = array_blocks(record.path, stream, block_bytes, max_line_bytes, lines.read_at,
+                                  origin=start, inside=start > 0, ends_inside=ends_inside)  # fmt: skip
         elif kind == "text":
             blocks = text_blocks(lines.blocks(), text_sample_by, max_line_bytes)
         else:
