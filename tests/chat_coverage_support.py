@@ -143,7 +143,6 @@ REAL_FAMILIES: dict[str, tuple[str | None, str, tuple[str, ...], tuple[str, ...]
     "deepseek-ai-DeepSeek-V3.1": ("<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", (), ()),
     "ibm-granite-granite-3.3-2B-Instruct": (None, "<|end_of_text|>", (), ()),
     "ibm-granite-granite-4.0": (None, "<|end_of_text|>", (), ()),
-    "llama-cpp-microsoft-Phi-4-mini-instruct": (None, "<|endoftext|>", ("<|user|>",), ()),
     "meetkai-functionary-medium-v3.2": ("<|begin_of_text|>", "<|eot_id|>", (), ()),
     "microsoft-Phi-3.5-mini-instruct": ("<s>", "<|endoftext|>", (), ()),
     "mistralai-Ministral-3-14B-Reasoning-2512": ("<s>", "</s>", (
@@ -153,6 +152,20 @@ REAL_FAMILIES: dict[str, tuple[str | None, str, tuple[str, ...], tuple[str, ...]
         "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]", "[TOOL_CALLS]", "[TOOL_RESULTS]", "[/TOOL_RESULTS]"), ()),
     "openai-gpt-oss-120b": ("<|startoftext|>", "<|return|>", ("<|endoftext|>",), ()),
     "unsloth-Apriel-1.5": ("<s>", "</s>", (), ()),
+    # from llama-cpp-python 0.3.36's sdist (vendor/llama.cpp/models/templates): tokens from the templates'
+    # literals; BOS/EOS where the template does not name them are unverified (README)
+    "CohereForAI-c4ai-command-r-plus-tool_use": ("<BOS_TOKEN>", "<|END_OF_TURN_TOKEN|>", (), ()),
+    "inclusionai-ling-3.0-flash": (None, "<|role_end|>", ("<role>", "</role>"), ()),
+    "openbmb-MiniCPM5-1B": ("<s>", "<|im_end|>", (), ()),
+    "poolside-Laguna-XS.2": (None, "〈|EOS|〉", ("〈|EOS|〉",), ()),
+    "Spark2.5": (None, "<｜end▁of▁sentence｜>", ("<｜start▁of▁sentence｜>",), ()),
+    "NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use": ("<|begin_of_text|>", "<|im_end|>", (), ()),
+    "tencent-Hy3": ("<｜hy_begin_of_sentence:opensource｜>", "<｜hy_eos:opensource｜>", ("<｜hy_pad:opensource｜>", "<｜hy_User:opensource｜>",
+        "<｜hy_Assistant:opensource｜>", "<｜reasoning_mode:opensource｜>"), ("<think:opensource>", "</think:opensource>", "<tool_calls:opensource>",
+        "</tool_calls:opensource>", "<tool_call:opensource>", "</tool_call:opensource>", "<tool_sep:opensource>", "<tool_response:opensource>",
+        "</tool_response:opensource>", "<tool_responses:opensource>", "</tool_responses:opensource>")),
+    "llama-cpp-rwkv-world": (None, "<|endoftext|>", (), ()),
+    "MiniMax-M1": (None, "<end_of_sentence>", ("<beginning_of_sentence>", "<begin_of_document>"), ()),
     "unsloth-mistral-Devstral-Small-2507": ("<s>", "</s>", (
         "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]", "[TOOL_CALLS]",
         "[TOOL_RESULTS]", "[/TOOL_RESULTS]"), ()),
@@ -492,13 +505,20 @@ def reference(tok: Any, record: dict[str, Any], template: str) -> Reference:
         return char_w, ""
 
     added = [t for t in tok.get_added_vocab() if t.strip()]
+    tail = trailer_text(template, tok)
+
+    def cut(render_: str) -> str:
+        """A render less the trailer every render ends with (``trailer_text``)."""
+        return render_[: len(render_) - len(tail)] if tail and render_.endswith(tail) else render_
 
     def turn_span(i: int) -> tuple[int, int, str] | None:
         """Assistant turn ``i``'s characters ``[a, len(P_{i+1}))`` in ``P_{i+1}`` (``answer_start``), or None
         with why."""
         try:
-            prompt, upto = render(i, generation=True), render(i + 1)
-            before = render(i) if i else ""
+            prompt, upto = render(i, generation=True), cut(render(i + 1))
+            if tail and not prompt.endswith(tail) and i and render(i).endswith(tail):  # the prompt after the trailer
+                prompt = cut(render(i)) + prompt[len(render(i)) :]
+            before = cut(render(i)) if i else ""
         except Exception as exc:
             return (0, 0, f"rendering a prefix raises {type(exc).__name__}: {exc}")
         a = answer_start(tok, before, prompt, upto, record["messages"][i].get("content"), added)
@@ -515,7 +535,7 @@ def reference(tok: Any, record: dict[str, Any], template: str) -> Reference:
             a, b, why = turn_span(i)  # type: ignore[misc]
             if why:
                 break
-            if not text.startswith(render(i + 1)):
+            if not cut(text).startswith(cut(render(i + 1))):
                 why = f"the template renders messages[:{i + 1}] differently once later messages follow"
                 break
             char_w[a:b] = _weight(record["messages"][i])
@@ -539,12 +559,32 @@ def reference(tok: Any, record: dict[str, Any], template: str) -> Reference:
             a, b, why = turn_span(i)  # type: ignore[misc]
             sub_w = None
             if not why:
-                sub_w = np.zeros(len(sub_text), dtype=np.float32)
+                sub_w = np.zeros(len(sub_text), dtype=np.float32)  # the trailer past ``b`` stays 0
                 sub_w[a:b] = _weight(record["messages"][i])
         per_turn.append(_doc(tok, sub_text, sub_ids, sub_w, why))  # type: ignore[union-attr]
     if any(d.weights is None for d in per_turn):
         per_turn = None
     return Reference(None, whole, per_turn)
+
+
+def trailer_text(template: str, tok: Any) -> str:
+    """What the template writes after its loop over the messages whatever ``add_generation_prompt`` says, read from
+    its source (not from renders, as weightprep reads it): the text after the last ``endfor`` rendered with the
+    tokenizer's special tokens and ``add_generation_prompt`` false, where it is not empty and the render with it
+    true starts with it (Command R7B tool_use's ``<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|><|START_THINKING|>
+    <|END_THINKING|>``, Command R+ tool_use's instruction turn); "" otherwise. The reference
+    gives it weight 0, every turn ending before it."""
+    import jinja2
+
+    ends = list(re.finditer(r"\{%-?\s*endfor\s*-?%\}", template))
+    if not ends:
+        return ""
+    try:  # the rest of a template whose last ``endfor`` closes an inner loop does not parse: no trailer read
+        rest = jinja2.Environment(trim_blocks=True, lstrip_blocks=True).from_string(template[ends[-1].end() :])
+        text, prompt = (rest.render(add_generation_prompt=g, **dict(tok.special_tokens_map)) for g in (False, True))
+    except Exception:
+        return ""
+    return text if text.strip() and prompt.startswith(text) else ""
 
 
 def answer_start(tok: Any, before: str, prompt: str, upto: str, content: Any, added: list[str]) -> int | None:

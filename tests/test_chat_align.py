@@ -90,22 +90,19 @@ def test_a_generation_prompt_that_leaves_its_turn_is_built_from_where_the_render
         assert _weighted_text(tok, out, 1.0) == "\na<|end|>" and _weighted_text(tok, out, 2.0) == "\nb<|end|>"
 
 
-def test_a_template_that_writes_its_prompt_after_every_render_is_refused_showing_that_turn():
+def test_a_template_that_writes_its_prompt_after_every_render_weights_it_0_and_ends_turns_before_it():
     """A template that appends its generation prompt whatever ``add_generation_prompt`` says (Command R7B's
-    tool_use opener) and renders the answer without its prefill: the end of the last turn would hold the opener,
-    so it is refused, showing the prompt and the turn as ``messages[:i+1]`` renders it."""
+    tool_use opener) and renders the answer without its prefill: every turn ends before that trailer, the last
+    one's included, and the trailer has weight 0 (``chat_spans.trailer``); ids as ``apply_chat_template``'s."""
     template = "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}<|end|>{% endfor %}<|assistant|><|think|>"
     tok = _tok(template)
-    messages = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
-    prompt = tok.apply_chat_template(messages[:1], tokenize=False, add_generation_prompt=True)
-    turn = tok.apply_chat_template(messages[:2], tokenize=False)
-    at = _diverge(prompt, turn)
-    with pytest.raises(ChatError) as caught:
-        ChatRenderer(tok).tokens(chat_record(messages))
-    assert caught.value.reason == "generation_prompt_mismatch" and caught.value.field == "messages[1]"
-    assert f"they differ at character {at}: {prompt[at - 10 : at + 20]!r} vs {turn[at - 10 : at + 20]!r}" in str(
-        caught.value
-    )
+    messages = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"},
+                {"role": "user", "content": "r"}, {"role": "assistant", "content": "b", "weight": 2.0}]  # fmt: skip
+    out = ChatRenderer(tok, history="auto").tokens(chat_record(messages))
+    assert out.ids.tolist() == tok.apply_chat_template(messages)["input_ids"]
+    assert _weighted_text(tok, out, 1.0) == "a<|end|>" and _weighted_text(tok, out, 2.0) == "b<|end|>"
+    n = len(tok.encode("<|assistant|><|think|>", add_special_tokens=False))
+    assert tok.decode(out.ids[-n:].tolist()) == "<|assistant|><|think|>" and not out.weights[-n:].any()
 
 
 #: Tagged chatml-like; with a block in the preamble, outside every assistant turn.
@@ -321,3 +318,22 @@ def test_a_token_across_a_turn_boundary_names_the_message_that_starts_there():
         with pytest.raises(ChatError) as caught:
             renderer.align(chat, full, w, np.zeros(len(full), dtype=np.int32), ids, np.array([0]), np.array([len(full)]))
         assert caught.value.reason == "token_straddle" and caught.value.field == field
+
+
+#: Role headers written as text (Laguna's ``<assistant>\n``); the prompt prefills ``</think>`` after the header.
+TEXT_HEADERS = (
+    "{% for m in messages %}<{{ m.role }}>\n{% if m.role == 'assistant' %}</think>\n{% endif %}{{ m.content }}\n"
+    "</{{ m.role }}>\n{% endfor %}{% if add_generation_prompt %}<assistant>\n</think>{% endif %}"
+)
+
+
+def test_a_marker_prefilled_after_a_text_role_header_is_in_turn():
+    """Where a role header is text, the control token the generation prompt prefills after it is no header: an
+    in-turn marker, which an answer's content may hold as the token ``apply_chat_template`` makes of it."""
+    tok = _tok(TEXT_HEADERS, plain=("<think>", "</think>"))
+    renderer = ChatRenderer(tok, history="auto")
+    turn, in_turn = renderer.control_tokens()
+    assert "</think>" in in_turn and "</think>" not in turn
+    messages = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "<think>r</think>a"}]
+    out = renderer.tokens(chat_record(messages))
+    assert out.ids.tolist() == tok.apply_chat_template(messages)["input_ids"]

@@ -15,7 +15,6 @@ import json
 import pytest
 from chat_coverage_support import (
     OK,
-    REJECTED_WRONGLY,
     coverage_tokenizer,
     run_coverage,
     shape_record,
@@ -43,7 +42,6 @@ def _cell(name: str, shape: str, tmp_path) -> object:
         ("mistralai-Ministral-3-14B-Reasoning-2512", "think_in_content"),  # [THINK] in its default system prompt
         ("NVIDIA-Nemotron-Nano-v2", "think_in_content"),  # <think> prefilled after the assistant's header
         (HERMES, "tool_markup"),  # <tool_call> in its tool preamble
-        ("llama-cpp-microsoft-Phi-4-mini-instruct", "tool_markup"),  # <|tool_call|> in its tool instructions
     ],
 )  # fmt: skip
 def test_symptom_1_a_marker_that_opens_or_closes_no_turn_is_a_token_in_content(name, shape, tmp_path):
@@ -100,7 +98,6 @@ def test_symptom_2_a_generation_prompt_that_differs_from_the_answer_is_built_fro
     [
         (HERMES, "tool_message"),  # a last tool result is written without the \n it gets when a message follows
         ("mistralai-Mistral-Nemo-Instruct-2407", "system"),  # the system prompt moves to the last user turn
-        ("llama-cpp-microsoft-Phi-4-mini-instruct", "tool_calls"),  # EOS after the last message only
     ],
 )  # fmt: skip
 def test_symptom_3_a_weight_0_message_the_template_rewrites_does_not_refuse_the_conversation(name, shape, tmp_path):
@@ -108,12 +105,26 @@ def test_symptom_3_a_weight_0_message_the_template_rewrites_does_not_refuse_the_
     assert cell.status == OK, cell.detail
 
 
-def test_symptom_3_a_template_that_writes_its_opener_after_every_render_is_refused_saying_so(tmp_path):
-    """Command R7B's tool_use template appends its response opener whatever ``add_generation_prompt`` says: the
-    end of the last turn cannot be told from it, so the conversation is refused, naming that (never misbuilt)."""
-    cell = _cell(COMMAND_R7B, "one_turn", tmp_path)
-    assert cell.status == REJECTED_WRONGLY and "generation_prompt_mismatch" in cell.text
-    assert "No flag builds it exactly" in cell.detail
+@pytest.mark.parametrize("shape", ["one_turn", "multi_turn", "tool_calls", "tool_message", "cjk_emoji"])
+def test_symptom_3_a_template_that_writes_its_opener_after_every_render_is_built_exactly(shape, tmp_path):
+    """Command R7B's tool_use template appends its response opener whatever ``add_generation_prompt`` says and
+    drops it once another message follows: every turn ends before it (``chat_spans.trailer``), the opener after
+    the last turn has weight 0, and the pair is exact against a reference that reads the opener from the
+    template's source (``chat_coverage_support.trailer_text``)."""
+    cell = _cell(COMMAND_R7B, shape, tmp_path)
+    assert cell.status == OK, cell.detail
+
+
+def test_symptom_3_command_r7b_weighs_each_answer_to_its_end_of_turn_and_not_the_opener(tmp_path):
+    tok = coverage_tokenizer(COMMAND_R7B, str(tmp_path / "tok"))
+    messages = plain_messages(shape_record("multi_turn", template_text(COMMAND_R7B))["messages"])
+    out = ChatRenderer(tok, history="auto").tokens(chat_record(messages))
+    assert out.ids.tolist() == tok.apply_chat_template(messages, tokenize=True)["input_ids"]
+    opener = "<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|><|START_THINKING|><|END_THINKING|>"
+    assert tok.decode(out.ids[-4:].tolist()) == opener and not out.weights[-4:].any()
+    weighted = tok.decode(out.ids[out.weights > 0].tolist())
+    assert weighted == ("<|START_RESPONSE|>The capital of France is Paris.<|END_RESPONSE|><|END_OF_TURN_TOKEN|>"
+                        "<|START_RESPONSE|>The capital of Germany is Berlin.<|END_RESPONSE|><|END_OF_TURN_TOKEN|>")  # fmt: skip
 
 
 def test_symptom_4_a_reasoning_marker_at_the_start_of_the_content_carries_the_answers_weight(tmp_path):
@@ -169,3 +180,19 @@ def test_no_template_and_flag_ends_in_a_traceback(name, tmp_path):
                     renderer = ChatRenderer(tok, history=history, sanitize_control_tokens=sanitize, **setting)
                     with contextlib.suppress(ChatError):
                         renderer.tokens(chat_record(record["messages"], record.get("tools")))
+
+
+@pytest.mark.parametrize(
+    ("name", "shape"),
+    [
+        ("CohereForAI-c4ai-command-r-plus-tool_use", "tool_calls"),  # an instruction turn after every render, the
+        ("CohereForAI-c4ai-command-r-plus-tool_use", "tool_message"),  # generation prompt after it
+        ("poolside-Laguna-XS.2", "think_in_content"),  # role headers are text; the prompt prefills </think>
+    ],
+)  # fmt: skip
+def test_a_trailer_before_the_generation_prompt_and_text_role_headers_are_built_exactly(name, shape, tmp_path):
+    """Command R+ tool_use writes an instruction turn after every render and its generation prompt after that:
+    the prompt is compared without it (``chat_spans.trailer``). Laguna's role headers are text, so the
+    ``</think>`` its prompt prefills is an in-turn marker, not a role header (``chat_control.turn_structure``)."""
+    cell = _cell(name, shape, tmp_path)
+    assert cell.status == OK, cell.detail

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from weightprep.stages.chat import ChatError, ChatRenderer
-from weightprep.stages.chat_spans import answer_start, common_prefix
+from weightprep.stages.chat_spans import answer_start, common_prefix, trailer
 
 SPECIALS = ("<|user|>", "<|assistant|>", "<|end|>")
 PLAIN = ("<think>", "</think>")
@@ -89,3 +89,50 @@ def test_answer_start_rules_on_strings():
     assert answer_start("U.!", "U.!A", "U.\nAx?", "x", markers, first) == 4  # before it: after the prompt's end
     assert answer_start("U", "UAT", "UAxUAT", "x", markers, first) is None  # the render ends with the prefill
     assert common_prefix("abc", "abd") == 2 and common_prefix("ab", "abc") == 2 and common_prefix("", "a") == 0
+
+
+def test_trailer_is_the_text_every_render_ends_with_and_the_next_drops():
+    """``trailer``: the first candidate end of ``P_1`` that ``P_2``, ``P_3`` end with, and the prompt too or the
+    prompt follows, each render less it a prefix of the next; none where every render keeps the one before or the
+    prompt neither ends with it nor follows it (Phi-3's EOS after the last message only)."""
+    t = "<|a|><|think|>"
+    renders = ["<|u|>q<|e|>" + t, "<|u|>q<|e|><|a|>x<|e|>" + t, "<|u|>q<|e|><|a|>x<|e|><|u|>r<|e|>" + t]
+    cuts = [len("<|u|>q<|e|>"), len("<|u|>q<|e|><|a|>")]
+    assert trailer(renders, renders[0], cuts) == t
+    assert trailer(renders, renders[0], cuts[1:]) == ""  # <|think|> alone: P_1 less it is no prefix of P_2
+    assert trailer(renders, renders[0] + "<|a|>", cuts) == t  # the prompt follows it (Command R+ tool_use)
+    assert trailer(renders, "<|u|>q<|e|><|a|>", cuts) == ""  # the prompt neither ends with it nor follows it
+    kept = ["<|u|>q<|e|>\n", "<|u|>q<|e|>\n<|a|>x<|e|>\n"]
+    assert trailer(kept, kept[0] + "<|a|>\n", [len("<|u|>q<|e|>")]) == ""  # P_2 keeps P_1 (ChatML's \n): none
+    header = ["<|u|>q<|e|><|a|>", "<|u|>q<|e|><|a|>x<|e|><|a|>", "<|u|>q<|e|><|a|>x<|e|><|u|>r<|e|><|a|>"]
+    assert trailer(header, header[0], [len("<|u|>q<|e|>")]) == "<|a|>"  # dropped once a user follows an answer
+    phi3 = ["<|u|>q<|e|></s>", "<|u|>q<|e|><|a|>x<|e|></s>"]
+    assert trailer(phi3, "<|u|>q<|e|><|a|>", [len("<|u|>q<|e|>")]) == ""
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(opener=st.sampled_from(["<|assistant|>", "<|assistant|><think></think>", "<|assistant|>\n"]),
+       answers=st.lists(_CONTENT, min_size=1, max_size=2))  # fmt: skip
+def test_a_trailer_after_every_render_has_weight_0_and_each_turn_ends_before_it(opener, answers):
+    """A template that writes its generation prompt after every render, ``add_generation_prompt`` or not (Command
+    R7B tool_use): ids equal ``apply_chat_template``'s, weights the reference's, which reads the trailer from the
+    template's source (``chat_coverage_support.trailer_text``), not from renders."""
+    template = "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}<|end|>{% endfor %}" + opener
+    tok = _trailing_tok(template)
+    messages = []
+    for k, answer in enumerate(answers):
+        messages += [{"role": "user", "content": f"q{k}"}, {"role": "assistant", "content": answer}]
+    ref = reference(tok, {"messages": messages}, tok.chat_template)
+    assert ref.error is None and ref.whole is not None and ref.whole.weights is not None
+    try:
+        out = ChatRenderer(tok, history="auto").tokens(chat_record(messages))
+    except ChatError as exc:
+        assert ref.whole.straddle, exc
+        return
+    assert out.ids.tolist() == ref.whole.ids == tok.apply_chat_template(messages)["input_ids"]
+    assert np.array_equal(out.weights, ref.whole.weights) and not out.weights[-1]
+
+
+@functools.cache
+def _trailing_tok(template: str):
+    return build_chat_tokenizer(SPECIALS, None, "<|end|>", template, plain=PLAIN)

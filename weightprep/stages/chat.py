@@ -74,6 +74,7 @@ from weightprep.errors import ConfigError, UsageError
 from weightprep.stages import chat_prefixes
 from weightprep.stages.chat_common import CHAT_REASONS, ChatError, diverge, snippet, template_messages
 from weightprep.stages.chat_control import (
+    PROBE_TOOLS,
     SEPARATOR,
     control_token_list,
     first_turn_token,
@@ -83,7 +84,7 @@ from weightprep.stages.chat_control import (
     turn_structure,
 )
 from weightprep.stages.chat_history import HISTORY_MODES, Document, HistoryModes, joined
-from weightprep.stages.chat_spans import answer_start
+from weightprep.stages.chat_spans import answer_start, trailer
 from weightprep.stages.chat_templates import TrlMissing
 from weightprep.stages.spans import TokenSpans
 from weightprep.stages.tokenize import PieceTokenizer
@@ -335,6 +336,7 @@ class ChatRenderer(HistoryModes):
         self._bos = getattr(tokenizer, "bos_token_id", None)
         self._empty_renders: dict[tuple[str, str], str] = {}
         self._eos_trailer: bool | None = None  # ``_trails_eos``, read once
+        self._opener: str | None = None  # ``_trailer``, read once
         self._context: ChatRenderer | None = None  # renders ``original``
         self._training: ChatRenderer | None | bool = False  # TRL's training template (False: not looked up)
         self._trl_missing: TrlMissing | None = None
@@ -460,7 +462,7 @@ class ChatRenderer(HistoryModes):
         )  # fmt: skip
         if key not in self._empty_renders:
             try:
-                self._empty_renders[key] = self.render(prepared, 0)[0]
+                self._empty_renders[key] = self._cut(self.render(prepared, 0)[0])
             except ChatError:
                 self._empty_renders[key] = ""
         empty = self._empty_renders[key]
@@ -508,7 +510,7 @@ class ChatRenderer(HistoryModes):
             for (a, b), i in zip(tagged_spans, owners, strict=True):
                 weights[a:b] = self._scaled_weight(i, chat.messages[i])
         claimed = np.zeros(len(tagged_spans), dtype=bool)
-        prefixes: dict[int, str] = {len(messages): text}
+        prefixes: dict[int, str] = {len(messages): self._cut(text)}
 
         def prefix(k: int) -> str:
             """``P_k``, checked to be a prefix of ``S`` (only the turns that carry weight are rendered)."""
@@ -516,7 +518,7 @@ class ChatRenderer(HistoryModes):
                 if k == 0:
                     prefixes[0] = self._empty(chat, prepared, text)
                     return prefixes[0]
-                here = self.render(prepared, k)[0]
+                here = self._cut(self.render(prepared, k)[0])
                 eos = self.tok.eos_token
                 if not text.startswith(here) and self._trails_eos() and text.startswith(here[: -len(eos)]):
                     here = here[: -len(eos)]  # the EOS written after the last message only: turns end before it
@@ -543,10 +545,10 @@ class ChatRenderer(HistoryModes):
             if derive and m["role"] == "assistant" and not self.tagged:  # the turn before may be rewritten
                 here = prefix(i + 1)
                 try:
-                    before: str | None = self.render(prepared, i)[0] if i else self._empty(chat, prepared, text)
+                    before: str | None = self._cut(self.render(prepared, i)[0]) if i else self._empty(chat, prepared, text)
                 except ChatError:
                     before = None
-                prompt = self.render(prepared, i, generation=True)[0]
+                prompt = self._prompt(prepared, i)
                 at = answer_start(before, prompt, here, m.get("content"), self._markers(), self._first_difference)
                 if at is None:
                     d = diverge(prompt, here)
@@ -574,7 +576,7 @@ class ChatRenderer(HistoryModes):
                             weights[a:b] = w
                             claimed[k] = a < b
                 else:
-                    prompt = self.render(prepared, i, generation=True)[0]
+                    prompt = self._prompt(prepared, i)
                     here = prefix(i + 1)
                     if not (prompt.startswith(prefix(i)) and here.startswith(prompt)):
                         at = diverge(prompt, here)
@@ -614,6 +616,49 @@ class ChatRenderer(HistoryModes):
         a, b = encode(prompt, add_special_tokens=False), encode(upto, add_special_tokens=False)
         t = next((k for k, (x, y) in enumerate(zip(a.ids, b.ids, strict=False)) if x != y), min(len(a.ids), len(b.ids)))
         return b.offsets[t][0] if t < len(b.ids) else len(upto)
+
+    def _prompt(self, prepared: _Prepared, i: int) -> str:
+        """``G_i``; where it does not end with the trailer but writes its prompt after it (Command R+ tool_use ends
+        every render with an instruction turn, its generation prompt follows it), without the trailer."""
+        prompt = self.render(prepared, i, generation=True)[0]
+        opener = self._trailer()
+        if not opener or prompt.endswith(opener) or not i:
+            return prompt
+        before = self.render(prepared, i)[0]
+        if before.endswith(opener) and prompt.startswith(before):
+            return before[: len(before) - len(opener)] + prompt[len(before) :]
+        return prompt
+
+    def _cut(self, render: str) -> str:
+        """A render less the text the template writes after every render (``_trailer``)."""
+        opener = self._trailer()
+        return render[: len(render) - len(opener)] if opener and render.endswith(opener) else render
+
+    def _trailer(self) -> str:
+        """The text the template writes after every render, ``add_generation_prompt`` or not, and drops once another
+        message follows (Command R7B tool_use's next-answer opener; ``chat_spans.trailer``), from the renders of a
+        probe conversation (user, assistant, user): every ``P_k`` ends before it, and the whole render's trailer is
+        no turn's (weight 0)."""
+        if self._opener is None:
+            self._opener = ""
+            contents = [f"\ue000weightprep-trailer-probe-{k}\ue000" for k in range(3)]
+            messages = [{"role": r, "content": c} for r, c in zip(("user", "assistant", "user"), contents, strict=True)]
+            for tools in (None, PROBE_TOOLS):  # with a probe tool where the template needs one (Command R+ tool_use)
+                prepared = self._compiled().prepare(messages, tools, dict(self.tok.special_tokens_map))
+                try:
+                    renders = [self.render(prepared, k)[0] for k in (1, 2, 3)]
+                    prompt = self.render(prepared, 1, generation=True)[0]
+                    break
+                except ChatError:
+                    continue
+            else:
+                return self._opener
+            at = renders[0].find(contents[0])
+            if at >= 0:  # the user's turn ends after a control token that follows its content
+                after = at + len(contents[0])
+                cuts = [hit.end() for hit in self._markers().finditer(renders[0], after)]
+                self._opener = trailer(renders, prompt, cuts)
+        return self._opener
 
     def _trails_eos(self) -> bool:
         """Whether the template ends every render with EOS after the last message, whatever its role (Phi-3's

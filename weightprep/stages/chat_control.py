@@ -6,8 +6,9 @@ rendering probe conversations (``turn_structure``), never by where a string appe
 
 - the first control tokens of each system, user or tool turn (its role header: as many as the user's header has)
   and the last ones of the turn (its end: as many as the user's turn ends with);
-- the first control tokens of an assistant's generation prompt (its role header, as many as the user's) and every
-  control token after an assistant's content (its end of turn);
+- the first control tokens of an assistant's generation prompt (its role header, as many as the user's, and only
+  those the turn starts with: after a role header written as text, Laguna's ``<assistant>\n``, a prefilled
+  ``</think>`` is no header) and every control token after an assistant's content (its end of turn);
 - the tokenizer's BOS, EOS, pad and unknown tokens, and the special tokens the template never writes.
 
 Everything else the template writes (a reasoning or tool-call marker in a preamble, a default system prompt, tool
@@ -31,8 +32,8 @@ from typing import Any
 from weightprep.batches import Chat
 
 __all__ = [
-    "PROBE_SHAPES", "SEPARATOR", "Render", "control_token_list", "first_turn_token", "record_strings", "string_values",
-    "template_literal_text", "token_pattern", "turn_structure",
+    "PROBE_SHAPES", "PROBE_TOOLS", "SEPARATOR", "Render", "control_token_list", "first_turn_token", "record_strings",
+    "string_values", "template_literal_text", "token_pattern", "turn_structure",
 ]  # fmt: skip
 
 #: The conversations whose rendering tells a template's turn structure from its in-turn markers: two turns then
@@ -42,7 +43,7 @@ PROBE_SHAPES = (
     ("system", "user", "assistant"), ("user", "assistant"),
 )  # fmt: skip
 #: The tool of the probes for templates that refuse a conversation without ``tools``.
-_PROBE_TOOLS = [{"type": "function", "function": {
+PROBE_TOOLS = [{"type": "function", "function": {
     "name": "weightprep_probe", "description": "probe",
     "parameters": {"type": "object", "properties": {"x": {"type": "string", "description": "probe"}}, "required": []},
 }}]  # fmt: skip
@@ -154,10 +155,21 @@ def turn_structure(render: Render, control: tuple[str, ...], fixed: set[str | No
         skip = next((j for j, t in enumerate(found) if t not in fixed), len(found))
         return found[skip:]
 
+    def leading(text: str) -> int:
+        """How many control tokens ``text`` starts with (whitespace between them, BOS and such not counted): a
+        role header's, where the header is not text (Laguna's ``<assistant>\n`` before a prefilled ``</think>``)."""
+        found, pos = [], 0
+        for m in pattern.finditer(text):
+            if text[pos : m.start()].strip():
+                break
+            found.append(m.group())
+            pos = m.end()
+        return len(found) - next((j for j, t in enumerate(found) if t not in fixed), len(found))
+
     read: list[tuple] = []
     headers: list[int] = []
     trailers: list[int] = []
-    for tools in (None, _PROBE_TOOLS):
+    for tools in (None, PROBE_TOOLS):
         for shape in PROBE_SHAPES:
             messages = [{"role": r, "content": f"\ue000weightprep-control-probe-{k}\ue000"} for k, r in enumerate(shape)]
             try:
@@ -218,7 +230,7 @@ def turn_structure(render: Render, control: tuple[str, ...], fixed: set[str | No
             # a prefilled <think> that the turn lacks, nor a <|START_RESPONSE|> that the prompt lacks)
             written, prompted = head(turn[:at]), head(prompts[k][start:])
             common = next((j for j, (a, b) in enumerate(zip(written, prompted, strict=False)) if a != b), min(len(written), len(prompted)))
-            found.update(written[: min(common, header)])
+            found.update(written[: min(common, header, leading(turn[:at]))])
             if k < len(messages) - 1 or not inner:
                 found.update(after)
     return found

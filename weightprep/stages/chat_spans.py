@@ -19,9 +19,8 @@ built per turn, never guessed). It starts (``answer_start``):
      starts after the longest end of ``G_i`` past ``d`` (its own text ``G_i[|P_i|:]``, the assistant's header,
      at least; all of it where that is empty) that ``P_{i+1}`` writes after ``d`` and before the content;
 
-   - refused where the render ends with the generation prompt's text that the turn is not rendered with (Command
-     R7B's tool_use template writes its response opener after every render, ``add_generation_prompt`` or not):
-     the turn's end would hold that opener;
+   - refused where the render ends with the generation prompt's text that the turn is not rendered with (an
+     opener written after every render that ``trailer`` did not find): the turn's end would hold that opener;
 
 3. then, where the answer's content starts with what the generation prompt ends with, that holds an added
    token, and the render goes on with the rest of the content (MiniMax-M2's prompt ends ``<think>\\n``, an
@@ -29,7 +28,16 @@ built per turn, never guessed). It starts (``answer_start``):
    that much earlier: reasoning and tool-call markers the content holds carry the answer's weight, whatever the
    template prefills.
 
-Cost: string comparisons of renders already made; no render of its own.
+A template that writes the same text after every render, ``add_generation_prompt`` or not (Command R7B's
+tool_use template ends each with ``<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|><|START_THINKING|><|END_THINKING|>``,
+the opener of a next answer), drops it once another message follows: not every ``P_k`` is a prefix of the next.
+``trailer`` finds that text from probe renders; the renders are then compared without it (``P_k`` ends
+before it, the whole render's trailer has weight 0 like every generation prompt), and the generation prompt is
+the render as it is (it ends with the opener). Phi-3's EOS after the last message only is no such trailer: its
+generation prompt does not end with it. Where the generation prompt follows the trailer instead of ending with
+it (Command R+ tool_use ends every render with an instruction turn), the prompt is compared without it.
+
+Cost: string comparisons of renders already made; no render of its own (``trailer``: three, once per template).
 """
 
 from __future__ import annotations
@@ -38,7 +46,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["answer_start", "common_prefix"]
+__all__ = ["answer_start", "common_prefix", "trailer"]
 
 #: The most characters of a generation prompt's end that an answer's content can start with (a prefilled
 #: ``<think>\n``, ``[THINK]``): bounds rule 3's search.
@@ -60,6 +68,27 @@ def common_prefix(a: str, b: str) -> int:
     return lo
 
 
+def trailer(renders: list[str], prompt: str, cuts: list[int]) -> str:
+    """The text a template writes after every render and drops once another message follows (module docstring),
+    or "": ``renders`` are ``P_1, P_2, ...`` of a probe conversation, ``prompt`` is ``G_1``, ``cuts`` the places of
+    ``P_1`` where its last turn may end, in order (after its content's first end-of-turn token, then after each
+    further control token: the turn keeps its own end of turn, which nothing tells from an opener that starts with
+    the same token but this order). The first ``T = P_1[cut:]`` that every render ends with, and the prompt too
+    or the prompt follows (Command R+ tool_use: an instruction turn after every render, the generation prompt
+    after it), such that each render less ``T`` is a prefix of the next; none where each render is a prefix of the next (the
+    template keeps what it wrote: ChatML's ``\n`` after ``<|im_end|>``; a ``<|assistant|>`` written after every
+    render is dropped once a user message follows an answer)."""
+    one = renders[0]
+    if all(b.startswith(a) for a, b in zip(renders, renders[1:], strict=False)):
+        return ""
+    for cut in cuts:
+        end = one[cut:]
+        if (end and (prompt.endswith(end) or prompt.startswith(one)) and all(r.endswith(end) for r in renders)
+                and all(b.startswith(a[: len(a) - len(end)]) for a, b in zip(renders, renders[1:], strict=False))):  # fmt: skip
+            return end
+    return ""
+
+
 def answer_start(
     before: str | None, prompt: str, upto: str, content: Any, markers: re.Pattern[str],
     first_difference: Callable[[str, str], int] | None = None,
@@ -77,11 +106,11 @@ def answer_start(
     else:
         d = common_prefix(prompt, upto)
         if upto.endswith(prompt[d:]):  # the prompt's end, which the turn is not rendered with, ends the render:
-            return None  # an opener written after every render (Command R7B's): where the turn ends is unknown
+            return None  # an opener written after every render that ``trailer`` missed: where the turn ends is unknown
         if d >= len(before):
             start = first_difference(prompt, upto)
         else:  # the longest end of the prompt past ``d`` that ``upto`` holds (its own text at least) before the
-            start = -1  # content (not the opener Command R7B appends after every render)
+            start = -1  # content (not an opener the template appends after every render)
             limit = upto.find(content, d) if isinstance(content, str) and content else len(upto)
             for n in range(len(prompt) - d, max(len(prompt) - len(before), 1) - 1, -1):
                 at = upto.find(prompt[len(prompt) - n :], d)
