@@ -99,9 +99,6 @@ MODULES: dict[str, list[str]] = {
 }
 
 _ONCE = "set at most once per call (one branch), into a Counter made by that call: = and += agree"
-_LARGER_TREE = "a larger segment tree: size is still a power of two >= capacity + 1; the leaves above capacity stay 0"
-_ROOT_ODD = "at the root (i = 1, odd) one more pass only halves i to 0 and the loop ends as before: return -1"
-_NO_ROOM_ZERO = "r is never 0: a full bin (room 0) never enters the tree (update only if room[b] > 0)"
 _JINJA_LINE = "Jinja numbers lines from 1 and splits them at \\r\\n, \\r and \\n, which splitlines splits too: "
 _PAIRS = "a MixedPart has one source per segment (plan_mixed makes them in pairs): strict changes nothing"
 _END_MARKER = "run_mixed never reads the end marker's segment (it goes on to the next read when records is None)"
@@ -129,10 +126,6 @@ EQUIVALENT: dict[str, str] = {
         "the file object's last reference goes when merge_results returns, and CPython closes (flushes) it then",
     "stages/mask.py:labels_from_weights:bool:return np.where(weights > 0, input_ids, np.int32(IGNORE_INDEX)).astype(np.int32, copy=False)":
         "np.where made a new array: astype copies it or not, the values are the same",
-    "stages/assemble.py:assemble:int-1:input_ids[offsets[1:] - 1] = specials.eos":
-        "offsets[0:] - 1 adds index -1 (the last token) to the previous documents' last tokens: all EOS already",
-    "stages/assemble.py:assemble:int-1:weights[offsets[1:] - 1] = eos_weight":
-        "offsets[0:] - 1 adds index -1 (the last token) to the previous documents' last tokens: all EOS already",
     "stages/filter.py:filter_documents:augassign:counts[f'tokens_{reason}'] += len(before.input_ids) - len(after.input_ids)":
         "each reason is removed at most once per call, into a Counter made by that call: = and += agree",
     "stages/filter.py:filter_documents:augassign:counts[f'weight_{reason}'] += float(before.weights.sum(dtype=np.float64) - after.weights.sum(dtyp...":
@@ -142,23 +135,6 @@ EQUIVALENT: dict[str, str] = {
     "stages/filter.py:filter_documents:augassign:counts['chunked'] += n_long": _ONCE,
     "stages/filter.py:filter_documents:augassign:counts['chunks'] += int(parts[long].sum())": _ONCE,
     "stages/filter.py:filter_documents:augassign:counts['dropped_unsupervised'] += n_unsup": _ONCE,
-    "stages/pack.py:best_fit_decreasing:int+1:size = 1": _LARGER_TREE,
-    "stages/pack.py:best_fit_decreasing:compare0:while size < capacity + 1:": _LARGER_TREE,
-    "stages/pack.py:best_fit_decreasing:int+1:while size < capacity + 1:": _LARGER_TREE,
-    "stages/pack.py:best_fit_decreasing:int+1:tree = [0] * (2 * size)#1":
-        "3 * size nodes: the walks read indices below 2 * size only (leaves r + size <= capacity + size)",
-    "stages/pack.py:best_fit_decreasing:int+1:by_room: list[list[int]] = [[] for _ in range(capacity + 1)]":
-        "one more list, never used: rooms are 0..capacity",
-    "stages/pack.py:best_fit_decreasing:augop:tree[i] += delta":
-        "every node then holds minus its count, and the tree is read only for truth (count != 0)",
-    "stages/pack.py:best_fit_decreasing:compare0:while i > 1:": _ROOT_ODD,
-    "stages/pack.py:best_fit_decreasing:int-1:while i > 1:": _ROOT_ODD,
-    "stages/pack.py:best_fit_decreasing:int+1:return -1":
-        "the caller only tests r < 0",
-    "stages/pack.py:best_fit_decreasing:compare0:while i < size:":
-        "the descent starts at an odd node >= 3, whose subtree misses leaf size (its ancestors are powers of 2)",
-    "stages/pack.py:best_fit_decreasing:compare0:if r < 0:": _NO_ROOM_ZERO,
-    "stages/pack.py:best_fit_decreasing:int+1:if r < 0:": _NO_ROOM_ZERO,
     "stages/spans.py:_byte_level_alphabet:int+1:printable = [*range(ord('!'), ord('~') + 1), *range(ord('¡'), ord('¬') + 1), *range(ord('®'), ord...#2":
         'range to 0x100 adds 256 -> chr(256), but byte 0 is then given chr(256) too and the inverted dict keeps 0',
     'stages/spans.py:_byte_level_alphabet:int-1:for b in range(256):':
