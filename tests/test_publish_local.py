@@ -225,3 +225,51 @@ def test_alive_tells_running_processes_from_dead_and_zombie_ones():
 def test_interrupted_builds_of_an_output_whose_parent_is_missing_are_none(tmp_path):
     assert publish.interrupted_builds(tmp_path / "missing" / "shards") == []
 
+
+
+def test_resume_never_touches_a_live_builds_directory_nor_adopts_another_plan(tmp_path, monkeypatch):
+    """Only a dead build's directory of this very plan is adopted; a live process's is left as it is, and one of
+    another plan (named to sort first) is removed, not adopted."""
+    import os
+    import subprocess
+    import sys
+
+    from weightprep.errors import BuildInterrupted
+
+    raw = _local(tmp_path, OLD + NEW)
+    cfg = config_from_dict({"pack": {"seq_len": 128}, "read": {"part_bytes": 4_000}, "validate": {"on_invalid": "skip"}})
+    ctrl_c = PartInterrupter(monkeypatch)
+    with pytest.raises(BuildInterrupted):
+        build([raw], tmp_path / "shards", cfg)
+    ours = tmp_path / f".shards.tmp-{_dead_pid()}"
+    (tmp_path / f".shards.tmp-{os.getpid()}").rename(ours)
+    plan = (ours / "plan.json").read_text()
+    other = tmp_path / f".shards.tmp-0{_dead_pid()}"  # sorts before ours
+    (other / "parts" / "00000").mkdir(parents=True)
+    (other / "plan.json").write_text("another plan")
+    (other / "parts" / "00000" / "result.json").write_text("{}")
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        theirs = tmp_path / f".shards.tmp-{live.pid}"
+        (theirs / "parts").mkdir(parents=True)
+        (theirs / "plan.json").write_text(plan)  # even a live build of this plan is its own
+        ctrl_c.interrupt = False
+        ctrl_c.runs.clear()
+        build([raw], tmp_path / "shards", cfg, resume=True)
+        assert 0 not in ctrl_c.runs  # our part 0 reused (not the other plan's)
+        assert (theirs / "plan.json").read_text() == plan and not other.exists()
+    finally:
+        live.kill()
+        live.wait()
+    fresh = build([raw], tmp_path / "fresh", cfg)
+    assert read_manifest(tmp_path / "shards")["counts"] == fresh["counts"]
+
+
+def test_a_stale_directory_of_this_process_is_emptied_before_a_build_uses_it(tmp_path):
+    import os
+
+    stale = tmp_path / f".shards.tmp-{os.getpid()}"
+    stale.mkdir()
+    (stale / "junk.arrow").write_text("from an earlier build in this process")
+    build([_local(tmp_path)], tmp_path / "shards", _cfg())
+    assert "junk.arrow" not in {p.name for p in (tmp_path / "shards").iterdir()}

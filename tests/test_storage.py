@@ -505,3 +505,61 @@ def test_a_part_is_uploaded_with_its_result_last(mem, tmp_path, monkeypatch):
     publish.upload_part(tmp_path, "memory://p/parts/00000")
     assert uploaded[-1] == "result.json" and sorted(uploaded) == sorted(["result.json", "shard-00000.arrow",
                                                                          "rejects.jsonl", "z.jsonl"])
+
+
+def test_a_session_forgets_what_this_process_writes_copies_and_removes(mem):
+    """Within a session object metadata is taken as unchanged, except what this process changes itself."""
+    mem.pipe_file("/s/a.bin", b"12345")
+    with storage.session({}):
+        assert storage.size("memory://s/a.bin") == 5  # now known to the session
+        storage.copy("memory://s/a.bin", "memory://s/b.bin")
+        assert storage.isfile("memory://s/b.bin") and storage.size("memory://s/b.bin") == 5
+        storage.write_bytes("memory://s/a.bin", b"1234567")
+        assert storage.size("memory://s/a.bin") == 7
+        storage.remove("memory://s/b.bin")
+        assert not storage.isfile("memory://s/b.bin")
+        assert storage.size("memory://s/a.bin") == 7
+        assert storage.remove_tree("memory://s") == ["memory://s/a.bin"]  # what it removed
+        assert not storage.exists("memory://s/a.bin")
+        mem.pipe_file("/s/c.bin", b"1")
+        assert storage.size("memory://s/c.bin") == 1
+        mem.pipe_file("/s/c.bin", b"123")  # another writer
+        assert storage.read_fresh("memory://s/c.bin") == b"123" and storage.size("memory://s/c.bin") == 3
+        assert storage.read_fresh("memory://s/none.bin") is None
+
+
+def test_download_tree_copies_nested_keys_literally(mem, tmp_path):
+    for key in ("/t/x[1]/a.json", "/t/x[1]/train/state.json", "/t/x1/other"):
+        mem.pipe_file(key, key.encode())
+    storage.download_tree("memory://t/x[1]", tmp_path / "copy")
+    got = sorted(p.relative_to(tmp_path / "copy").as_posix() for p in (tmp_path / "copy").rglob("*") if p.is_file())
+    assert got == ["a.json", "train/state.json"]  # x1/, which the name matches as a pattern, is not copied
+    assert (tmp_path / "copy" / "train" / "state.json").read_bytes() == b"/t/x[1]/train/state.json"
+
+
+def test_a_missing_bucket_is_said_and_an_existing_empty_one_is_not(mem, monkeypatch):
+    monkeypatch.setattr(storage, "BUCKETED", (*storage.BUCKETED, "memory"))  # memory's first component as a bucket
+    mem.pipe_file("/bucket/keep", b"x")
+    assert storage.names_under("memory://bucket/empty-prefix") == []
+    assert storage.names_under("memory://bucket") == ["keep"]
+    with pytest.raises(UsageError, match="the bucket nobucket does not exist"):
+        storage.names_under("memory://nobucket/out")
+
+
+@pytest.mark.parametrize(("module", "name", "transient"), [
+    ("botocore.exceptions", "ParamValidationError", False),  # an invalid bucket name: no retry fixes it
+    ("botocore.exceptions", "NoCredentialsError", False),
+    ("botocore.exceptions", "EndpointConnectionError", True),  # the store unreachable for a moment
+    ("aiohttp.client_exceptions", "ServerDisconnectedError", True),
+    ("weightprep.somewhere", "Oddity", False),  # not a store library's: a bug, not a fault
+    ("builtins", "ValueError", False),
+])
+def test_which_errors_are_retried(module, name, transient):
+    cls = type(name, (Exception,), {"__module__": module})
+    if name == "ValueError":
+        cls = ValueError
+    assert storage._transient(cls("x")) is transient
+    sub = type("Sub" + name, (cls,), {"__module__": "elsewhere.lib"})  # persistence is inherited by name
+    if not transient and module.startswith("botocore"):
+        assert storage._transient(sub("x")) is False
+    assert storage._transient(ConnectionResetError("reset")) is True and storage._transient(PermissionError("403")) is False
