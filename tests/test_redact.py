@@ -40,6 +40,8 @@ def _forget_secrets():
     ("a@b.c plain email", "a@b.c plain email"),  # not a URL
     ("'https://u:p@h/x' and \"s3://k:s@b/y\"", "'https://***@h/x' and \"s3://***@b/y\""),
     ("https://u:p@h/x https://h/y?t=1", "https://***@h/x https://h/y?t=***"),
+    ("https://h/x?a=1&&b=2", "https://h/x?a=***&&b=***"),  # an empty parameter stays as it was
+    ("file:///data/u@host/x.jsonl", "file:///data/u@host/x.jsonl"),  # an empty authority: the @ is the path's
 ])
 def test_what_is_masked_and_what_is_kept(text, expected):
     assert r.redact(text) == expected
@@ -53,6 +55,7 @@ _part = st.text(string.ascii_letters + string.digits + "-._~%!$'()*+,;", min_siz
        query=st.lists(st.tuples(st.from_regex(r"[A-Za-z-]{1,10}", fullmatch=True), _part), max_size=3),
        scheme=st.sampled_from(["https", "http", "s3", "gs", "hf", "az"]))
 def test_no_secret_survives_and_the_rest_is_kept(user, password, host, path, query, scheme):
+    r._KNOWN.clear()  # each example on its own (a remembered secret is masked wherever it appears, hosts too)
     url = f"{scheme}://{user}:{password}@{host}/{'/'.join(path)}"
     if query:
         url += "?" + "&".join(f"{k}={v}" for k, v in query)
@@ -70,6 +73,11 @@ def test_a_secret_echoed_without_its_url_is_masked_once_seen():
     assert r.redact(message) == 'Invalid bucket name "***@bucket"'
     r.redact("https://h/x?token=QueryValue9")  # masking a URL remembers its secrets too
     assert r.redact("the server said QueryValue9") == "the server said ***"
+
+
+def test_secrets_from_four_characters_and_base64_values_are_remembered_whole():
+    r.redact("https://h/x?token=abcd&sig=ab==cd")
+    assert r.redact("abcd ab==cd abc") == "*** *** abc"  # four characters and more; "ab==cd" whole, padding and all
 
 
 def test_storage_options_secrets_are_remembered_by_key():
