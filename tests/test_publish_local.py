@@ -273,3 +273,19 @@ def test_a_stale_directory_of_this_process_is_emptied_before_a_build_uses_it(tmp
     (stale / "junk.arrow").write_text("from an earlier build in this process")
     build([_local(tmp_path)], tmp_path / "shards", _cfg())
     assert "junk.arrow" not in {p.name for p in (tmp_path / "shards").iterdir()}
+
+
+def test_the_manifest_and_state_files_are_written_in_one_canonical_form(tmp_path):
+    """Byte-identical outputs need one spelling of the manifest: sorted keys, two-space indent, UTF-8 as is, a final
+    newline; and datasets' fingerprints of 16 hex digits."""
+    import json
+
+    raw = _local(tmp_path, OLD, "données-ü.jsonl")
+    cfg = config_from_dict({"pack": {"seq_len": 128}, "split": {"validation_fraction": 0.2}})
+    build([raw], tmp_path / "out", cfg)
+    text = (tmp_path / "out" / "weightprep_manifest.json").read_text(encoding="utf-8")
+    assert text == json.dumps(json.loads(text), indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+    assert "données-ü.jsonl" in text
+    for split in ("train", "validation"):
+        fingerprint = json.loads((tmp_path / "out" / split / "state.json").read_text())["_fingerprint"]
+        assert len(fingerprint) == 16 and int(fingerprint, 16) >= 0

