@@ -286,6 +286,7 @@ def test_the_manifest_and_state_files_are_written_in_one_canonical_form(tmp_path
     text = (tmp_path / "out" / "weightprep_manifest.json").read_text(encoding="utf-8")
     assert text == json.dumps(json.loads(text), indent=2, sort_keys=True, ensure_ascii=False) + "\n"
     assert "données-ü.jsonl" in text
-    for split in ("train", "validation"):
-        fingerprint = json.loads((tmp_path / "out" / split / "state.json").read_text())["_fingerprint"]
+    build([raw], tmp_path / "whole", _cfg())  # no split: the state.json at the top
+    for state in (tmp_path / "out" / "train", tmp_path / "out" / "validation", tmp_path / "whole"):
+        fingerprint = json.loads((state / "state.json").read_text())["_fingerprint"]
         assert len(fingerprint) == 16 and int(fingerprint, 16) >= 0
