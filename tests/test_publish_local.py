@@ -290,3 +290,6 @@ def test_the_manifest_and_state_files_are_written_in_one_canonical_form(tmp_path
     for state in (tmp_path / "out" / "train", tmp_path / "out" / "validation", tmp_path / "whole"):
         fingerprint = json.loads((state / "state.json").read_text())["_fingerprint"]
         assert len(fingerprint) == 16 and int(fingerprint, 16) >= 0
+        for name in ("state.json", "dataset_info.json"):  # as datasets writes them: sorted, two-space indent
+            text = (state / name).read_text()
+            assert text == json.dumps(json.loads(text), indent=2, sort_keys=True) + "\n", name
