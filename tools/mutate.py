@@ -323,6 +323,8 @@ EQUIVALENT: dict[str, str] = {
     "distribute/executors.py:RayExecutor.close:bool:self._ray, self._owned = (None, False)":
         "_owned is read only in close, after _ray is set, and start sets both: with _ray None, close returns first",
     # storage.py, stages/publish.py, redact.py (seventh session)
+    "stages/write.py:_metadata:bool:return [('dataset_info.json', (json.dumps(info, indent=2, sort_keys=True) + '\\n').encode()), ('st...#1":
+        "state.json's dict is built with its keys in sorted order: sorting them again changes nothing",
     "redact.py:_mask_params:int+1:out.append(part.split('=', 1)[0] + '=' + MASK)": "the first part of a split at '=' is the same however many splits are allowed",
     'stages/publish.py:Output.__init__:bool:self.tmp.mkdir(parents=True, exist_ok=True)': "prepare_output made out's parent: the temporary directory beside out needs no parents",
     'stages/publish.py:Output.__init__:bool:shutil.rmtree(candidate, ignore_errors=True)': _IGNORE_ERRORS,
