@@ -323,6 +323,10 @@ EQUIVALENT: dict[str, str] = {
     "distribute/executors.py:RayExecutor.close:bool:self._ray, self._owned = (None, False)":
         "_owned is read only in close, after _ray is set, and start sets both: with _ray None, close returns first",
     # storage.py, stages/publish.py, redact.py (seventh session)
+    "stages/write.py:empty_shard:int+1:return _ShardSet(directory, arrow_schema(seq_len, packed=packed), 1).empty_shard()":
+        "the rows per shard of a shard that gets no row: the empty shard is the same file",
+    "stages/write.py:empty_shard:int-1:return _ShardSet(directory, arrow_schema(seq_len, packed=packed), 1).empty_shard()":
+        "the rows per shard of a shard that gets no row: the empty shard is the same file",
     "stages/write.py:_metadata:bool:return [('dataset_info.json', (json.dumps(info, indent=2, sort_keys=True) + '\\n').encode()), ('st...#1":
         "state.json's dict is built with its keys in sorted order: sorting them again changes nothing",
     "redact.py:_mask_params:int+1:out.append(part.split('=', 1)[0] + '=' + MASK)": "the first part of a split at '=' is the same however many splits are allowed",
@@ -332,8 +336,6 @@ EQUIVALENT: dict[str, str] = {
     'stages/publish.py:Output.publish:bool:(self.tmp / self.PLAN).unlink(missing_ok=True)': "plan.json is always there: __init__ wrote it",
     'stages/publish.py:Output.publish:bool:directory.mkdir(parents=True, exist_ok=True)': "a split's directory is one level below the temporary directory, which exists",
     'stages/publish.py:Output.publish:bool:shutil.rmtree(discard, ignore_errors=True)': _IGNORE_ERRORS,
-    'stages/publish.py:Output.publish:int+1:parts = [(_ShardSet(directory, schema, 1).empty_shard(), 0)]': "the rows per shard of a shard that gets no row: the empty shard is the same file",
-    'stages/publish.py:Output.publish:int-1:parts = [(_ShardSet(directory, schema, 1).empty_shard(), 0)]': "the rows per shard of a shard that gets no row: the empty shard is the same file",
     'stages/publish.py:StoreOutput.abort:bool:shutil.rmtree(self.tmp, ignore_errors=True)': _FINALIZED,
     'stages/publish.py:StoreOutput.abort:drop:shutil.rmtree(self.tmp, ignore_errors=True)': _FINALIZED,
     "stages/publish.py:_alive:int+1:return stat.rsplit(')', 1)[1].split()[0] != 'Z'": "/proc/PID/stat holds one ')' unless the command name holds one: the state field is the same",

@@ -79,7 +79,7 @@ from typing import Any
 from weightprep import storage
 from weightprep.constants import MANIFEST_NAME
 from weightprep.errors import UsageError
-from weightprep.stages.write import _ShardSet, arrow_schema, loadable_files, shard_name
+from weightprep.stages.write import empty_shard, loadable_files, shard_name
 
 __all__ = ["Output", "StoreOutput", "open_output", "prepare_output", "recover_stale", "remove_output", "interrupted_builds",
            "upload_part", "read_result"]
@@ -233,8 +233,7 @@ class Output:
             directory = self.tmp / name if name else self.tmp
             directory.mkdir(parents=True, exist_ok=True)
             if not parts:
-                schema = arrow_schema(seq_len, packed=packed)
-                parts = [(_ShardSet(directory, schema, 1).empty_shard(), 0)]
+                parts = [(empty_shard(directory, seq_len, packed=packed), 0)]
             n = len(parts)
             entries = []
             for i, (path, rows) in enumerate(parts):
@@ -445,7 +444,7 @@ class StoreOutput:
         for name, parts in sets.items():
             if not parts:  # a dataset with no rows is still a valid, empty dataset
                 scratch = Path(tempfile.mkdtemp(dir=self.tmp, prefix=".empty-"))
-                sets[name] = [(_ShardSet(scratch, arrow_schema(seq_len, packed=packed), 1).empty_shard(), 0)]
+                sets[name] = [(empty_shard(scratch, seq_len, packed=packed), 0)]
         before = {u[len(self.out) + 1 :] for u in storage.find(self.out)}  # 1.
         old_loadable = {rel: (storage.read_fresh(storage.join(self.out, rel)) or b"").decode("utf-8")
                         for rel in before if rel.rsplit("/", 1)[-1] in _LOADABLE}

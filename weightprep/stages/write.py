@@ -44,7 +44,7 @@ from weightprep.constants import (
 )
 from weightprep.redact import redact_record
 
-__all__ = ["features", "arrow_schema", "ShardWriter", "loadable_files",
+__all__ = ["features", "arrow_schema", "ShardWriter", "empty_shard", "loadable_files",
            "shard_name"]
 
 _DTYPES = {INPUT_IDS: "int32", LABELS: "int32", WEIGHTS: "float32", POSITION_IDS: "int32", ATTENTION_MASK: "int8"}
@@ -132,6 +132,12 @@ class _ShardSet:
             except Exception:  # the shard is being thrown away anyway
                 pass
             self._writer = None
+
+
+def empty_shard(directory: Path, seq_len: int, *, packed: bool) -> Path:
+    """A shard of no rows in ``directory``: a dataset with no rows (every record dropped, an empty split) is still
+    a valid, empty dataset."""
+    return _ShardSet(directory, arrow_schema(seq_len, packed=packed), 1).empty_shard()
 
 
 class ShardWriter:
