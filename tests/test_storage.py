@@ -330,6 +330,20 @@ def test_hf_urls_go_through_the_same_fsspec_path(mem, monkeypatch, local_referen
     assert _tree(mem, "/hf-out/s")["data-00000-of-00002.arrow"] == local_reference["data-00000-of-00002.arrow"]
 
 
+def test_secrets_of_configured_and_session_options_are_masked_in_messages():
+    """``--storage-options`` (``configure``) and a library caller's ``storage_options`` (``session``) are
+    remembered: a library's error that echoes the value is masked, though the value is no URL's part."""
+    from weightprep.redact import redact
+
+    storage.configure({"s3": {"secret": "ConfiguredSecret41"}})
+    try:
+        assert redact("denied for ConfiguredSecret41") == "denied for ***"
+    finally:
+        storage.configure(None)
+    with storage.session({"token": "SessionToken42"}):
+        assert redact("bad token SessionToken42") == "bad token ***"
+
+
 def test_storage_options_per_protocol_and_the_cli_flag():
     storage.configure('{"anon": true, "s3": {"endpoint_url": "http://x"}, "hf": {"token": "t"}}')
     try:
