@@ -344,6 +344,50 @@ def test_secrets_of_configured_and_session_options_are_masked_in_messages():
         assert redact("bad token SessionToken42") == "bad token ***"
 
 
+def test_a_nested_session_without_options_is_the_enclosing_one_and_with_options_its_own():
+    """``session()`` inside a session shares its options and its metadata cache (the command line's listing of
+    the inputs is its build's); ``session(options)`` or ``session(known=...)`` is a scope of its own; a
+    ``session()`` at the top level is one too."""
+    info = {"name": "/x", "size": 3, "type": "file"}
+    with storage.session({"anon": True}):
+        with storage.session():
+            storage._remember("memory://shared/x", info)
+            assert storage.current_options() == {"anon": True}
+        assert storage.known_metadata(["memory://shared/x"]) == {"memory://shared/x": info}
+        with storage.session({"anon": False}):
+            assert storage.current_options() == {"anon": False}
+            assert storage.known_metadata(["memory://shared/x"]) == {}
+            storage._remember("memory://inner/y", info)
+        with storage.session(known={"memory://k/z": info}):
+            assert storage.current_options() == {"anon": True}
+            assert storage.known_metadata(["memory://shared/x", "memory://k/z"]) == {"memory://k/z": info}
+        assert storage.current_options() == {"anon": True}
+        assert storage.known_metadata(["memory://inner/y"]) == {}
+    with storage.session():
+        storage._remember("memory://top/w", info)
+        assert storage.known_metadata(["memory://top/w"]) == {"memory://top/w": info}
+    with storage.session():
+        assert storage.known_metadata(["memory://top/w"]) == {}
+
+
+def test_options_that_name_no_protocol_apply_to_every_protocol_dicts_included():
+    storage.configure({"client_kwargs": {"region_name": "r1"}, "s3": {"anon": True}, "gs": {"token": "t"}})
+    try:
+        assert storage.options_for("s3") == {"client_kwargs": {"region_name": "r1"}, "anon": True}
+        assert storage.options_for("memory") == {"client_kwargs": {"region_name": "r1"}}
+    finally:
+        storage.configure(None)
+
+
+def test_a_url_given_to_a_filesystem_has_its_password_remembered_and_an_unknown_protocol_is_named():
+    from weightprep.redact import redact
+
+    storage.filesystem("memory://KeyUser:FsPassword43@host/x.jsonl")
+    assert redact("login refused: FsPassword43") == "login refused: ***"
+    with pytest.raises(UsageError, match=r"unknown protocol nosuchproto://"):
+        storage.filesystem("nosuchproto://bucket/x.jsonl")
+
+
 def test_storage_options_per_protocol_and_the_cli_flag():
     storage.configure('{"anon": true, "s3": {"endpoint_url": "http://x"}, "hf": {"token": "t"}}')
     try:
