@@ -294,6 +294,29 @@ def test_transient_read_errors_are_retried_then_name_the_object(mem, monkeypatch
     _Flaky.failures = 0
 
 
+def test_retries_wait_twice_as_long_each_time_and_zero_retries_try_once(monkeypatch):
+    """``WEIGHTPREP_STORAGE_RETRIES`` transient failures are retried, the waits doubling from
+    ``WEIGHTPREP_STORAGE_BACKOFF`` seconds; 0 retries means one try."""
+    waits: list[float] = []
+    monkeypatch.setattr(storage.time, "sleep", waits.append)
+    calls = []
+
+    def failing():
+        calls.append(1)
+        raise ConnectionError("reset by peer")
+
+    monkeypatch.setenv("WEIGHTPREP_STORAGE_BACKOFF", "0.5")
+    monkeypatch.setenv("WEIGHTPREP_STORAGE_RETRIES", "3")
+    with pytest.raises(storage.StorageError, match="after 4 tries"):
+        storage.retry(failing, "memory://b/x", "reading it")
+    assert waits == [0.5, 1.0, 2.0] and len(calls) == 4
+    waits.clear(), calls.clear()
+    monkeypatch.setenv("WEIGHTPREP_STORAGE_RETRIES", "0")
+    with pytest.raises(storage.StorageError, match=r"reading it failed \(ConnectionError"):
+        storage.retry(failing, "memory://b/x", "reading it")
+    assert waits == [] and len(calls) == 1
+
+
 def test_missing_extra_names_the_pip_line(monkeypatch):
     def missing(protocol):
         raise ImportError(f"Install gcsfs to access {protocol}")
