@@ -315,6 +315,9 @@ def test_retries_wait_twice_as_long_each_time_and_zero_retries_try_once(monkeypa
     with pytest.raises(storage.StorageError, match=r"reading it failed \(ConnectionError"):
         storage.retry(failing, "memory://b/x", "reading it")
     assert waits == [] and len(calls) == 1
+    monkeypatch.setenv("WEIGHTPREP_STORAGE_RETRIES", "1")
+    with pytest.raises(storage.StorageError, match=r"reading it failed after 2 tries with backoff \(ConnectionError"):
+        storage.retry(failing, "memory://b/x", "reading it")
 
 
 def test_missing_extra_names_the_pip_line(monkeypatch):
