@@ -45,6 +45,13 @@ REJECTED: dict[str, tuple[bytes, int, str, str, str, bytes]] = {
                          "found string '1.0'", b'{"pieces": [{"text": "a", "weight": "1.0"}]}'),
     "text_as_number": (_around(b'{"pieces": [{"text": 42, "weight": 1}]}'), 2, "pieces[0].text", "wrong_type",
                        "expected a string, found number 42", b'{"pieces": [{"text": 42, "weight": 1}]}'),
+    # an integer is shown whole up to 64 bits, beyond by its first 12 digits and its length
+    "text_as_64_bit_number": (_around(b'{"pieces": [{"text": 18446744073709551615, "weight": 1}]}'), 2, "pieces[0].text",
+                              "wrong_type", "found number 18446744073709551615",
+                              b'{"pieces": [{"text": 18446744073709551615, "weight": 1}]}'),
+    "text_as_65_bit_number": (_around(b'{"pieces": [{"text": 18446744073709551616, "weight": 1}]}'), 2, "pieces[0].text",
+                              "wrong_type", "found number 184467440737... (20 digits)",
+                              b'{"pieces": [{"text": 18446744073709551616, "weight": 1}]}'),
     "weight_as_boolean": (_around(b'{"pieces": [{"text": "a", "weight": true}]}'), 2, "pieces[0].weight", "wrong_type",
                           "found boolean True", b'{"pieces": [{"text": "a", "weight": true}]}'),
     "weight_nan": (_around(b'{"pieces": [{"text": "a", "weight": NaN}]}'), 2, "pieces[0].weight", "bad_weight", "found nan",

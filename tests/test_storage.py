@@ -396,6 +396,18 @@ def test_a_nested_session_without_options_is_the_enclosing_one_and_with_options_
         assert storage.known_metadata(["memory://top/w"]) == {}
 
 
+def test_an_object_looked_up_once_costs_no_second_request_in_a_session(mem, monkeypatch):
+    mem.pipe_file("/once/raw.jsonl", DATA)
+    asked: list[str] = []
+    real = MemoryFileSystem.info
+    monkeypatch.setattr(MemoryFileSystem, "info", lambda self, path, **kw: asked.append(path) or real(self, path, **kw))
+    with storage.session():
+        assert storage.size("memory://once/raw.jsonl") == len(DATA)
+        assert storage.isfile("memory://once/raw.jsonl") and storage.exists("memory://once/raw.jsonl")
+        assert not storage.exists("memory://once/missing.jsonl") and not storage.exists("memory://once/missing.jsonl")
+    assert asked == ["/once/raw.jsonl", "/once/missing.jsonl", "/once/missing.jsonl"]
+
+
 def test_options_that_name_no_protocol_apply_to_every_protocol_dicts_included():
     storage.configure({"client_kwargs": {"region_name": "r1"}, "s3": {"anon": True}, "gs": {"token": "t"}})
     try:
