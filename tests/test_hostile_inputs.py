@@ -52,6 +52,13 @@ REJECTED: dict[str, tuple[bytes, int, str, str, str, bytes]] = {
     "text_as_65_bit_number": (_around(b'{"pieces": [{"text": 18446744073709551616, "weight": 1}]}'), 2, "pieces[0].text",
                               "wrong_type", "found number 184467440737... (20 digits)",
                               b'{"pieces": [{"text": 18446744073709551616, "weight": 1}]}'),
+    # a value is shown whole up to 40 characters, beyond by its first 37 and "..."
+    "weight_as_40_characters": (_around(b'{"pieces": [{"text": "a", "weight": "' + b"w" * 38 + b'"}]}'), 2, "pieces[0].weight",
+                                "wrong_type", "found string '" + "w" * 38 + "'",
+                                b'{"pieces": [{"text": "a", "weight": "' + b"w" * 38 + b'"}]}'),
+    "weight_as_41_characters": (_around(b'{"pieces": [{"text": "a", "weight": "' + b"w" * 39 + b'"}]}'), 2, "pieces[0].weight",
+                                "wrong_type", "found string '" + "w" * 36 + "...",
+                                b'{"pieces": [{"text": "a", "weight": "' + b"w" * 39 + b'"}]}'),
     "weight_as_boolean": (_around(b'{"pieces": [{"text": "a", "weight": true}]}'), 2, "pieces[0].weight", "wrong_type",
                           "found boolean True", b'{"pieces": [{"text": "a", "weight": true}]}'),
     "weight_nan": (_around(b'{"pieces": [{"text": "a", "weight": NaN}]}'), 2, "pieces[0].weight", "bad_weight", "found nan",
