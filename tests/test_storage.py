@@ -128,6 +128,27 @@ def test_globs_directories_and_save_to_disk_dirs_by_url(mem):
         expand_inputs(["memory://d/*.parquet"])
 
 
+def test_a_glob_for_dot_names_matches_them_and_a_star_does_not(mem):
+    for name in ("b.jsonl", ".hidden.jsonl", ".other.txt"):
+        mem.pipe_file(f"/g/{name}", b"{}\n")
+    assert storage.glob("memory://g/*") == ["memory://g/b.jsonl"]
+    assert storage.glob("memory://g/.*.jsonl") == ["memory://g/.hidden.jsonl"]
+    assert storage.glob("memory://g/.*") == ["memory://g/.hidden.jsonl", "memory://g/.other.txt"]
+
+
+def test_what_is_a_file_a_directory_or_nothing_and_a_local_input_s_resume_key(mem, tmp_path):
+    mem.pipe_file("/kinds/sub/x.jsonl", DATA)
+    assert storage.isdir("memory://kinds/sub") and not storage.isfile("memory://kinds/sub")
+    assert storage.isfile("memory://kinds/sub/x.jsonl") and not storage.isdir("memory://kinds/sub/x.jsonl")
+    assert not storage.isdir("memory://kinds/none") and not storage.isfile("memory://kinds/none")
+    local = tmp_path / "x.jsonl"
+    local.write_bytes(DATA)
+    st = local.stat()
+    assert storage.stat_key(str(local)) == [str(local.resolve()), len(DATA), st.st_mtime_ns]
+    key = storage.stat_key("memory://kinds/sub/x.jsonl")
+    assert key[:2] == ["memory://kinds/sub/x.jsonl", len(DATA)] and key[2] is not None
+
+
 def test_parquet_by_url_reads_row_groups_through_pyarrow(mem, tmp_path, monkeypatch):
     rng = random.Random(0)  # incompressible text: six row groups of ~40 kB, beyond pyarrow's 64 kB footer read
     table = pa.table({"text": [" ".join(f"{rng.getrandbits(64):x}" for _ in range(50)) for _ in range(300)]})

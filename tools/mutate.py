@@ -356,6 +356,8 @@ EQUIVALENT: dict[str, str] = {
     'storage.py:download_tree:drop:target.parent.mkdir(parents=True, exist_ok=True)': "fsspec's get_file makes the local parent directories itself",
     "storage.py:find:boolop:return {_url(fs, name, url): int(info.get('size') or 0) for name, info in sorted(found.items())}": "every filesystem's listing gives a file its size: the fallback for a missing one is never used",
     "storage.py:find:int+1:return {_url(fs, name, url): int(info.get('size') or 0) for name, info in sorted(found.items())}": "every filesystem's listing gives a file its size: the fallback for a missing one is never used",
+    "storage.py:glob:int+1:hidden = pattern.rstrip('/').rsplit('/', 1)[-1].startswith('.')": _LAST_PART,
+    "storage.py:glob:int+1:if hidden or not m.rstrip('/').rsplit('/', 1)[-1].startswith('.'):": _LAST_PART,
     "storage.py:names_under:int+1:return [str(e).rstrip('/').rsplit('/', 1)[-1] for e in fs.ls(p, detail=False)]": _LAST_PART,
 }
 
