@@ -35,6 +35,11 @@ REJECTED: dict[str, tuple[bytes, int, str, str, str, bytes]] = {
     "truncated_last_line": (G + b"\n" + G[:30], 2, "<json>", "malformed_json", "malformed JSON", G[:30]),
     "invalid_utf8_in_text": (_around(b'{"pieces": [{"text": "caf\xe9", "weight": 1}]}'), 2, "pieces[0].text", "invalid_utf8",
                              "invalid UTF-8 byte 0xe9", b'{"pieces": [{"text": "caf\xe9", "weight": 1}]}'),
+    # the first and the last byte that is never valid UTF-8 alone, each named as a byte
+    "invalid_utf8_byte_0x80": (_around(b'{"pieces": [{"text": "a\x80", "weight": 1}]}'), 2, "pieces[0].text", "invalid_utf8",
+                               "invalid UTF-8 byte 0x80 at character 1", b'{"pieces": [{"text": "a\x80", "weight": 1}]}'),
+    "invalid_utf8_byte_0xff": (_around(b'{"pieces": [{"text": "ab\xff", "weight": 1}]}'), 2, "pieces[0].text", "invalid_utf8",
+                               "invalid UTF-8 byte 0xff at character 2", b'{"pieces": [{"text": "ab\xff", "weight": 1}]}'),
     "lone_surrogate_escape": (_around(b'{"pieces": [{"text": "a\\ud800", "weight": 1}]}'), 2, "pieces[0].text", "invalid_utf8",
                               "unpaired surrogate \\ud800", b'{"pieces": [{"text": "a\\ud800", "weight": 1}]}'),
     "duplicate_pieces_key": (_around(b'{"pieces": [{"text": "a", "weight": 1}], "pieces": []}'), 2, "pieces", "duplicate_key",

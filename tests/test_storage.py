@@ -427,6 +427,14 @@ def test_an_object_looked_up_once_costs_no_second_request_in_a_session(mem, monk
         assert storage.isfile("memory://once/raw.jsonl") and storage.exists("memory://once/raw.jsonl")
         assert not storage.exists("memory://once/missing.jsonl") and not storage.exists("memory://once/missing.jsonl")
     assert asked == ["/once/raw.jsonl", "/once/missing.jsonl", "/once/missing.jsonl"]
+    mem.pipe_file("/listed/a.jsonl", DATA)
+    mem.pipe_file("/listed/b.jsonl", DATA[:10])
+    asked.clear()
+    with storage.session():  # a listing's metadata serves the lookups after it
+        assert storage.listdir("memory://listed") == ["memory://listed/a.jsonl", "memory://listed/b.jsonl"]
+        assert [storage.size(u) for u in storage.glob("memory://listed/*.jsonl")] == [len(DATA), 10]
+        assert storage.size("memory://listed/a.jsonl") == len(DATA)
+    assert [a for a in asked if a.endswith(".jsonl")] == []  # (the filesystem's own listing asks of the directory)
 
 
 def test_options_that_name_no_protocol_apply_to_every_protocol_dicts_included():
