@@ -431,9 +431,9 @@ def test_an_object_looked_up_once_costs_no_second_request_in_a_session(mem, monk
     mem.pipe_file("/listed/b.jsonl", DATA[:10])
     asked.clear()
     with storage.session():  # a listing's metadata serves the lookups after it
-        assert storage.listdir("memory://listed") == ["memory://listed/a.jsonl", "memory://listed/b.jsonl"]
+        assert [storage.size(u) for u in storage.listdir("memory://listed")] == [len(DATA), 10]
+    with storage.session():
         assert [storage.size(u) for u in storage.glob("memory://listed/*.jsonl")] == [len(DATA), 10]
-        assert storage.size("memory://listed/a.jsonl") == len(DATA)
     assert [a for a in asked if a.endswith(".jsonl")] == []  # (the filesystem's own listing asks of the directory)
 
 
