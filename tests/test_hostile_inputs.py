@@ -40,6 +40,11 @@ REJECTED: dict[str, tuple[bytes, int, str, str, str, bytes]] = {
                                "invalid UTF-8 byte 0x80 at character 1", b'{"pieces": [{"text": "a\x80", "weight": 1}]}'),
     "invalid_utf8_byte_0xff": (_around(b'{"pieces": [{"text": "ab\xff", "weight": 1}]}'), 2, "pieces[0].text", "invalid_utf8",
                                "invalid UTF-8 byte 0xff at character 2", b'{"pieces": [{"text": "ab\xff", "weight": 1}]}'),
+    # the surrogates just outside the lone bytes' range are surrogates (a JSON escape writes them)
+    "surrogate_below_bytes": (_around(b'{"pieces": [{"text": "a\\udc7f", "weight": 1}]}'), 2, "pieces[0].text",
+                              "invalid_utf8", "unpaired surrogate \\udc7f", b'{"pieces": [{"text": "a\\udc7f", "weight": 1}]}'),
+    "surrogate_above_bytes": (_around(b'{"pieces": [{"text": "a\\udd00", "weight": 1}]}'), 2, "pieces[0].text",
+                              "invalid_utf8", "unpaired surrogate \\udd00", b'{"pieces": [{"text": "a\\udd00", "weight": 1}]}'),
     "lone_surrogate_escape": (_around(b'{"pieces": [{"text": "a\\ud800", "weight": 1}]}'), 2, "pieces[0].text", "invalid_utf8",
                               "unpaired surrogate \\ud800", b'{"pieces": [{"text": "a\\ud800", "weight": 1}]}'),
     "duplicate_pieces_key": (_around(b'{"pieces": [{"text": "a", "weight": 1}], "pieces": []}'), 2, "pieces", "duplicate_key",
