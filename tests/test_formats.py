@@ -80,6 +80,11 @@ def test_conversational_prompt_completion_equals_messages(tmp_path):
         ('{"prompt": "a", "completion": [{"role": "assistant", "content": "b"}]}', "completion", "wrong_type"),
         ('{"prompt": [], "completion": [{"role": "assistant"}]}', "completion[0].content", "missing_field"),
         ('{"text": 5}', "text", "wrong_type"),
+        # a message's content is checked as a text: its type, then its Unicode
+        ('{"messages": [{"role": "user", "content": 42}, {"role": "assistant", "content": "b"}]}', "messages[0].content",
+         "wrong_type"),
+        ('{"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b\\ud800"}]}',
+         "messages[1].content", "invalid_utf8"),
     ],
 )
 def test_ambiguous_and_bad_records_are_rejected_by_both_paths(tmp_path, line, field, reason):

@@ -437,6 +437,23 @@ def test_an_object_looked_up_once_costs_no_second_request_in_a_session(mem, monk
     assert [a for a in asked if a.endswith(".jsonl")] == []  # (the filesystem's own listing asks of the directory)
 
 
+def test_closing_a_range_read_closes_the_object_it_read(mem, monkeypatch):
+    mem.pipe_file("/closing/raw.jsonl", DATA)
+    closed: list[str] = []
+    real = MemoryFileSystem._open
+
+    def spy(self, path, *args, **kwargs):
+        f = real(self, path, *args, **kwargs)
+        f.close = lambda: closed.append(path)  # a memory file's own close does not mark it closed
+        return f
+
+    monkeypatch.setattr(MemoryFileSystem, "_open", spy)
+    f = storage.open_input("memory://closing/raw.jsonl", 10, 100)
+    assert f.read(20) == DATA[10:30] and closed == []
+    f.close()
+    assert f.closed and closed == ["/closing/raw.jsonl"]
+
+
 def test_options_that_name_no_protocol_apply_to_every_protocol_dicts_included():
     storage.configure({"client_kwargs": {"region_name": "r1"}, "s3": {"anon": True}, "gs": {"token": "t"}})
     try:
