@@ -7,12 +7,14 @@
 The records are the benchmark's generated data (``benchmarks/generate.py``); the array is written as LLaMA-Factory
 writes its files (``json.dump(records, f, indent=2, ensure_ascii=False)``: one record over many lines), so the
 splitter (``weightprep.stages.json_array``) sees a pretty-printed file, its worst case. Each measurement runs in a
-fresh subprocess, rounds interleaved; peak RSS is the subprocess's (``wait4``).
+fresh subprocess, rounds interleaved; peak RSS is the subprocess's (``wait4``), and so are its CPU seconds (user +
+system, its worker processes included): on a machine shared with other jobs they move far less than the wall
+clock, and their ratio is the throughput ratio the two files would have on idle cores, serial steps aside.
 
 ``read``: ``read_blocks`` + ``parse_block`` over the whole file (stage 1 and 2, the part that differs between the
 two files), records per second. ``build``: ``weightprep build`` of the file, whole process (``--workers N``: with
 ``--executor local --workers N``; ``--part-bytes``: the parts' size, for both files). ``plan``: the plan of the
-array's parts at ``--part-bytes`` (``weightprep.distribute.plan``: one pass of the splitter), which the array's
+array's parts at ``--part-bytes`` (``weightprep.distribute.plan_array``: one threaded pass), which the array's
 build includes. The ratio is the array's throughput over the JSON Lines file's.
 """
 
@@ -77,8 +79,9 @@ def files(mib: int) -> tuple[Path, Path]:
     return jsonl, array
 
 
-def run(cmd: list[str]) -> tuple[float, float, str]:
-    """Wall seconds, peak RSS (MiB) and stdout of ``cmd`` in a fresh process."""
+def run(cmd: list[str]) -> tuple[float, float, str, float]:
+    """Wall seconds, peak RSS (MiB), stdout and CPU seconds (the process and its workers) of ``cmd`` in a fresh
+    process."""
     with tempfile.TemporaryFile() as stdout:
         t0 = time.perf_counter()
         proc = subprocess.Popen(cmd, stdout=stdout, stderr=subprocess.PIPE)
@@ -88,7 +91,7 @@ def run(cmd: list[str]) -> tuple[float, float, str]:
         if os.waitstatus_to_exitcode(status) != 0:
             raise SystemExit(f"{' '.join(cmd)} failed:\n{err[-3000:]}")
         stdout.seek(0)
-        return wall, usage.ru_maxrss / 1024, stdout.read().decode()
+        return wall, usage.ru_maxrss / 1024, stdout.read().decode(), usage.ru_utime + usage.ru_stime
 
 
 def main() -> None:
@@ -104,13 +107,14 @@ def main() -> None:
     results: dict[str, dict[str, list[float]]] = {}
     plan: dict[str, list[float]] = {"seconds": [], "parts": []}
     for _ in range(args.repeat):
-        _, _, out = run([sys.executable, "-c", _PLAN, str(array), str(args.part_bytes)])
+        _, _, out, _ = run([sys.executable, "-c", _PLAN, str(array), str(args.part_bytes)])
         plan["parts"].append(int(out.split()[0]))
         plan["seconds"].append(float(out.split()[1]))
         for name, path in (("jsonl", jsonl), ("array", array)):
-            wall, rss, out = run([sys.executable, "-c", _READ, str(path)])
+            wall, rss, out, cpu = run([sys.executable, "-c", _READ, str(path)])
             records, seconds = out.split()
-            entry = results.setdefault(f"read {name}", {"seconds": [], "rss": [], "records": []})
+            entry = results.setdefault(f"read {name}", {"seconds": [], "rss": [], "records": [], "cpu": []})
+            entry["cpu"].append(cpu)
             entry["seconds"].append(float(seconds))
             entry["rss"].append(rss)
             entry["records"].append(int(records))
@@ -120,15 +124,17 @@ def main() -> None:
                            "--tokenizer", str(ensure_tokenizer()), "--part-bytes", str(args.part_bytes)]  # fmt: skip
                     if args.workers:
                         cmd += ["--executor", "local", "--workers", str(args.workers)]
-                    wall, rss, _ = run(cmd)
-                entry = results.setdefault(f"build {name}", {"seconds": [], "rss": [], "records": []})
+                    wall, rss, _, cpu = run(cmd)
+                entry = results.setdefault(f"build {name}", {"seconds": [], "rss": [], "records": [], "cpu": []})
+                entry["cpu"].append(cpu)
                 entry["seconds"].append(wall)
                 entry["rss"].append(rss)
                 entry["records"].append(results["read " + name]["records"][-1])
     table = {}
     for key, entry in results.items():
         seconds = statistics.median(entry["seconds"])
-        table[key] = {"seconds": seconds, "records_per_s": entry["records"][0] / seconds, "peak_rss_mib": max(entry["rss"])}
+        table[key] = {"seconds": seconds, "records_per_s": entry["records"][0] / seconds, "peak_rss_mib": max(entry["rss"]),
+                      "cpu_seconds": statistics.median(entry["cpu"]), "all_seconds": entry["seconds"]}  # fmt: skip
     sizes = {"jsonl": jsonl.stat().st_size, "array": array.stat().st_size}
     print(f"JSON Lines {sizes['jsonl'] / 2**20:,.0f} MiB, array {sizes['array'] / 2**20:,.0f} MiB, "
           f"{results['read jsonl']['records'][0]:,} records; median of {args.repeat}")  # fmt: skip
@@ -139,12 +145,13 @@ def main() -> None:
         if key == "plan array":
             continue
         print(f"  {key:12s} {row['seconds']:8.2f} s  {row['records_per_s']:>10,.0f} records/s  "
-              f"peak RSS {row['peak_rss_mib']:7.0f} MiB")  # fmt: skip
+              f"peak RSS {row['peak_rss_mib']:7.0f} MiB  CPU {row['cpu_seconds']:7.1f} s")  # fmt: skip
     for stage in ("read", "build"):
         if f"{stage} array" in table:
             ratio = table[f"{stage} array"]["records_per_s"] / table[f"{stage} jsonl"]["records_per_s"]
-            print(f"  {stage}: array / JSON Lines throughput = {ratio:.2f}x")
-            table[f"{stage} ratio"] = {"array_over_jsonl": ratio}
+            cpu = table[f"{stage} jsonl"]["cpu_seconds"] / table[f"{stage} array"]["cpu_seconds"]
+            print(f"  {stage}: array / JSON Lines throughput = {ratio:.2f}x (CPU seconds: {cpu:.2f}x)")
+            table[f"{stage} ratio"] = {"array_over_jsonl": ratio, "cpu_jsonl_over_array": cpu}
     if args.json:
         args.json.write_text(json.dumps({"sizes": sizes, **table}, indent=2))
 

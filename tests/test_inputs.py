@@ -221,14 +221,14 @@ def test_a_directory_gives_its_json_files_and_a_glob_its_text_files(tmp_path):
     assert [Path(p).name for p in expand_inputs([f"{tmp_path}/*.txt*"])] == ["c.txt", "f.txt.zst"]
 
 
-def test_a_compressed_or_broken_array_is_one_part_and_a_text_file_by_line_is_cut(tmp_path):
+def test_a_compressed_or_unbalanced_array_is_one_part_and_a_text_file_by_line_is_cut(tmp_path):
     from weightprep.distribute.plan import plan_parts
 
     records = json.dumps([{"text": "x" * 100}] * 50)
     array = tmp_path / "a.json.gz"
     array.write_bytes(gzip.compress(records.encode()))
     broken = tmp_path / "b.json"
-    broken.write_text(records.replace("}, {", "}, , {", 1))  # an empty element: its one part names it
+    broken.write_text(records.replace("}, {", "}}, {", 1))  # a '}' closes the array: its one part names it
     text = tmp_path / "t.txt"
     text.write_text("line of text\n" * 400)
     assert len(plan_parts([str(array)], 64)) == 1
@@ -327,3 +327,21 @@ def test_a_json_file_rewritten_as_an_array_is_looked_at_again(tmp_path):
     path.write_text(json.dumps(RECORDS))
     os.utime(path, ns=(0, 10**9))  # a new modification time, whatever the clock's resolution
     assert file_kind(str(path)) == "json_array"
+
+
+@pytest.mark.parametrize("part_bytes", [64, 300, 1 << 20])
+def test_an_empty_element_in_a_cut_array_is_named_by_its_index_in_the_file(tmp_path, sample_tok, part_bytes):
+    """The plan cuts around ``,,`` (it leaves the depth as it is), or makes the array one part where it meets it at
+    a cut: either way the build stops at the record that the whole file's reader names."""
+    from weightprep.distribute.plan import plan_parts
+
+    text = json.dumps([{"text": f"record {i}"} for i in range(60)], indent=2)
+    at = text.index('{\n    "text": "record 41"')
+    path = tmp_path / "data.json"
+    path.write_text(text[:at] + ",\n  " + text[at:])
+    assert len(plan_parts([str(path)], part_bytes)) > (1 if part_bytes < 1000 else 0)
+    for on_invalid in ("error", "skip"):
+        with pytest.raises(InputError) as err:
+            _build(tmp_path, path, sample_tok, f"o-{on_invalid}", read={"part_bytes": part_bytes, "block_bytes": 1024},
+                   validate={"on_invalid": on_invalid})  # fmt: skip
+        assert str(err.value).startswith(f"{path}: record 41: <json>: malformed JSON array: an empty element")

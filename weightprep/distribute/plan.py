@@ -8,9 +8,10 @@ file, a Parquet or Arrow file, a text file read by paragraph or as one document,
 from the cut point to the next newline, nothing else, so planning a terabyte costs a few thousand short reads.
 
 A plain JSON array is cut by the same rule with its separating ``,`` for the newline
-(``weightprep.stages.json_array.record_cuts``). Where a record starts is known only by scanning from the array's
-start, so planning it costs one streaming pass of the splitter over the file, up to its last cut (a few NumPy
-passes a chunk, bounded memory; an object in a store is read once more for it); a malformed array is one part.
+(``weightprep.distribute.plan_array``). Where a record starts is known only by scanning from the array's start,
+so planning it costs one streaming pass over the file up to its last cut, summarized a chunk at a time on a few
+threads (bounded memory; an object in a store is read once more for it); an array whose brackets do not balance
+is one part.
 
 With several sources (``weightprep.sources``) the plan is ``K`` mixed parts (``plan_mixed``), ``K`` from the
 total input size and ``part_bytes`` alone: each source's files, taken as one stream of bytes, are cut near
@@ -85,13 +86,13 @@ def is_whole(path: str, text_sample_by: str = "line") -> bool:
 def _array_cuts(path: str, targets: list[int]) -> list[int] | None:
     """The cuts of a plain JSON array at ``targets`` (``record_cuts``; none if it is malformed: one part reads it and
     names the fault), or None if ``path`` is no JSON array."""
-    from weightprep.stages.json_array import record_cuts
+    from weightprep.distribute.plan_array import record_cuts
     from weightprep.stages.read import file_kind
 
     if not targets or file_kind(path) != "json_array":
         return None
-    with storage.open_input(path) as f:  # one pass of the splitter up to the last cut
-        return record_cuts(f, targets) or []
+    with storage.open_input(path) as f, storage.open_input(path) as near:  # the scan, and reads at each cut
+        return record_cuts(f, near, targets) or []
 
 
 def file_cuts(path: str, part_bytes: int, text_sample_by: str = "line") -> list[int]:

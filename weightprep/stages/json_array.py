@@ -20,22 +20,23 @@ itself -- an empty element (``,,`` or a trailing comma), bytes after the closing
 array -- stops the read with an ``InputError`` naming the record, as a truncated compressed file does: nothing after
 it can be numbered.
 
-Cost: a few NumPy passes over each chunk (about 1 GB/s on one core), far below the parse of the records.
+Cost: a few NumPy passes over each chunk (comparisons and ``flatnonzero``; about 440 MiB/s of one core), below the
+parse of the records.
 
 Parts. Where a record starts is known only by scanning from the start, so a large (uncompressed) array is cut into
-input parts (``weightprep.distribute.plan``) by one scan at plan time, ``record_cuts``: the same splitter over
-the file, keeping, for each target offset, the offset just past the first separating ``,`` at or after it (JSON
-Lines is cut just past a newline by the same rule). A part is then a byte range that starts just after a ``,`` (or
+input parts (``weightprep.distribute.plan``) by a scan at plan time (``weightprep.distribute.plan_array``: the
+state of this splitter at each target offset, then the offset just past the first separating ``,`` at or after
+it; JSON Lines is cut just past a newline by the same rule). A part is then a byte range that starts just after a ``,`` (or
 at the file's start) and ends just after a ``,`` (or at the file's end): ``array_blocks(..., inside=True)`` reads
 it as the array's elements from there (the scanner starts at depth 1, past the ``[``), ``ends_inside=True`` as a
 range that stops after a separator rather than at the closing ``]``. Its records are numbered from 0 within the
 part, as a JSON Lines part numbers its lines from 1; ``plan.line_bases`` makes them the file's. A malformed array
-is not cut (the plan's scan stops at the first fault): its one part reads it and names the fault.
+whose brackets do not balance is not cut (the plan's scan stops there): its one part reads it and names the fault.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from typing import Any, BinaryIO
 
 import numpy as np
@@ -43,15 +44,9 @@ import numpy as np
 from weightprep.batches import Block
 from weightprep.errors import InputError
 
-__all__ = ["ArrayScanner", "array_blocks", "record_cuts"]
+__all__ = ["ArrayScanner", "Scratch", "array_blocks", "depth_changes", "escaped", "outside", "real_quotes", "structure"]
 
-_QUOTE, _NEWLINE, _OPEN, _CLOSE, _COMMA = 1, 3, 4, 5, 6
-_TABLE = bytearray(256)
-for _byte, _code in (('"', _QUOTE), ("\n", _NEWLINE), ("{", _OPEN), ("[", _OPEN), ("}", _CLOSE), ("]", _CLOSE),
-                     (",", _COMMA)):  # fmt: skip
-    _TABLE[ord(_byte)] = _code
-#: bytes.translate's table: each byte to its mark code (0: not a mark).
-_MARKS = bytes(_TABLE)
+_QUOTE, _BACKSLASH, _COMMA, _NEWLINE = ord('"'), ord("\\"), ord(","), ord("\n")
 _SPACE = np.zeros(256, dtype=bool)
 _SPACE[[ord(" "), ord("\t"), ord("\r"), ord("\n")]] = True
 #: What a raw newline inside a string becomes: a control byte that Python's json and pyarrow both refuse there.
@@ -68,10 +63,12 @@ class EmptyElement(ValueError):
 
 class ArrayScanner:
     """The splitter's state across chunks. ``scan`` returns the chunk as it goes into blocks (newlines turned into
-    spaces, separators into newlines) and the positions of the separators that end records; ``start`` is set to
-    the position just after the opening ``[`` in the chunk that holds it."""
+    spaces, separators into newlines: a work array, overwritten by the next scan) and the positions of the
+    separators that end records; ``start`` is set to the position just after the opening ``[`` in the chunk that
+    holds it."""
 
-    def __init__(self, inside: bool = False) -> None:
+    def __init__(self, inside: bool = False, check: bool = True) -> None:
+        self.check = check  # refuse empty elements (the plan, which only looks for separators, does not)
         self.in_string = False
         self.backslashes = 0  # the run of backslashes that ends the stream so far (inside a string)
         # inside: the stream starts just after a separating ',' of the array (an input part's range)
@@ -80,34 +77,29 @@ class ArrayScanner:
         self.closed = False
         self.start: int | None = None
         self.last_solid = ord(",") if inside else -1  # the last byte so far that is not whitespace
+        self.scratch = Scratch()
 
     def scan(self, chunk: bytes) -> tuple[np.ndarray, np.ndarray]:
         data = np.frombuffer(chunk, dtype=np.uint8)
-        out = data.copy()
+        out = self.scratch.output(data)
         self.start = None
         if self.closed:
             if not _SPACE[data].all():
                 raise ValueError("bytes after the array's closing ']'; a file holds one array")
             return out, np.zeros(0, dtype=np.int64)
-        # every byte that shapes the array, by one table lookup a byte (bytes.translate: C speed)
-        codes = np.frombuffer(chunk.translate(_MARKS), dtype=np.uint8)
-        marks = np.flatnonzero(codes.view(bool))
-        kinds = codes[marks]
-        is_quote = kinds == _QUOTE
-        quotes = marks[is_quote]
-        if len(quotes):
-            is_quote[np.flatnonzero(is_quote)[self._escaped(chunk, data, quotes)]] = False
-        carried = self._carry(chunk)
-        # a mark is inside a string when an odd number of real quotes precede it (counting the carried state)
-        before_quotes = np.cumsum(is_quote) - is_quote
-        inside = (before_quotes + self.in_string) % 2 == 1
-        self.in_string = bool((int(is_quote.sum()) + self.in_string) % 2)
+        # the quotes that open and close strings, then the newlines and the brackets and commas outside them: a
+        # comparison and a flatnonzero over the chunk each, the rest over those positions only
+        real = real_quotes(chunk, data, self.backslashes, self.scratch)
+        carried, was_inside = self._carry(chunk), self.in_string
+        self.in_string = bool((len(real) + was_inside) % 2)
         self.backslashes = carried if self.in_string else 0
-        newline = kinds == _NEWLINE
-        out[marks[newline]] = np.where(inside[newline], _IN_STRING_NEWLINE, ord(" "))
-        structural = ~inside & (kinds >= _OPEN)
-        where, kind = marks[structural], kinds[structural]
-        delta = np.where(kind == _OPEN, 1, np.where(kind == _CLOSE, -1, 0)).astype(np.int64)
+        newlines = self.scratch.find(data, _NEWLINE)
+        if len(newlines):
+            out[newlines] = np.where(outside(real, newlines, was_inside), ord(" "), _IN_STRING_NEWLINE)
+        where = structure(data, self.scratch, commas=True)
+        where = where[outside(real, where, was_inside)]
+        delta = depth_changes(data, where)
+        comma = delta == 0
         after = self.depth + np.cumsum(delta)
         before = after - delta
         if not self.opened and len(where):
@@ -120,11 +112,11 @@ class ArrayScanner:
             if not _SPACE[data[int(where[k]) + 1 :]].all():
                 raise ValueError("bytes after the array's closing ']'; a file holds one array")
             self.closed = True
-            where, kind, before, after = where[: k + 1], kind[: k + 1], before[: k + 1], after[: k + 1]
-        ends = (before == 1) & ((kind == _COMMA) | (after == 0))
+            where, comma, before, after = where[: k + 1], comma[: k + 1], before[: k + 1], after[: k + 1]
+        ends = (before == 1) & (comma | (after == 0))
         self.depth = int(after[-1]) if len(after) else self.depth
         separators = where[ends]
-        if self.opened:
+        if self.opened and self.check:
             self._check_elements(data, separators)
         out[separators] = ord("\n")
         return out, separators
@@ -150,23 +142,106 @@ class ArrayScanner:
         if q >= 0:
             self.last_solid = int(data[q])
 
-    def _escaped(self, chunk: bytes, data: np.ndarray, quotes: np.ndarray) -> np.ndarray:
-        """Whether each quote is escaped: an odd run of backslashes just before it (the carried run included). Only
-        the quotes right after a backslash are walked back (few: JSON escapes quotes inside strings only)."""
-        escaped = np.zeros(len(quotes), dtype=bool)
-        after_slash = data[np.maximum(quotes - 1, 0)] == ord("\\")
-        after_slash[quotes == 0] = self.backslashes % 2 == 1
-        for i in np.flatnonzero(after_slash).tolist():
-            q, run = int(quotes[i]) - 1, 0
-            while q >= 0 and chunk[q] == 0x5C:
-                run, q = run + 1, q - 1
-            escaped[i] = (run + (self.backslashes if q < 0 else 0)) % 2 == 1
-        return escaped
-
     def _carry(self, chunk: bytes) -> int:
         """The run of backslashes that ends this chunk (added to the carried one if it spans the chunk)."""
         run = len(chunk) - len(chunk.rstrip(b"\\"))
         return run + (self.backslashes if run == len(chunk) else 0)
+
+
+def escaped(chunk: bytes, data: np.ndarray, quotes: np.ndarray, carried: int) -> np.ndarray:
+    """Whether each of ``quotes`` (positions of '"' in ``chunk``, ``data`` its bytes) is escaped: an odd run of
+    backslashes just before it, ``carried`` (the run that ends the stream before the chunk) included where the run
+    reaches the chunk's start. Only the quotes right after a backslash are walked back (few: JSON escapes quotes
+    inside strings only), all of them a byte at a time together, the last few long runs one by one."""
+    out = np.zeros(len(quotes), dtype=bool)
+    if not len(quotes):
+        return out
+    before = data[quotes - 1]  # (a quote at 0 wraps around to the last byte: set apart)
+    if quotes[0] == 0:
+        out[0], before[0] = carried % 2 == 1, 0
+    walk = np.flatnonzero(before == _BACKSLASH)
+    if not len(walk):
+        return out
+    runs = np.ones(len(walk), dtype=np.int64)  # the backslash just before each
+    live = np.arange(len(walk))
+    for back in range(2, 18):
+        if not len(live):
+            break
+        at = quotes[walk[live]] - back
+        starts = at < 0  # the run reaches the chunk's start
+        runs[live[starts]] += carried
+        live, at = live[~starts], at[~starts]
+        live = live[data[at] == _BACKSLASH]
+        runs[live] += 1
+    for i in live.tolist():  # runs longer than 16 (rare): on to their start
+        q = int(quotes[walk[i]]) - int(runs[i]) - 1
+        while q >= 0 and chunk[q] == _BACKSLASH:
+            runs[i], q = runs[i] + 1, q - 1
+        runs[i] += carried if q < 0 else 0
+    out[walk] = runs % 2 == 1
+    return out
+
+
+class Scratch:
+    """Work arrays for a chunk's byte masks, kept from chunk to chunk: in a worker every array of a megabyte or more
+    is a fresh mapping (``weightprep.distribute.job.bound_heap``), and a fresh 8 MiB mask costs more in page faults
+    than the comparison that fills it. One per thread."""
+
+    def __init__(self) -> None:
+        self.mask = np.zeros(0, dtype=bool)
+        self.bytes = np.zeros(0, dtype=np.uint8)
+        self.out = np.zeros(0, dtype=np.uint8)
+
+    def output(self, data: np.ndarray) -> np.ndarray:
+        """A copy of ``data`` in the output work array."""
+        if len(self.out) < len(data):
+            self.out = np.empty(len(data), dtype=np.uint8)
+        out = self.out[: len(data)]
+        np.copyto(out, data)
+        return out
+
+    def get(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """A bool and a uint8 array of ``n`` items (their contents undefined)."""
+        if len(self.mask) < n:
+            self.mask, self.bytes = np.empty(n, dtype=bool), np.empty(n, dtype=np.uint8)
+        return self.mask[:n], self.bytes[:n]
+
+    def find(self, data: np.ndarray, byte: int) -> np.ndarray:
+        """The positions of ``byte`` in ``data``."""
+        mask, _ = self.get(len(data))
+        return np.flatnonzero(np.equal(data, byte, out=mask))
+
+
+def real_quotes(chunk: bytes, data: np.ndarray, carried: int, scratch: Scratch) -> np.ndarray:
+    """The positions of the quotes in ``chunk`` that open or close strings (``carried``: as for ``escaped``)."""
+    quotes = scratch.find(data, _QUOTE)
+    skip = escaped(chunk, data, quotes, carried)
+    return quotes[~skip] if skip.any() else quotes
+
+
+def outside(real: np.ndarray, positions: np.ndarray, in_string: bool) -> np.ndarray:
+    """Whether each of ``positions`` (none a quote) is outside strings: an even count of ``real`` quotes before it,
+    counting the state the chunk starts in."""
+    return ((np.searchsorted(real, positions) + in_string) & 1) == 0
+
+
+def structure(data: np.ndarray, scratch: Scratch, commas: bool = False) -> np.ndarray:
+    """The positions of the brackets in ``data`` (and of its commas): ``| 0x20`` makes '[' '{' and ']' '}', which
+    differ in bit 1 only; in place in ``scratch``."""
+    mask, work = scratch.get(len(data))
+    np.bitwise_or(data, 0x20, out=work)
+    np.subtract(work, ord("{"), out=work)
+    np.bitwise_and(work, 0xFD, out=work)
+    np.equal(work, 0, out=mask)
+    if commas:
+        np.logical_or(mask, np.equal(data, _COMMA, out=work.view(bool)), out=mask)
+    return np.flatnonzero(mask)
+
+
+def depth_changes(data: np.ndarray, where: np.ndarray) -> np.ndarray:
+    """The change of depth at each of ``where`` (a bracket or a comma): +1 opens, -1 closes, 0 a comma."""
+    byte = data[where]
+    return np.where(byte == _COMMA, 0, np.where((byte | 0x20) == ord("{"), 1, -1)).astype(np.int64)
 
 
 def array_blocks(
@@ -210,7 +285,7 @@ def array_blocks(
             offset += len(chunk)
             begin = offset
             continue
-        body = memoryview(out)[lo:]  # (views: the block's bytes are copied once, by the join below)
+        body = memoryview(out)[lo:]  # (views of the scanner's work array: copied by the join, or kept below)
         separators = separators - lo
         if len(separators):
             last = int(separators[-1]) + 1
@@ -237,7 +312,7 @@ def array_blocks(
                 head = b"".join([*pending, body])[:1024]
                 pending, skipping = [], True
             else:
-                pending.append(body)
+                pending.append(bytes(body))
         offset += len(chunk)
     if not scanner.opened:
         raise fail("no '[' opens the array")
@@ -267,38 +342,3 @@ def _checked(path: str, record: int, data: bytes, ends: np.ndarray, offset: int,
             yield Block(path, record + lo, n - lo, data[starts[lo] :], offset + int(starts[lo]))
         return
     yield Block(path, record, n, data, offset)
-
-
-def record_cuts(stream: BinaryIO, targets: Sequence[int], chunk_bytes: int = 8 << 20) -> list[int] | None:
-    """The cuts of the array in ``stream`` (from the file's start) into input parts: for each of ``targets``
-    (ascending file offsets), the offset just past the first separating ``,`` at or after ``target - 1``, skipping
-    a target that an earlier cut already passed (the rule ``weightprep.distribute.plan`` cuts JSON Lines by, a
-    newline there). One pass of the splitter, a chunk in memory at a time, stopped once the last target is cut.
-    None: the array is malformed before then (it is then read whole, and its reader names the fault)."""
-    cuts: list[int] = []
-    left = list(targets)
-    if not left:
-        return cuts
-    scanner, offset, i = ArrayScanner(), 0, 0
-    while i < len(left):
-        chunk = stream.read(chunk_bytes)
-        if not chunk:
-            break
-        try:
-            _, separators = scanner.scan(chunk)
-        except ValueError:  # EmptyElement included
-            return None
-        if len(separators):
-            data = np.frombuffer(chunk, dtype=np.uint8)
-            commas = separators[data[separators] == ord(",")] + offset
-            while i < len(left):
-                if cuts and cuts[-1] >= left[i]:
-                    i += 1
-                    continue
-                k = int(np.searchsorted(commas, left[i] - 1))
-                if k == len(commas):
-                    break
-                cuts.append(int(commas[k]) + 1)
-                i += 1
-        offset += len(chunk)
-    return cuts

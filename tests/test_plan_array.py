@@ -1,0 +1,118 @@
+"""The plan's cuts of a JSON array (``weightprep.distribute.plan_array``): the state its parallel first pass chains
+from chunk summaries is the splitter's, so its cuts are those of a byte-by-byte JSON state machine, wherever the
+chunks fall (inside strings, escapes, runs of backslashes, nesting) and on any number of threads."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from weightprep.distribute import plan_array
+from weightprep.distribute.plan_array import record_cuts, sequential_cuts
+
+
+def _separators(data: bytes) -> list[int]:
+    """Offsets of the ``,`` that separate the elements of the (valid) array ``data``: one byte at a time."""
+    out, depth, in_string, escape = [], 0, False, False
+    for i, byte in enumerate(data):
+        if in_string:
+            if escape:
+                escape = False
+            elif byte == ord("\\"):
+                escape = True
+            elif byte == ord('"'):
+                in_string = False
+        elif byte == ord('"'):
+            in_string = True
+        elif byte in b"[{":
+            depth += 1
+        elif byte in b"]}":
+            depth -= 1
+        elif byte == ord(",") and depth == 1:
+            out.append(i)
+    return out
+
+
+def _expected(data: bytes, targets: list[int]) -> list[int]:
+    """Just past the first separator at or after ``target - 1``, skipping targets an earlier cut passed."""
+    separators, cuts = _separators(data), []
+    for target in targets:
+        if cuts and cuts[-1] >= target:
+            continue
+        later = [s for s in separators if s >= target - 1]
+        if not later:
+            break
+        cuts.append(later[0] + 1)
+    return cuts
+
+
+def _cuts(data: bytes, targets: list[int], **kw) -> list[int] | None:
+    return record_cuts(io.BytesIO(data), io.BytesIO(data), targets, **kw)
+
+
+_strings = st.text(st.sampled_from(list('ab"\\\\\n\t,[]{}: ✓日')), max_size=14)
+_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-5, 5) | _strings,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_strings, inner, max_size=3),
+    max_leaves=10,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    records=st.lists(_values, min_size=1, max_size=12),
+    indent=st.sampled_from([None, 0, 2, "\t"]),
+    lead=st.sampled_from(["", " \n", "\ufeff"]),
+    part_bytes=st.integers(1, 300),
+    chunk_bytes=st.integers(1, 80),
+    threads=st.integers(1, 3),
+)
+def test_the_cuts_are_those_of_a_byte_by_byte_scan(records, indent, lead, part_bytes, chunk_bytes, threads):
+    data = (lead + json.dumps(records, indent=indent, ensure_ascii=False) + "\n").encode()
+    targets = list(range(part_bytes, len(data), part_bytes))
+    expected = _expected(data, targets)
+    assert _cuts(data, targets, chunk_bytes=chunk_bytes, threads=threads) == expected
+    assert sequential_cuts(io.BytesIO(data), targets) == expected
+
+
+@pytest.mark.parametrize("chunk_bytes", [7, 64, 1000])
+def test_the_first_pass_gives_the_cuts_without_the_sequential_one(monkeypatch, chunk_bytes):
+    """Pretty-printed records with quotes, escapes and brackets in their strings: the summaries alone place the cuts
+    (the sequential pass, the fallback, is never made)."""
+
+    def fail(*args, **kwargs):
+        raise AssertionError("fell back to the sequential pass")
+
+    monkeypatch.setattr(plan_array, "sequential_cuts", fail)
+    records = [{"messages": [{"role": "user", "content": f'say "{i}" \\ then [{{}}], ok'}], "n": [i, {"x": "]"}]}
+               for i in range(300)]  # fmt: skip
+    data = json.dumps(records, indent=2).encode()
+    targets = list(range(997, len(data), 997))
+    assert _cuts(data, targets, chunk_bytes=chunk_bytes, threads=2) == _expected(data, targets)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '[{"a": 1}}, {"a": 2}, {"a": 3}, {"a": 4}]',  # a '}' closes the array early
+        '[{"a": 1}] [{"a": 2}, {"a": 3}, {"a": 4}]',  # bytes after it
+        '[{"a": 1}, {"a": 2}], {"a": 3}, {"a": 4}]',
+    ],
+)
+@pytest.mark.parametrize("every", [5, 20])  # 20: the array closes and opens again inside one chunk
+def test_an_array_whose_brackets_do_not_balance_is_not_cut(text, every):
+    data = text.encode()
+    assert _cuts(data, list(range(every, len(data), every)), chunk_bytes=64) is None
+    assert _cuts(data, list(range(every, len(data), every)), chunk_bytes=4) is None
+
+
+@pytest.mark.parametrize("targets", [[6, 35], [6, 20], [6, 21, 22]])
+def test_an_empty_element_is_cut_around(targets):
+    """``,,`` leaves the depth as it is: the plan cuts as the byte scan does, and the part holding it names it
+    (``test_inputs``)."""
+    data = b'[{"a": 1}, {"a": 2},, {"a": 3}, {"a": 4}, {"a": 5}]'
+    assert _cuts(data, targets, chunk_bytes=5) == _expected(data, targets)
