@@ -63,7 +63,9 @@ MODULES: dict[str, list[str]] = {
         "tests/test_interleave.py", "tests/test_storage.py", "tests/test_inputs.py",
     ],
     # the other kinds of file and the other tools' shapes (docs/inputs.md)
-    "stages/json_array.py": ["tests/test_inputs.py", "tests/test_build_memory.py"],
+    "stages/json_array.py": ["tests/test_json_array_scan.py", "tests/test_inputs.py", "tests/test_build_memory.py"],
+    # a JSON array's cuts at plan time: chunk summaries chained, then the splitter from each target
+    "distribute/plan_array.py": ["tests/test_plan_array.py", "tests/test_json_array_scan.py", "tests/test_inputs.py"],
     "stages/text.py": ["tests/test_inputs.py"],
     "stages/shapes.py": ["tests/test_shapes.py", "tests/test_formats.py"],
     "stages/columns.py": ["tests/test_shapes.py", "tests/test_parquet.py", "tests/test_source_checks.py"],
