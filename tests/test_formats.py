@@ -85,6 +85,11 @@ def test_conversational_prompt_completion_equals_messages(tmp_path):
          "wrong_type"),
         ('{"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b\\ud800"}]}',
          "messages[1].content", "invalid_utf8"),
+        # a message's other keys reach the template: checked for Unicode, and a good one ends no check early
+        ('{"messages": [{"role": "user", "content": "a", "name": "n\\udfff"}, {"role": "assistant", "content": "b"}]}',
+         "messages[0].name", "invalid_utf8"),
+        ('{"messages": [{"role": "user", "content": "a", "name": "n"}, {"role": "assistant", "content": 7}]}',
+         "messages[1].content", "wrong_type"),
     ],
 )
 def test_ambiguous_and_bad_records_are_rejected_by_both_paths(tmp_path, line, field, reason):
