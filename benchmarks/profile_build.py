@@ -55,13 +55,27 @@ def _timed(clock: _Clock, name: str, fn):
     return wrapper
 
 
+def _pack_and_write(clock: _Clock, chunks, writer, row_counts: Counter) -> None:
+    """Each chunk of rows made (timed as pack) and written (as write) before the next, as a build's writer does (its
+    packer reuses the chunk's arrays)."""
+    from weightprep.blocks import count_rows
+
+    while True:
+        with clock("pack"):
+            rows = next(chunks, None)
+        if rows is None:
+            return
+        count_rows(rows, row_counts)
+        with clock("write (Arrow IPC)"):
+            writer.write(rows)
+
+
 def profile_build(data: Path, tokenizer: Path, seq_len: int = 2048) -> dict[str, float]:
     """Seconds per stage of one build of ``data`` (see the module docstring)."""
     clock = _Clock()
     t0 = time.perf_counter()
 
     import weightprep.blocks as blocks_mod
-    from weightprep.blocks import count_rows
     from weightprep.config import config_from_dict
     from weightprep.distribute.job import bound_heap
     from weightprep.stages import assemble as assemble_mod
@@ -97,7 +111,7 @@ def profile_build(data: Path, tokenizer: Path, seq_len: int = 2048) -> dict[str,
         setattr(module, name, _timed(clock, label, fn))
     try:
         out = Path(tempfile.mkdtemp(prefix="profile-build-"))
-        packer = Packer(seq_len, specials.pad, window=cfg.pack.window)
+        packer = Packer(seq_len, specials.pad, window=cfg.pack.window, reuse=True)  # as a build's job
         writer = ShardWriter(out, seq_len, packed=True, max_shard_bytes=cfg.write.max_shard_bytes)
         counts: dict = defaultdict(int)
         record = InputFile(str(data))
@@ -111,21 +125,11 @@ def profile_build(data: Path, tokenizer: Path, seq_len: int = 2048) -> dict[str,
             with clock("JSON parsing + validation"):
                 records = parse_block(block, None)
             with clock("tokenize + assemble + mask + filter (document_batch)"):
-                docs, batch_counts = blocks_mod.document_batch(records, pieces, specials, cfg)
+                docs, batch_counts = blocks_mod.document_batch(records, pieces, specials, cfg, labels=False)
             for k, v in batch_counts.items():
                 counts[k] += v
-            with clock("pack"):
-                all_rows = list(packer.add(docs))
-            for rows in all_rows:
-                count_rows(rows, row_counts)
-                with clock("write (Arrow IPC)"):
-                    writer.write(rows)
-        with clock("pack"):
-            all_rows = list(packer.flush())
-        for rows in all_rows:
-            count_rows(rows, row_counts)
-            with clock("write (Arrow IPC)"):
-                writer.write(rows)
+            _pack_and_write(clock, packer.add(docs), writer, row_counts)
+        _pack_and_write(clock, packer.flush(), writer, row_counts)
         with clock("write (Arrow IPC)"):
             writer.close()
     finally:

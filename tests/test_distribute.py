@@ -702,14 +702,14 @@ def test_validation_records_cut_is_merged_from_every_part(tmp_path):
 
 
 def test_the_first_pass_of_validation_records_renders_no_conversation(tmp_path, monkeypatch):
-    import weightprep.blocks as blocks
+    import weightprep.stages.chat as chat  # the chat stage's module: blocks imports it at the first conversation
 
     tok_dir, records = _conversations(tmp_path, 40)
     raw = tmp_path / "chats.jsonl"
     raw.write_text("".join(json.dumps(r) + "\n" for r in records))
     rendered = []
-    real = blocks.render_chats
-    monkeypatch.setattr(blocks, "render_chats", lambda r, *a: rendered.append(len(r)) or real(r, *a))
+    real = chat.render_chats
+    monkeypatch.setattr(chat, "render_chats", lambda r, *a: rendered.append(len(r)) or real(r, *a))
     cfg = config_from_dict({"tokenizer": {"name": str(tok_dir)}, "pack": {"seq_len": 64}, "split": {"validation_records": 5}})
     manifest = build([str(raw)], tmp_path / "out", cfg)
     assert sum(rendered) == 40  # each conversation once: by the build, not by the pass that finds the cut

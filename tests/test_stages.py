@@ -18,7 +18,7 @@ from weightprep.batches import Documents
 from weightprep.constants import IGNORE_INDEX
 from weightprep.stages.filter import filter_documents
 from weightprep.stages.mask import mask
-from weightprep.stages.pack import Packer, best_fit_decreasing, rows_from_bins
+from weightprep.stages.pack import Packer, RowBuffers, best_fit_decreasing, rows_from_bins
 
 _weights = st.sampled_from([0.0, 0.5, 1.0, 2.0])
 _document = st.lists(st.tuples(st.integers(0, 999), _weights), min_size=0, max_size=6)
@@ -54,6 +54,17 @@ def test_mask_unlabels_each_first_token_and_labels_by_weight(docs):
     assert out.labels is not None and out.labels.dtype == np.int32
     assert out.labels.tolist() == expected_labels
     assert np.array_equal(batch.weights, before), "mask changed the batch it was given"
+
+
+def test_mask_without_labels_in_place_unweights_the_given_batch():
+    """``labels=False, copy=False`` (a build's documents on their way to the packer): the batch's own weights get
+    the first tokens unweighted, no labels are made."""
+    batch = _documents([[(5, 1.0), (6, 2.0)], [(7, 0.5)], [], [(8, 0.0), (9, 1.0)]])
+    out = mask(batch, labels=False, copy=False)
+    assert out.labels is None
+    assert out.weights is batch.weights
+    assert batch.weights.tolist() == [0.0, 2.0, 0.0, 0.0, 1.0]
+    assert out.input_ids.tolist() == [5, 6, 7, 8, 9]
 
 
 # --- filter ---------------------------------------------------------------------------------------------------------
@@ -347,6 +358,85 @@ def test_rows_from_bins_matches_a_row_by_row_copy(seq_len, lengths, rnd, attenti
         assert rows.attention_mask.tolist() == [[int(t < u) for t in range(seq_len)] for u in used]
     else:
         assert rows.attention_mask is None
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(_document, st.booleans()), max_size=8), st.booleans())
+def test_documents_where_keeps_the_marked_documents_in_order(marked, with_labels):
+    """``Documents.where`` (filter's drop) against the kept documents listed one by one; empty ones included."""
+    docs = [d for d, _ in marked]
+    keep = np.array([k for _, k in marked], dtype=bool)
+    batch = _masked(docs) if with_labels and all(docs) else _documents(docs)
+    batch = Documents(batch.input_ids, batch.weights, batch.offsets, batch.lines * 10, labels=batch.labels,
+                      turns=batch.input_ids + 1)  # fmt: skip
+    out = batch.where(keep)
+    kept = [(line, d) for line, (d, k) in enumerate(marked, start=1) if k]
+    assert out.lines.tolist() == [10 * line for line, _ in kept]
+    assert out.lengths.tolist() == [len(d) for _, d in kept]
+    assert out.input_ids.tolist() == [t for _, d in kept for t, _ in d]
+    assert out.turns.tolist() == [t + 1 for _, d in kept for t, _ in d]
+    assert out.weights.tolist() == [w for _, d in kept for _, w in d]
+    if batch.labels is None:
+        assert out.labels is None
+    else:
+        assert out.labels.tolist() == [t if w > 0 else IGNORE_INDEX for _, d in kept for t, w in d]
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.integers(1, 12),
+    st.lists(st.lists(st.integers(0, 12), max_size=20), min_size=2, max_size=4),
+    st.randoms(use_true_random=False),
+)
+def test_rows_from_bins_in_reused_buffers_match_a_row_by_row_copy(seq_len, batches, rnd):
+    """Chunks of different sizes made one after the other in the same ``RowBuffers`` (labels made from the weights,
+    as the packer's window has none): each equals the row-by-row copy when it is read before the next is made."""
+    rng = np.random.default_rng(rnd.randrange(1 << 30))
+    buffers = RowBuffers()
+    for lengths in batches:
+        lengths = [min(n, seq_len) for n in lengths]
+        total = sum(lengths)
+        weights = rng.choice([0.0, 0.5, 1.0], total).astype(np.float32)
+        input_ids = rng.integers(0, 1000, total, dtype=np.int32)
+        docs = Documents(
+            input_ids=input_ids, weights=weights,
+            offsets=np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)]).astype(np.int64),
+            lines=np.arange(len(lengths), dtype=np.int64), turns=np.zeros(total, np.int32),
+        )  # fmt: skip
+        bins = best_fit_decreasing(np.array(lengths, dtype=np.int64), seq_len)
+        rows = rows_from_bins(docs, bins, seq_len, -7, attention_mask=False, buffers=buffers)
+        with_labels = Documents(docs.input_ids, docs.weights, docs.offsets, docs.lines, turns=docs.turns,
+                                labels=np.array([t if w > 0 else IGNORE_INDEX
+                                                 for t, w in zip(input_ids, weights, strict=True)], dtype=np.int32))  # fmt: skip
+        ids, labels, weights_, positions, _, segments = _rows_reference(with_labels, bins, seq_len, -7)
+        np.testing.assert_array_equal(rows.input_ids, ids)
+        np.testing.assert_array_equal(rows.labels, labels)
+        np.testing.assert_array_equal(rows.weights, weights_)
+        np.testing.assert_array_equal(rows.position_ids, positions)
+        assert [s.tolist() for s in rows.seq_lengths] == segments
+        assert rows.input_ids.dtype == rows.labels.dtype == rows.position_ids.dtype == np.int32
+
+
+def test_packer_reusing_its_rows_writes_what_a_fresh_packer_does():
+    """``Packer(reuse=True)``, each chunk read before the next (as the build's writer does), against the default:
+    windows joined in the same arrays, rows made in the same arrays, a last window of several batches flushed."""
+    lengths = [(5 * i) % 7 + 1 for i in range(6000)]  # > 1,024 rows of 8 per window: two chunks each, and a flush
+
+    def chunks(reuse: bool) -> tuple[list[tuple[list, list, list]], list[np.ndarray]]:
+        packer, out, arrays = Packer(8, -1, window=2500, reuse=reuse), [], []
+        for start in range(0, len(lengths), 700):
+            for rows in packer.add(_numbered(start, lengths[start : start + 700])):
+                out.append((rows.input_ids.tolist(), rows.labels.tolist(), rows.position_ids.tolist()))
+                arrays.append(rows.input_ids)
+        for rows in packer.flush():
+            out.append((rows.input_ids.tolist(), rows.labels.tolist(), rows.position_ids.tolist()))
+        return out, arrays
+
+    fresh, _ = chunks(False)
+    reused, arrays = chunks(True)
+    assert len(fresh) > 2
+    assert reused == fresh
+    assert np.shares_memory(arrays[0], arrays[1]), "the second chunk was not made in the first one's arrays"
 
 
 @settings(max_examples=300, deadline=None)

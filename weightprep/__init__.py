@@ -12,15 +12,9 @@ Train side (``pip install 'weightprep[train]'``)::
 from __future__ import annotations
 
 from importlib import import_module
-from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from weightprep.constants import IGNORE_INDEX
-
-try:
-    __version__ = version("weightprep")
-except PackageNotFoundError:  # running from a source tree without installing
-    __version__ = "0.0.0+src"
 
 # Public names that live in modules importing torch: resolved on first use only.
 _LAZY = {
@@ -34,7 +28,20 @@ _LAZY = {
 __all__ = ["IGNORE_INDEX", "__version__", *_LAZY]
 
 
+def _version() -> str:
+    """The installed distribution's version (``importlib.metadata``, ~30 ms of imports: looked up on first use)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("weightprep")
+    except PackageNotFoundError:  # running from a source tree without installing
+        return "0.0.0+src"
+
+
 def __getattr__(name: str) -> Any:
+    if name == "__version__":
+        value = globals()["__version__"] = _version()
+        return value
     if name in _LAZY:
         return getattr(import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'weightprep' has no attribute {name!r}")

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -22,7 +22,6 @@ from weightprep.config import BuildConfig
 from weightprep.constants import IGNORE_INDEX
 from weightprep.distribute.plan import InputPart
 from weightprep.stages.assemble import assemble
-from weightprep.stages.chat import ChatRenderer, parse_role_weights, render_chats
 from weightprep.stages.chat_templates import resolve_templates, template_sha256
 from weightprep.stages.columns import parse_columns
 from weightprep.stages.filter import filter_documents
@@ -31,17 +30,23 @@ from weightprep.stages.read import InputFile, file_kind, read_blocks
 from weightprep.stages.tokenize import PieceTokenizer
 from weightprep.stages.validate import parse_block
 from weightprep.tokenizer import SpecialTokens, transformers_tokenizer
+from weightprep.weights import parse_role_weights
+
+if TYPE_CHECKING:
+    from weightprep.stages.chat import ChatRenderer
 
 __all__ = ["document_batch", "count_rows", "Chats", "parsed_blocks"]
 
 
 def document_batch(
-    records: Records, tokenize: PieceTokenizer, specials: SpecialTokens, cfg: BuildConfig
+    records: Records, tokenize: PieceTokenizer, specials: SpecialTokens, cfg: BuildConfig, *, labels: bool = True
 ) -> tuple[Documents, Counter[str]]:
     """Tokenize, assemble, mask and filter one batch of records; count what each step keeps and removes.
 
     Conversations arrive already tokenized by the chat stage (``ChatTokens``): their ids and weights are the
-    document as they are (the template owns BOS/EOS); they join the pieces' documents in input order."""
+    document as they are (the template owns BOS/EOS); they join the pieces' documents in input order.
+    ``labels=False``: the documents' labels are left None, for a caller that packs them (the rows make them from
+    ids and weights by the mask stage's rule), a third less to make and copy per token."""
     counts: Counter[str] = Counter(accepted=len(records))
     chat_docs = None
     if records.chats is not None:
@@ -67,7 +72,8 @@ def document_batch(
         order = np.argsort(merged.lines, kind="stable")
         docs = merged if (order == np.arange(len(order))).all() else merged.take(order)
     counts["weight_unlabeled_first"] += float(docs.weights[docs.offsets[:-1]].sum(dtype=np.float64))
-    docs, dropped = filter_documents(mask(docs), cfg.max_length, cfg.filter.overlong)
+    # the documents were made here (assemble, the chat merge): mask unweights their first tokens in place
+    docs, dropped = filter_documents(mask(docs, labels=labels, copy=False), cfg.max_length, cfg.filter.overlong)
     counts.update(dropped)
     return docs, counts
 
@@ -133,6 +139,9 @@ class Chats:
     def __call__(self, records: Records, rejects: list[Reject]) -> Records:
         if records.chats is None:
             return records
+        # imported at the first conversation: a build of pieces never loads the chat stage (nor jinja2)
+        from weightprep.stages.chat import ChatRenderer, render_chats
+
         if self._renderer is None:
             tok = transformers_tokenizer(self.tokenizer)
             chosen = resolve_templates(tok, self.cfg.chat.template)

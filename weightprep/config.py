@@ -29,8 +29,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
-import yaml
-
 from weightprep.errors import ConfigError
 
 __all__ = [
@@ -257,7 +255,7 @@ def _semantic_checks(cfg: BuildConfig, problems: list[str]) -> None:
         except UsageError as exc:
             problems.append(f"read.columns: {exc}".replace("--columns: ", ""))
     if isinstance(cfg.chat.role_weights, str):
-        from weightprep.stages.chat import parse_role_weights
+        from weightprep.weights import parse_role_weights
 
         try:
             parse_role_weights(cfg.chat.role_weights)
@@ -362,6 +360,8 @@ def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None
     """Read a YAML pipeline file (or none: the defaults) and apply CLI overrides."""
     if path is None:
         return config_from_dict({}, overrides)
+    import yaml  # only for a pipeline file: a build without one never loads it
+
     path = Path(path)
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
@@ -376,6 +376,8 @@ def load_sources(path: str | Path | None) -> list[Any] | None:
     """The ``sources:`` list of a pipeline file (``weightprep.sources``), None where it declares none."""
     if path is None:
         return None
+    import yaml
+
     from weightprep.sources import sources_from_data
 
     try:

@@ -46,7 +46,7 @@ from weightprep.distribute.mixed import epoch_cuts_from, split_names
 from weightprep.distribute.plan import plan_mixed, plan_parts
 from weightprep.errors import BuildInterrupted, InputError, LeftoverParts, UsageError
 from weightprep.sources import Source, check_source_names, manifest_sources
-from weightprep.stages.chat import CHAT_REASONS
+from weightprep.stages.chat_common import CHAT_REASONS
 from weightprep.stages.chat_templates import TRAINING, manifest_chat, tokenizer_template
 from weightprep.stages.columns import parse_columns
 from weightprep.stages.publish import interrupted_builds, open_output, prepare_output
@@ -124,8 +124,6 @@ def _build(
     sources: list[Source] | None,
     step: Callable[[str], AbstractContextManager[None]],
 ) -> dict[str, Any]:
-    from weightprep import __version__
-
     if sources is not None:
         if inputs:
             raise UsageError("give the inputs as sources (--source NAME=PATH) or as INPUTS, not both")
@@ -147,6 +145,8 @@ def _build(
         tok_dir = Path(tokenizer_location(cfg.tokenizer.name))
         if (tok_dir / "tokenizer.json").is_file():  # fastokens loads while the tokenizer itself does
             prefetch = FastokensPrefetch(tok_dir / "tokenizer.json")
+    from weightprep import __version__  # its lookup (importlib.metadata) while fastokens loads
+
     with step(f"loading the tokenizer {cfg.tokenizer.name or ''}".rstrip()):
         tok = tokenizer if tokenizer is not None else load_tokenizer(
             cfg.tokenizer.name, trust_remote_code=cfg.tokenizer.trust_remote_code, direct=True

@@ -124,7 +124,7 @@ def _source(field: str, data: dict[str, Any], problems: list[str]) -> Source | N
         except UsageError as exc:
             problems.append(f"{field}columns: {exc}".replace("--columns: ", ""))
     if isinstance(data.get("role_weights"), str):
-        from weightprep.stages.chat import parse_role_weights
+        from weightprep.weights import parse_role_weights
 
         try:
             parse_role_weights(data["role_weights"])

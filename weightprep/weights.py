@@ -14,7 +14,9 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["WEIGHT_DTYPE", "valid_weights", "is_valid_weight", "weight_overflow_note"]
+from weightprep.errors import ConfigError
+
+__all__ = ["WEIGHT_DTYPE", "valid_weights", "is_valid_weight", "weight_overflow_note", "parse_role_weights"]
 
 #: dtype of the shards' weights column (``weightprep.stages.write``) and of the trainer's weights tensor.
 WEIGHT_DTYPE = np.float32
@@ -41,3 +43,19 @@ def weight_overflow_note(value: float) -> str:
     if np.isfinite(value) and value >= 0 and not is_valid_weight(value):
         return f" (beyond float32's largest, {_LARGEST}: the shards store weights as float32)"
     return ""
+
+
+def parse_role_weights(spec: str) -> dict[str, float]:
+    """``"assistant=1,user=0"`` -> ``{"assistant": 1.0, "user": 0.0}``; roles not named get 0."""
+    weights: dict[str, float] = {}
+    for part in filter(None, (p.strip() for p in spec.split(","))):
+        role, sep, value = part.partition("=")
+        try:
+            w = float(value)
+        except ValueError:
+            w = float("nan")
+        if not sep or not role.strip() or not is_valid_weight(w):
+            raise ConfigError([f"chat.role_weights: expected ROLE=WEIGHT[,ROLE=WEIGHT...] with weights >= 0, got {part!r}"
+                               f"{weight_overflow_note(w)}"])  # fmt: skip
+        weights[role.strip()] = w
+    return weights

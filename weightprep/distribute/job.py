@@ -26,7 +26,7 @@ import tempfile
 import uuid
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -248,7 +248,11 @@ class PartJob:
         cfg, state = self.cfg, self.worker()
         seq_len, packed = cfg.pack.seq_len, cfg.pack.enabled
         names = (TRAIN, VALIDATION) if self.cut is not None else None
-        packers = {name: Packer(seq_len, state.specials.pad, packed=packed, window=cfg.pack.window) for name in (names or (None,))}
+        # each split's rows in arrays reused from one chunk to the next: the writer writes each before the next
+        packers = {
+            name: Packer(seq_len, state.specials.pad, packed=packed, window=cfg.pack.window, reuse=True)
+            for name in (names or (None,))
+        }
         writer = ShardWriter(
             tmp, seq_len, packed=packed, max_shard_bytes=cfg.write.max_shard_bytes, splits=names, turn_roles=state.chats.roles
         )
@@ -272,11 +276,11 @@ class PartJob:
                     rejects.write(block_rejects)
                 subsets = {None: records} if self.cut is None else split_records(records, self.cut, cfg.split.seed)
                 for name, subset in subsets.items():
-                    docs, batch_counts = document_batch(subset, state.tokenize, state.specials, cfg)
+                    # rows get their labels from ids and weights (``rows_from_bins``): none are made for the queue
+                    docs, batch_counts = document_batch(subset, state.tokenize, state.specials, cfg, labels=False)
                     doc_counts[name].update(batch_counts)
                     accepted["tokens"] += batch_counts["tokens_accepted"]
-                    # rows get their labels from ids and weights (``rows_from_bins``): the queue does not carry them
-                    sink.put((name, replace(docs, labels=None)))
+                    sink.put((name, docs))
                 accepted["accepted"] += len(records)
                 if progress is not None:
                     progress(consumed, accepted)

@@ -70,7 +70,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from weightprep.batches import Chat, ChatTokens, Records, Reject, turn_code
-from weightprep.errors import ConfigError, UsageError
+from weightprep.errors import UsageError
 from weightprep.stages import chat_prefixes
 from weightprep.stages.chat_common import CHAT_REASONS, ChatError, diverge, snippet, template_messages
 from weightprep.stages.chat_control import (
@@ -88,7 +88,7 @@ from weightprep.stages.chat_spans import answer_start, trailer
 from weightprep.stages.chat_templates import TrlMissing
 from weightprep.stages.spans import TokenSpans
 from weightprep.stages.tokenize import PieceTokenizer
-from weightprep.weights import is_valid_weight, weight_overflow_note
+from weightprep.weights import is_valid_weight, parse_role_weights
 
 __all__ = [
     "CHAT_REASONS", "HISTORY_MODES", "RESERVED_KWARGS", "ChatError", "ChatRenderer", "parse_role_weights",
@@ -107,22 +107,6 @@ RESERVED_KWARGS = (
 _MARKS = re.compile("[\U000f0000\U000f0001]")
 _GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%\}")
 _PROBES = ("\ue000weightprep-probe-a\ue000", "\ue001weightprep-probe-b\ue001")
-
-
-def parse_role_weights(spec: str) -> dict[str, float]:
-    """``"assistant=1,user=0"`` -> ``{"assistant": 1.0, "user": 0.0}``; roles not named get 0."""
-    weights: dict[str, float] = {}
-    for part in filter(None, (p.strip() for p in spec.split(","))):
-        role, sep, value = part.partition("=")
-        try:
-            w = float(value)
-        except ValueError:
-            w = float("nan")
-        if not sep or not role.strip() or not is_valid_weight(w):
-            raise ConfigError([f"chat.role_weights: expected ROLE=WEIGHT[,ROLE=WEIGHT...] with weights >= 0, got {part!r}"
-                               f"{weight_overflow_note(w)}"])  # fmt: skip
-        weights[role.strip()] = w
-    return weights
 
 
 class _Template:

@@ -45,7 +45,7 @@ def filter_documents(
         starts = docs.offsets[:-1]
         if overlong == "drop":
             counts["dropped_overlong"] += n_long
-            kept = docs.take(np.flatnonzero(~long))
+            kept = docs.where(~long)
             removed("dropped_overlong", docs, kept)
             docs = kept
         elif overlong == "truncate":
@@ -66,13 +66,14 @@ def filter_documents(
             unlabel_first_tokens(kept)
             removed("chunked", docs, kept)
             docs = kept
-    supervised = np.add.reduceat(docs.weights > 0, docs.offsets[:-1]) if len(docs) else np.zeros(0, bool)
-    # reduceat on an empty document would read its neighbour; documents always hold EOS, so none is empty
-    unsupervised = supervised == 0
+    # a document's largest weight (weights are >= 0: positive exactly where one is); reduceat on an empty document
+    # would read its neighbour, and documents always hold EOS, so none is empty
+    largest = np.maximum.reduceat(docs.weights, docs.offsets[:-1]) if len(docs) else np.zeros(0, np.float32)
+    unsupervised = ~(largest > 0)
     n_unsup = int(unsupervised.sum())
     if n_unsup:
         counts["dropped_unsupervised"] += n_unsup
-        kept = docs.take(np.flatnonzero(~unsupervised))
+        kept = docs.where(~unsupervised)
         removed("dropped_unsupervised", docs, kept)
         docs = kept
     return docs, counts

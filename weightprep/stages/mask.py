@@ -23,9 +23,16 @@ from weightprep.constants import IGNORE_INDEX
 __all__ = ["mask", "labels_from_weights", "unlabel_first_tokens"]
 
 
-def labels_from_weights(input_ids: np.ndarray, weights: np.ndarray) -> np.ndarray:
-    """``input_ids`` where the weight is positive, IGNORE_INDEX elsewhere (int32)."""
-    return np.where(weights > 0, input_ids, np.int32(IGNORE_INDEX)).astype(np.int32, copy=False)
+def labels_from_weights(input_ids: np.ndarray, weights: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """``input_ids`` where the weight is positive, IGNORE_INDEX elsewhere (int32; into ``out``, int32 of the same
+    shape, if given)."""
+    if out is None:
+        return np.where(weights > 0, input_ids, np.int32(IGNORE_INDEX)).astype(np.int32, copy=False)
+    unweighted = weights > 0
+    np.logical_not(unweighted, out=unweighted)
+    np.copyto(out, input_ids, casting="same_kind")
+    np.copyto(out, np.int32(IGNORE_INDEX), where=unweighted)
+    return out
 
 
 def unlabel_first_tokens(docs: Documents) -> None:
@@ -36,8 +43,12 @@ def unlabel_first_tokens(docs: Documents) -> None:
         docs.labels[starts] = IGNORE_INDEX
 
 
-def mask(docs: Documents) -> Documents:
-    """Return ``docs`` with first tokens unweighted and labels filled in (see the module docstring)."""
-    out = replace(docs, weights=docs.weights.copy(), labels=None)
+def mask(docs: Documents, *, labels: bool = True, copy: bool = True) -> Documents:
+    """Return ``docs`` with first tokens unweighted and labels filled in (see the module docstring).
+
+    ``labels=False`` leaves them None, for a caller that makes them later by the same rule (the packer's rows:
+    ``labels_from_weights``); ``copy=False`` unweights the first tokens in ``docs``' own weights, for a caller that
+    owns them (else ``docs`` is left as it is)."""
+    out = replace(docs, weights=docs.weights.copy() if copy else docs.weights, labels=None)
     unlabel_first_tokens(out)
-    return replace(out, labels=labels_from_weights(out.input_ids, out.weights))
+    return replace(out, labels=labels_from_weights(out.input_ids, out.weights)) if labels else out

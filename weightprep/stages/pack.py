@@ -34,7 +34,7 @@ from weightprep.batches import Documents, Rows, _ranges
 from weightprep.constants import IGNORE_INDEX
 from weightprep.stages.mask import labels_from_weights
 
-__all__ = ["best_fit_decreasing", "rows_from_bins", "Packer"]
+__all__ = ["best_fit_decreasing", "rows_from_bins", "Packer", "RowBuffers"]
 
 #: Rows materialized at a time, to bound memory whatever the window size.
 _ROWS_PER_CHUNK = 1024
@@ -85,8 +85,29 @@ def best_fit_decreasing(lengths: np.ndarray, capacity: int) -> list[list[int]]:
     return bins
 
 
-def rows_from_bins(docs: Documents, bins: list[list[int]], seq_len: int, pad_id: int, *, attention_mask: bool) -> Rows:
-    """Materialize ``bins`` (lists of document indices of ``docs``) as padded rows of ``seq_len``.
+class RowBuffers:
+    """The arrays of one chunk of rows, reused by the next chunk (``rows_from_bins(buffers=...)``), and of one packing
+    window, reused by the next window (``Documents.concat(parts, buffers)``): a chunk's token columns are tens of MB,
+    a window's too, and made afresh each time they are as many pages for the system to map and zero. Each grows to
+    the largest asked for and stays; what is made in them is valid until they are used again."""
+
+    def __init__(self) -> None:
+        self._arrays: dict[str, np.ndarray] = {}
+
+    def get(self, name: str, n: int, dtype: Any) -> np.ndarray:
+        """``n`` elements of ``dtype`` (their values left as they were)."""
+        array = self._arrays.get(name)
+        if array is None or len(array) < n or array.dtype != dtype:
+            array = self._arrays[name] = np.empty(n, dtype=dtype)
+        return array[:n]
+
+
+def rows_from_bins(
+    docs: Documents, bins: list[list[int]], seq_len: int, pad_id: int, *, attention_mask: bool,
+    buffers: RowBuffers | None = None,
+) -> Rows:  # fmt: skip
+    """Materialize ``bins`` (lists of document indices of ``docs``) as padded rows of ``seq_len``; in ``buffers``'
+    arrays if given (the rows are then valid until ``buffers`` is used again).
 
     ``docs`` are masked documents; without their ``labels`` (the packer's window does not keep them), the rows'
     labels are made from the rows' ids and weights by the mask stage's own rule (``labels_from_weights``): the
@@ -118,29 +139,43 @@ def rows_from_bins(docs: Documents, bins: list[list[int]], seq_len: int, pad_id:
     seg_sources[doc_slot] = docs.offsets[:-1][order]
     tail_slot = (seg_ends - 1)[has_tail]
     seg_lengths[tail_slot] = tail[has_tail]
+    size = n_rows * seq_len
+
+    def buffer(name: str, dtype: Any) -> np.ndarray | None:
+        return None if buffers is None else buffers.get(name, size, dtype)
+
     # n_rows * seq_len token indices; a pad tail's run from 0, clipped to the last token, then overwritten
-    gather = _ranges(seg_sources, seg_lengths)
+    gather = _ranges(seg_sources, seg_lengths, out=buffer("gather", np.int64))
     pads = _ranges(np.flatnonzero(has_tail) * seq_len + used[has_tail], tail[has_tail])
 
-    input_ids = _column(docs.input_ids, gather, pads, pad_id, shape)
-    weights = _column(docs.weights, gather, pads, 0, shape)
+    input_ids = _column(docs.input_ids, gather, pads, pad_id, shape, buffer("input_ids", docs.input_ids.dtype))
+    weights = _column(docs.weights, gather, pads, 0, shape, buffer("weights", docs.weights.dtype))
     if docs.labels is None:
-        labels = labels_from_weights(input_ids, weights)
+        out = buffer("labels", np.int32)
+        labels = labels_from_weights(input_ids, weights, None if out is None else out.reshape(shape))
     else:
-        labels = _column(docs.labels, gather, pads, IGNORE_INDEX, shape)
-    turns = None if docs.turns is None else _column(docs.turns, gather, pads, 0, shape)
+        labels = _column(docs.labels, gather, pads, IGNORE_INDEX, shape, buffer("labels", docs.labels.dtype))
+    turns = None if docs.turns is None else _column(docs.turns, gather, pads, 0, shape, buffer("turns", docs.turns.dtype))
     del gather, pads  # before the positions: the block's two index arrays are not held at once
-    position_ids = _ranges(np.zeros(len(seg_lengths), dtype=np.int32), seg_lengths, np.int32)
+    starts = np.zeros(len(seg_lengths), dtype=np.int32)
+    position_ids = _ranges(starts, seg_lengths, np.int32, out=buffer("position_ids", np.int32))
     seq_lengths = np.split(seg_lengths.astype(np.int32), seg_ends[:-1]) if n_rows else []
     mask = (np.arange(seq_len)[None, :] < used[:, None]).astype(np.int8) if attention_mask else None
     return Rows(input_ids, labels, weights, position_ids.reshape(shape), seq_lengths, used, per_row, mask, turns)
 
 
-def _column(values: np.ndarray, gather: np.ndarray, pads: np.ndarray, pad: Any, shape: tuple[int, int]) -> np.ndarray:
-    """``values`` at the ``gather`` positions (clipped: a pad's position need not be a token), ``pad`` at ``pads``."""
+def _column(
+    values: np.ndarray, gather: np.ndarray, pads: np.ndarray, pad: Any, shape: tuple[int, int],
+    out: np.ndarray | None = None,
+) -> np.ndarray:  # fmt: skip
+    """``values`` at the ``gather`` positions (clipped: a pad's position need not be a token), ``pad`` at ``pads``
+    (into ``out``, flat, of ``values``' dtype, if given)."""
     if not len(values):  # no tokens at all: every position a pad
-        return np.full(shape, pad, dtype=values.dtype)
-    out = values.take(gather, mode="clip")
+        if out is None:
+            return np.full(shape, pad, dtype=values.dtype)
+        out.fill(pad)
+        return out.reshape(shape)
+    out = values.take(gather, mode="clip", out=out)
     out[pads] = pad
     return out.reshape(shape)
 
@@ -160,13 +195,18 @@ def _head(docs: Documents, n: int) -> tuple[Documents, Documents]:
 
 
 class Packer:
-    """Streams masked, filtered documents into fixed-length ``Rows`` (packed or padded)."""
+    """Streams masked, filtered documents into fixed-length ``Rows`` (packed or padded).
 
-    def __init__(self, seq_len: int, pad_id: int, *, packed: bool = True, window: int = 20000) -> None:
+    ``reuse``: every ``Rows`` is made in the same arrays (``RowBuffers``), valid until the next one is asked for,
+    and every window joined in the same arrays too: for a caller that writes each one before taking the next (a
+    build's writer), not one that keeps them."""
+
+    def __init__(self, seq_len: int, pad_id: int, *, packed: bool = True, window: int = 20000, reuse: bool = False) -> None:
         self.seq_len = seq_len
         self.pad_id = pad_id
         self.packed = packed
         self.window = window
+        self._buffers = RowBuffers() if reuse else None
         self._pending: list[Documents] = []
         self._pending_docs = 0
 
@@ -189,7 +229,9 @@ class Packer:
                 parts.append(first)
                 n += len(first)
             self._pending_docs -= self.window
-            window = Documents.concat(parts)  # the window's one copy (none when it is one whole batch)
+            # the window's one copy (none when it is one whole batch), in the reused arrays too: its rows are all made
+            # before the next window is cut
+            window = Documents.concat(parts, self._buffers)
             del parts, first  # the batches it was cut from are not held while its rows are built
             yield from self._emit(window, best_fit_decreasing(window.lengths, self.seq_len))
 
@@ -197,12 +239,13 @@ class Packer:
         """Pack whatever is pending (call once more at the end of the input)."""
         if not self._pending:
             return
-        docs = Documents.concat(self._pending)
+        docs = Documents.concat(self._pending, self._buffers)
         self._pending, self._pending_docs = [], 0
         yield from self._emit(docs, best_fit_decreasing(docs.lengths, self.seq_len))
 
     def _emit(self, docs: Documents, bins: list[list[int]]) -> Iterator[Rows]:
         for start in range(0, len(bins), _ROWS_PER_CHUNK):
             yield rows_from_bins(
-                docs, bins[start : start + _ROWS_PER_CHUNK], self.seq_len, self.pad_id, attention_mask=not self.packed
-            )
+                docs, bins[start : start + _ROWS_PER_CHUNK], self.seq_len, self.pad_id, attention_mask=not self.packed,
+                buffers=self._buffers,
+            )  # fmt: skip

@@ -469,9 +469,11 @@ class _Lines:
                 self.pending.append(rest)
                 self.pending_len += len(rest)
             return
-        body = chunk[pos : last + 1]
-        data = b"".join([*self.pending, body]) if self.pending else body
-        n = body.count(b"\n")
+        # one copy of the block's bytes at most: the pending start of its first line joined with a view of the chunk
+        whole = pos == 0 and last + 1 == len(chunk)
+        body = chunk if whole else memoryview(chunk)[pos : last + 1]
+        data = b"".join([*self.pending, body]) if self.pending else body if whole else bytes(body)
+        n = chunk.count(b"\n", pos, last + 1)
         yield Block(self.record.path, self.line, n, data, self.offset)
         self.line += n
         self.offset += len(data)

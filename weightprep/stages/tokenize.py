@@ -213,8 +213,10 @@ class _FastokensEncoder:
         return _concat(parts) if parts else (np.zeros(0, np.int32), np.zeros(1, np.int64))
 
     def _flat(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """The two buffers as read-only int32 and int64 views, no copy: ids are below 2**31 and offsets below
+        2**63, so reinterpreting their bits as signed leaves every value as it is."""
         ids, offsets = self.tokenizer.encode_batch_flat(texts, add_special_tokens=False)
-        return np.frombuffer(ids, dtype="<u4").astype(np.int32), np.frombuffer(offsets, dtype="<u8").astype(np.int64)
+        return np.frombuffer(ids, dtype="<u4").view("<i4"), np.frombuffer(offsets, dtype="<u8").view("<i8")
 
 
 def _concat(parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:

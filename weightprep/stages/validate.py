@@ -439,10 +439,12 @@ def _parse_fast(block: Block) -> Records | None:
     if any(table.column(k).null_count != table.num_rows for k in ("text", "prompt", "completion")):
         return None  # a pieces record with another shape too: the exact path rejects it as ambiguous
     offsets = to_numpy(pieces.offsets).astype(np.int64)
-    offsets -= offsets[0]
+    first = int(offsets[0])
+    offsets -= first
     if len(offsets) > 1 and (np.diff(offsets) == 0).any():
         return None
-    structs = pieces.flatten()
+    # the pieces' structs as a slice of the list's values (``flatten`` copies them; no list is null here)
+    structs = pieces.values.slice(first, int(offsets[-1]))
     text, weight = structs.field("text"), structs.field("weight")
     if structs.null_count or text.null_count or weight.null_count:
         return None
