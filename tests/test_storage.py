@@ -670,6 +670,43 @@ def test_a_session_forgets_what_this_process_writes_copies_and_removes(mem):
         assert storage.read_fresh("memory://s/none.bin") is None
 
 
+def test_a_session_forgets_an_object_this_process_uploads(mem, tmp_path):
+    mem.pipe_file("/up/a.bin", b"12345")
+    local = tmp_path / "a.bin"
+    local.write_bytes(b"123456789")
+    with storage.session({}):
+        assert storage.size("memory://up/a.bin") == 5
+        storage.put_file(local, "memory://up/a.bin")
+        assert storage.size("memory://up/a.bin") == 9
+
+
+def test_a_read_that_fails_goes_on_from_its_byte_on_a_file_opened_anew(mem, monkeypatch):
+    """A broken connection stays broken: the retry opens the object again rather than reading the same file."""
+    mem.pipe_file("/re/raw.jsonl", DATA)
+    opened: list[str] = []
+    real = MemoryFileSystem._open
+
+    class Dying(io.BytesIO):  # reads once, then its connection is gone for good
+        reads = 0
+
+        def read(self, n=-1):
+            self.reads += 1
+            if self.reads > 1:
+                raise ConnectionError("connection reset")
+            return super().read(n)
+
+    def first_one_dies(self, path, *args, **kwargs):
+        f = real(self, path, *args, **kwargs)
+        opened.append(path)
+        return Dying(f.getvalue()) if len(opened) == 1 else f
+
+    monkeypatch.setattr(MemoryFileSystem, "_open", first_one_dies)
+    monkeypatch.setenv("WEIGHTPREP_STORAGE_RETRIES", "3")
+    with storage.open_input("memory://re/raw.jsonl", 0, 3000) as f:
+        got = b"".join(iter(lambda: f.read(1000), b""))
+    assert got == DATA[:3000] and len(opened) == 2
+
+
 def test_download_tree_copies_nested_keys_literally(mem, tmp_path):
     for key in ("/t/x[1]/a.json", "/t/x[1]/train/state.json", "/t/x1/other"):
         mem.pipe_file(key, key.encode())

@@ -121,6 +121,7 @@ _FINALIZED = ("weakref.finalize removes the staging directory when the StoreOutp
 _NOT_ALIVE = "callers read it as `not _alive(...)`: None says dead as False does"
 _LOADABLE_NAMES = ("only loadable files' names reach it, each '/'-free or one split deep: the same order within a split "
                    "(dataset_info.json before state.json, also alphabetically), top-level files after every split's")
+_UNBOUNDED = "an Arrow file's reads are unbounded by chunk: 2**61, 2**62 or 2**63 bytes all exceed any read pyarrow asks for"
 _LAST_PART = "the last part of a '/'-split is the same however many splits are allowed"
 
 #: mutant id (``--list`` prints them) -> why no test can tell it from the original (an equivalent mutant)
@@ -358,6 +359,9 @@ EQUIVALENT: dict[str, str] = {
     'storage.py:download_tree:drop:target.parent.mkdir(parents=True, exist_ok=True)': "fsspec's get_file makes the local parent directories itself",
     "storage.py:find:boolop:return {_url(fs, name, url): int(info.get('size') or 0) for name, info in sorted(found.items())}": "every filesystem's listing gives a file its size: the fallback for a missing one is never used",
     "storage.py:find:int+1:return {_url(fs, name, url): int(info.get('size') or 0) for name, info in sorted(found.items())}": "every filesystem's listing gives a file its size: the fallback for a missing one is never used",
+    "storage.py:arrow_filesystem:int+1:return pa.PythonFile(_RangeFile(_url(fs, p, url), chunk=1 << 62, located=(fs, p)), mode='r')": _UNBOUNDED,
+    "storage.py:arrow_filesystem:int+1:return pa.PythonFile(_RangeFile(_url(fs, p, url), chunk=1 << 62, located=(fs, p)), mode='r')#1": _UNBOUNDED,
+    "storage.py:arrow_filesystem:int-1:return pa.PythonFile(_RangeFile(_url(fs, p, url), chunk=1 << 62, located=(fs, p)), mode='r')#1": _UNBOUNDED,
     "storage.py:glob:int+1:hidden = pattern.rstrip('/').rsplit('/', 1)[-1].startswith('.')": _LAST_PART,
     "storage.py:glob:int+1:if hidden or not m.rstrip('/').rsplit('/', 1)[-1].startswith('.'):": _LAST_PART,
     "storage.py:names_under:int+1:return [str(e).rstrip('/').rsplit('/', 1)[-1] for e in fs.ls(p, detail=False)]": _LAST_PART,
