@@ -90,6 +90,14 @@ def test_conversational_prompt_completion_equals_messages(tmp_path):
          "messages[0].name", "invalid_utf8"),
         ('{"messages": [{"role": "user", "content": "a", "name": "n"}, {"role": "assistant", "content": 7}]}',
          "messages[1].content", "wrong_type"),
+        # what the template is given beside the messages: its type, then its Unicode (the tools', then the kwargs')
+        ('{"messages": [{"role": "user", "content": "a"}], "chat_template_kwargs": "x"}', "chat_template_kwargs",
+         "wrong_type"),
+        ('{"messages": [{"role": "user", "content": "a"}], "tools": [{"name": "t\\udfff"}]}', "tools[0].name",
+         "invalid_utf8"),
+        ('{"messages": [{"role": "user", "content": "a"}], "tools": [], "chat_template_kwargs": {"k": "t\\udfff"}}',
+         "chat_template_kwargs.k", "invalid_utf8"),
+        ('{"prompt": "a", "prompt": "b", "completion": "c"}', "prompt", "duplicate_key"),
     ],
 )
 def test_ambiguous_and_bad_records_are_rejected_by_both_paths(tmp_path, line, field, reason):
@@ -101,6 +109,14 @@ def test_ambiguous_and_bad_records_are_rejected_by_both_paths(tmp_path, line, fi
     with pytest.raises(InputError) as err:
         parse_block(block)
     assert (err.value.line, err.value.field, err.value.reason) == (2, field, reason)
+
+
+def test_a_null_value_is_no_shape_beside_another():
+    """``"pieces": null`` beside a text is a text record; alone it is a pieces record (rejected as one)."""
+    content, problem = check_line(b'{"pieces": null, "text": "a"}')
+    assert problem is None and content == [("a", 1.0)]
+    _, problem = check_line(b'{"pieces": null}')
+    assert problem is not None and problem.field == "pieces"
 
 
 _text = st.text(st.characters(blacklist_categories=("Cs",)), max_size=20)
