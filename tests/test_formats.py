@@ -111,6 +111,13 @@ def test_ambiguous_and_bad_records_are_rejected_by_both_paths(tmp_path, line, fi
     assert (err.value.line, err.value.field, err.value.reason) == (2, field, reason)
 
 
+def test_a_missing_half_of_a_pair_names_the_half_that_is_there():
+    _, problem = check_line(b'{"completion": "c"}')
+    assert (problem.field, problem.problem) == ("prompt", "missing; a record with 'completion' needs both prompt and completion")
+    _, problem = check_line(b'{"prompt": "p"}')
+    assert (problem.field, problem.problem) == ("completion", "missing; a record with 'prompt' needs both prompt and completion")
+
+
 def test_a_null_value_is_no_shape_beside_another():
     """``"pieces": null`` beside a text is a text record; alone it is a pieces record (rejected as one)."""
     content, problem = check_line(b'{"pieces": null, "text": "a"}')
