@@ -98,6 +98,8 @@ def test_conversational_prompt_completion_equals_messages(tmp_path):
         ('{"messages": [{"role": "user", "content": "a"}], "tools": [], "chat_template_kwargs": {"k": "t\\udfff"}}',
          "chat_template_kwargs.k", "invalid_utf8"),
         ('{"prompt": "a", "prompt": "b", "completion": "c"}', "prompt", "duplicate_key"),
+        ('{"prompt": "a\\udfff", "completion": "b"}', "prompt", "invalid_utf8"),
+        ('{"prompt": "a", "completion": "b\\udfff"}', "completion", "invalid_utf8"),
     ],
 )
 def test_ambiguous_and_bad_records_are_rejected_by_both_paths(tmp_path, line, field, reason):

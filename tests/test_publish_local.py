@@ -4,6 +4,8 @@ process that left it (dead or alive) and by the output it was for; ``--resume`` 
 
 from __future__ import annotations
 
+import numpy as np
+import pyarrow as pa
 import pytest
 from conftest import SAMPLE_RAW, PartInterrupter
 
@@ -12,6 +14,7 @@ from weightprep.errors import UsageError
 from weightprep.manifest import read_manifest
 from weightprep.pipeline import build
 from weightprep.stages import publish
+from weightprep.stages.write import _ShardSet, arrow_schema
 
 LINES = SAMPLE_RAW.read_bytes().splitlines(keepends=True)
 OLD = b"".join(LINES[:40])
@@ -293,3 +296,33 @@ def test_the_manifest_and_state_files_are_written_in_one_canonical_form(tmp_path
         for name in ("state.json", "dataset_info.json"):  # as datasets writes them: sorted, two-space indent
             text = (state / name).read_text()
             assert text == json.dumps(json.loads(text), indent=2, sort_keys=True) + "\n", name
+
+
+def test_a_shard_set_caps_each_shard_at_its_rows_and_closes_each_before_the_next(tmp_path):
+    """Rows go to ``shard-i.arrow`` files of at most ``rows_per_shard`` rows, each a complete Arrow stream holding
+    exactly the rows its entry counts, in order, whatever the batches' sizes."""
+    schema = arrow_schema(4, packed=False)
+
+    def batch(first: int, n: int) -> pa.RecordBatch:
+        arrays = []
+        for f in schema:
+            if isinstance(f.type, pa.FixedSizeListType):
+                values = np.repeat(np.arange(first, first + n), 4).astype(f.type.value_type.to_pandas_dtype())
+                arrays.append(pa.FixedSizeListArray.from_arrays(pa.array(values, f.type.value_type), 4))
+            else:
+                arrays.append(pa.array([[4]] * n, f.type))
+        return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+    shards = _ShardSet(tmp_path / "set", schema, rows_per_shard=3)
+    for first, n in ((0, 2), (2, 5), (7, 1)):
+        shards.write(batch(first, n))
+    written = shards.close()
+    assert [(p.name, rows) for p, rows in written] == [("shard-00000.arrow", 3), ("shard-00001.arrow", 3),
+                                                        ("shard-00002.arrow", 2)]  # fmt: skip
+    seen = []
+    for path, rows in written:
+        with pa.OSFile(str(path), "rb") as f:
+            table = pa.ipc.open_stream(f).read_all()
+        assert table.num_rows == rows and table.schema.equals(schema)
+        seen += [ids[0] for ids in table.column("input_ids").to_pylist()]
+    assert seen == list(range(8))
