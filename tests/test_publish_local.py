@@ -4,6 +4,8 @@ process that left it (dead or alive) and by the output it was for; ``--resume`` 
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -313,10 +315,12 @@ def test_a_shard_set_caps_each_shard_at_its_rows_and_closes_each_before_the_next
                 arrays.append(pa.array([[4]] * n, f.type))
         return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
+    fds = len(os.listdir("/proc/self/fd"))
     shards = _ShardSet(tmp_path / "set", schema, rows_per_shard=3)
     for first, n in ((0, 2), (2, 5), (7, 1)):
         shards.write(batch(first, n))
     written = shards.close()
+    assert len(os.listdir("/proc/self/fd")) == fds  # every shard's file closed
     assert [(p.name, rows) for p, rows in written] == [("shard-00000.arrow", 3), ("shard-00001.arrow", 3),
                                                         ("shard-00002.arrow", 2)]  # fmt: skip
     seen = []
