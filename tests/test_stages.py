@@ -478,3 +478,44 @@ def test_assemble_matches_a_record_by_record_loop(records, with_bos, eos_weight)
     expected = [np.float32(w) for doc in weights for w in doc]
     assert docs.input_ids.dtype == np.int32 and docs.weights.dtype == np.float32
     assert docs.weights.tolist() == [float(w) for w in expected]
+
+
+def test_the_collector_is_paused_while_a_block_is_parsed_and_rendered_and_left_as_it_was(tmp_path, monkeypatch):
+    """``parsed_blocks`` parses each block (and renders its conversations) with the cyclic collector paused, and
+    gives it back enabled; a caller that had paused it finds it paused, also after an error in the block."""
+    import gc
+
+    import weightprep.blocks as blocks
+    from weightprep.blocks import collection_paused, parsed_blocks
+    from weightprep.config import config_from_dict
+    from weightprep.distribute.plan import plan_parts
+    from weightprep.stages import validate
+    from weightprep.stages.read import InputFile
+
+    path = tmp_path / "in.jsonl"
+    path.write_text('{"pieces": [{"text": "a", "weight": 1}]}\n{"text": "b"}\n')
+    seen: list[bool] = []
+    original = validate.parse_block
+
+    def spy(*args, **kwargs):
+        seen.append(gc.isenabled())
+        return original(*args, **kwargs)
+
+    cfg = config_from_dict({})
+    part = plan_parts([str(path)], cfg.read.part_bytes)[0]
+    was = gc.isenabled()
+    try:
+        gc.enable()
+        monkeypatch.setattr(blocks, "parse_block", spy)
+        assert sum(len(r) for r, _, _ in parsed_blocks(part, InputFile(str(path)), cfg, None)) == 2
+        assert seen == [False] and gc.isenabled()
+        with pytest.raises(ZeroDivisionError), collection_paused():
+            assert not gc.isenabled()
+            1 / 0  # noqa: B018
+        assert gc.isenabled()
+        gc.disable()
+        with collection_paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled()
+    finally:
+        (gc.enable if was else gc.disable)()

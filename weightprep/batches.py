@@ -103,7 +103,9 @@ class ChatTokens(NamedTuple):
     as per-turn documents (``chat.history``) holds several documents, one after the other: ``offsets`` between
     them (None: one document); ``training``: how many of its weighted turns TRL's training template rendered
     (the template itself could not); ``sanitized``: how many control tokens of its strings were encoded as text
-    (``--sanitize-control-tokens``)."""
+    (``--sanitize-control-tokens``); ``straddling``: how many of its tokens hold the end of a span of one weight
+    and the start of a heavier one (a generation prompt's end and its answer's start) and so took the heavier
+    weight."""
 
     ids: np.ndarray  # int32[N]
     weights: np.ndarray  # float32[N]
@@ -112,6 +114,7 @@ class ChatTokens(NamedTuple):
     offsets: np.ndarray | None = None  # int64[D + 1], the documents of per-turn history
     training: int = 0
     sanitized: int = 0
+    straddling: int = 0
 
     @property
     def canonical(self) -> str:

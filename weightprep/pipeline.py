@@ -216,7 +216,10 @@ def _build(
             manifest["sources"] = manifest_sources(sources, by_source, results, merged.counts)
         if counts["chat_documents"] or any(reason in CHAT_REASONS for reason in counts["rejected"]):
             turns = counts["chat_training_template_turns"]
-            manifest["chat"] = manifest_chat(transformers_tokenizer(tok), cfg.chat.template, cfg.chat.history, turns)
+            manifest["chat"] = manifest_chat(
+                transformers_tokenizer(tok), cfg.chat.template, cfg.chat.history, turns,
+                counts["chat_history_conversations"],
+            )  # fmt: skip
         with step(f"publishing {out}"):
             return output.publish(
                 merged.shards, manifest, seq_len=seq_len, packed=packed, turns=merged.turns, discard=job.work_dir

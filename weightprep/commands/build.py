@@ -70,14 +70,20 @@ def format_summary(manifest: dict[str, Any], out: str, *, built: bool = True) ->
             if (n := c.get("chat_history_conversations")) else []
         ),  # fmt: skip
         *(
-            [f"  chat: per-turn documents repeat their context: {extra:,} extra tokens for {c['tokens']:,}; "
-             "--chat-template training renders each conversation once where TRL has a training template"]
+            [f"  warning: per-turn documents repeat their context: {extra:,} extra tokens for {c['tokens']:,}; "
+             + _training_alternative(manifest.get("chat") or {})]
             if (extra := c.get("chat_history_extra_tokens", 0)) and extra >= c.get("tokens", 0) // 2 else []
         ),
         *(
             [f"  warning: {n:,} control token(s) in the records were encoded as text (--sanitize-control-tokens): "
              "the model sees text pieces where inference sees one token"]
             if (n := c.get("chat_sanitized_control_tokens")) else []
+        ),  # fmt: skip
+        *(
+            [f"  warning: {n:,} token(s) hold the end of a generation prompt (or another span of lower weight) and "
+             "the start of an answer, and carry the answer's weight, as transformers' assistant_masks marks them "
+             "(manifest counts.chat_straddling_tokens)"]
+            if (n := c.get("chat_straddling_tokens")) else []
         ),  # fmt: skip
         *(
             f"  {name}: {sc['records']:,} records, {sc['documents_written']:,} documents, {sc['rows']:,} rows, "
@@ -90,6 +96,18 @@ def format_summary(manifest: dict[str, Any], out: str, *, built: bool = True) ->
         f"tokenized by {manifest['tokenizer'].get('backend', 'hf')})",
     ]
     return "\n".join(lines)
+
+
+def _training_alternative(chat: dict[str, Any]) -> str:
+    """What renders each conversation once instead of per-turn documents (the manifest's ``training_alternative``;
+    a manifest without it names the flag in general)."""
+    if "training_alternative" not in chat:
+        return "--chat-template training renders each conversation once where TRL has a training template"
+    source = chat["training_alternative"]
+    if source is None:
+        return ("no training template renders them once: TRL has none for this chat template, or is not installed "
+                "(pip install 'weightprep[train]')")  # fmt: skip
+    return f"--chat-template training renders each conversation once ({source.removeprefix('training: ')})"
 
 
 def _sources(inputs: tuple[str, ...], specs: tuple[str, ...], pipeline_file: str | None) -> list[Source] | None:

@@ -28,8 +28,11 @@ fail loudly:
 5. ``S`` is tokenized once (``add_special_tokens=False``: the template owns BOS/EOS) by the build's tokenizer
    (fastokens where it runs, guarded as for pieces); each token's characters come from its bytes
    (``stages/spans.py``), or from tokenizers' offsets where the tokens do not spell the text byte for byte. Each
-   token takes the weight of its characters. A token across a weight change is ``token_straddle``; offsets that go
-   backwards or leave weighted characters uncovered are ``bad_offsets``; two leading BOS are ``double_bos``.
+   token takes the weight of its characters; a token across a change of weight (a ``\n\n`` holding the end of
+   Qwen3.5's ``<think>\n`` prompt and the start of an answer's ``\n</think>``) takes the largest, as transformers'
+   ``assistant_masks`` marks every token holding a character of a generation block (counted:
+   ``ChatTokens.straddling``). Offsets that go backwards or leave weighted characters uncovered are
+   ``bad_offsets``; two leading BOS are ``double_bos``.
 6. Control tokens (``chat_control``): the turn tokens, what the template writes at a turn's boundary in probe
    renders, in a string of the record are ``control_token_in_content``, or with ``sanitize_control_tokens`` are
    encoded as text as ``apply_chat_template(..., sanitize_control_tokens=True)`` encodes them (counted:
@@ -47,7 +50,8 @@ in rejects.jsonl.
 
 History (``chat.history``: ``full``, ``per-turn``, ``auto``): which documents a conversation becomes, in
 ``chat_history``. The modules of this stage, by step: ``chat_common`` (reasons, ``ChatError``), this one (steps
-1-5: rendering, character weights, tokenizing, alignment), ``chat_prefixes`` (prefixes cut from one render),
+1-5: rendering, character weights, tokenizing), ``chat_align`` (step 5's weights on tokens, a block's documents at
+once), ``chat_prefixes`` (prefixes cut from one render),
 ``chat_spans`` (step 3 where the renders part), ``chat_control`` (step 6), ``chat_history`` (history modes),
 ``chat_templates`` (which template: the tokenizer's, a file, TRL's training one).
 
@@ -72,6 +76,7 @@ import numpy as np
 from weightprep.batches import Chat, ChatTokens, Records, Reject, turn_code
 from weightprep.errors import UsageError
 from weightprep.stages import chat_prefixes
+from weightprep.stages.chat_align import align_tokens
 from weightprep.stages.chat_common import CHAT_REASONS, ChatError, diverge, snippet, template_messages
 from weightprep.stages.chat_control import (
     PROBE_TOOLS,
@@ -106,6 +111,8 @@ RESERVED_KWARGS = (
 #: (transformers' ``_CONTROL_TOKEN_START`` / ``_CONTROL_TOKEN_END``), and so does ``prepare`` with ``sanitize``.
 _MARKS = re.compile("[\U000f0000\U000f0001]")
 _GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%\}")
+#: characters per run of documents that ``_align_exact`` aligns in one call
+_ALIGN_CHARS = 1 << 16
 _PROBES = ("\ue000weightprep-probe-a\ue000", "\ue001weightprep-probe-b\ue001")
 
 
@@ -318,6 +325,7 @@ class ChatRenderer(HistoryModes):
         self._spans: TokenSpans | None = None
         self._template: _Template | None = None
         self._bos = getattr(tokenizer, "bos_token_id", None)
+        self._eos = getattr(tokenizer, "eos_token", None)
         self._empty_renders: dict[tuple[str, str], str] = {}
         self._eos_trailer: bool | None = None  # ``_trails_eos``, read once
         self._opener: str | None = None  # ``_trailer``, read once
@@ -495,6 +503,7 @@ class ChatRenderer(HistoryModes):
                 weights[a:b] = self._scaled_weight(i, chat.messages[i])
         claimed = np.zeros(len(tagged_spans), dtype=bool)
         prefixes: dict[int, str] = {len(messages): self._cut(text)}
+        eos = self._eos  # (the tokenizer's attributes are slow to read: once per renderer)
 
         def prefix(k: int) -> str:
             """``P_k``, checked to be a prefix of ``S`` (only the turns that carry weight are rendered)."""
@@ -503,7 +512,6 @@ class ChatRenderer(HistoryModes):
                     prefixes[0] = self._empty(chat, prepared, text)
                     return prefixes[0]
                 here = self._cut(self.render(prepared, k)[0])
-                eos = self.tok.eos_token
                 if not text.startswith(here) and self._trails_eos() and text.startswith(here[: -len(eos)]):
                     here = here[: -len(eos)]  # the EOS written after the last message only: turns end before it
                 if not text.startswith(here):
@@ -746,20 +754,55 @@ class ChatRenderer(HistoryModes):
             doc = docs[d][1]
             tokenized[d] = (doc.text, doc.weights, doc.turns, *found)
         out: list[ChatTokens | ChatError] = list(rendered)  # type: ignore[arg-type]
+        batch = self._align_exact({d: tokenized[d] for d, (c, _) in enumerate(docs) if d in tokenized and tokenized[d][-1]
+                                   and not isinstance(out[c], ChatError)})  # fmt: skip
         aligned: dict[int, list[ChatTokens]] = {}
         for d, (c, doc) in enumerate(docs):
             if isinstance(out[c], ChatError):
                 continue
             *args, exact = tokenized[d]
             try:
-                aligned.setdefault(c, []).append(self.align(doc.chat, *args, exact=exact))
+                done = batch.get(d)  # (``joined`` names the conversation as the source of its documents)
+                aligned.setdefault(c, []).append(done if done is not None else self.align(doc.chat, *args, exact=exact))
             except ChatError as exc:
                 out[c] = exc
         for c, parts in aligned.items():
             if not isinstance(out[c], ChatError):
                 documents, per_turn = rendered[c]  # type: ignore[misc]
-                out[c] = joined(chats[c], parts, per_turn, sum(d.training for d in documents)
-                                 )._replace(sanitized=sanitized.get(c, 0))
+                out[c] = joined(chats[c], parts, per_turn, sum(d.training for d in documents), sanitized.get(c, 0))
+        return out
+
+    def _align_exact(self, tokenized: dict[int, tuple]) -> dict[int, ChatTokens]:
+        """Step 5 for the documents whose spans come from their ids' bytes (``tokenized[d]``: text, character
+        weights and turns, ids, starts, ends, True), ``align_tokens`` over runs of documents of about
+        ``_ALIGN_CHARS`` characters (arrays that stay in the cache, as ``TokenSpans.spans`` keeps its own): each
+        document's tokens, without its source (the caller's). A document found wrong is left out: ``align`` says
+        why."""
+        items = list(tokenized.items())
+        lengths = np.fromiter((len(t[0]) for _, t in items), dtype=np.int64, count=len(items))
+        ends = np.cumsum(lengths)
+        none = Chat([], None, None, b"")
+        out: dict[int, ChatTokens] = {}
+        a = 0
+        while a < len(items):
+            b = max(a + 1, int(np.searchsorted(ends, ends[a] - lengths[a] + _ALIGN_CHARS, side="right")))
+            run = items[a:b]
+            char_base = np.zeros(len(run) + 1, dtype=np.int64)
+            np.cumsum(lengths[a:b], out=char_base[1:])
+            tok_base = np.zeros(len(run) + 1, dtype=np.int64)
+            np.cumsum([len(t[3]) for _, t in run], out=tok_base[1:])
+            ids = np.concatenate([np.asarray(t[3], dtype=np.int32) for _, t in run])
+            found = align_tokens(
+                char_base, np.concatenate([t[1] for _, t in run]), np.concatenate([t[2] for _, t in run]), tok_base,
+                ids, np.concatenate([t[4] for _, t in run]), np.concatenate([t[5] for _, t in run]), self._bos,
+            )  # fmt: skip
+            cuts = tok_base.tolist()
+            for k, ((d, _), wrong) in enumerate(zip(run, found.bad().tolist(), strict=True)):
+                if not wrong:
+                    out[d] = ChatTokens(ids[cuts[k] : cuts[k + 1]], found.weights[cuts[k] : cuts[k + 1]], none,
+                                        found.turns[cuts[k] : cuts[k + 1]],
+                                        straddling=int(found.straddling[k]))  # fmt: skip
+            a = b
         return out
 
     def _sanitized(
@@ -868,43 +911,17 @@ class ChatRenderer(HistoryModes):
         ends: np.ndarray, *, exact: bool = False,
     ) -> ChatTokens:  # fmt: skip
         """Step 5: the weights (and turn codes) of the characters put on the tokens ``ids`` of ``text``, whose
-        characters are ``[starts[t], ends[t])``; a token takes the turn of its first character."""
+        characters are ``[starts[t], ends[t])``: a token takes the largest weight of its characters and the turn
+        of the first character of that weight (``chat_align``)."""
         ids = np.asarray(ids, dtype=np.int32)
         if not exact:  # tokenizers' offsets; spans from the ids' bytes are in order and cover the text by construction
             self._check_offsets(text, char_w, ids, starts, ends)
-        changes = np.flatnonzero(np.diff(char_w)) + 1  # first character of each new weight
-        if len(changes) and len(ids):
-            # the first token that ends after the change: starts and ends go forwards (checked above, or by
-            # construction), so of the tokens that reach past the change it starts first, and some token straddles
-            # the change iff it does. Not the last token that starts at or before the change: "A" merged with the
-            # first bytes of "東" starts before it, and the token of the other bytes of "東" starts at it.
-            k = np.minimum(np.searchsorted(ends, changes, side="right"), len(ids) - 1)
-            inside = (starts[k] < changes) & (ends[k] > changes)
-            if inside.any():
-                c = int(changes[np.argmax(inside)])
-                t = int(k[np.argmax(inside)])
-                raise ChatError(
-                    self._message_at(chat, c),
-                    f"token {int(ids[t])} ({text[starts[t]:ends[t]]!r}, characters {starts[t]}-{ends[t]}) crosses a "
-                    f"change of weight at character {c}; the weights cannot be put on tokens exactly",
-                    "token_straddle",
-                )
-        if self._bos is not None and len(ids) > 1 and ids[0] == self._bos and ids[1] == self._bos:
+        found = align_tokens(
+            np.array([0, len(text)]), char_w, char_turns, np.array([0, len(ids)]), ids, starts, ends, self._bos
+        )  # fmt: skip
+        if found.double_bos[0]:
             raise ChatError("messages", "the rendered conversation starts with two BOS tokens", "double_bos")
-        safe = np.minimum(starts, max(len(text) - 1, 0))
-        token_w = char_w[safe] if len(text) else np.zeros(len(ids), dtype=np.float32)
-        token_w = np.where(ends > starts, token_w, 0).astype(np.float32)
-        token_turns = char_turns[safe] if len(text) else np.zeros(len(ids), dtype=np.int32)
-        return ChatTokens(ids, token_w, chat._replace(raw=b""), token_turns.astype(np.int32))
-
-    def _message_at(self, chat: Chat, char: int) -> str:
-        """The field of the message whose characters hold ``char`` (for error messages)."""
-        messages = template_messages(chat)
-        prepared = self.prepare(chat, messages)
-        for i in range(len(messages)):
-            if len(_MARKS.sub("", self.render(prepared, i + 1)[0])) > char:  # ``char`` is in the text without marks
-                return f"messages[{i}]"
-        return "messages"
+        return ChatTokens(ids, found.weights, chat._replace(raw=b""), found.turns, straddling=int(found.straddling[0]))
 
 
 def render_chats(records: Records, render: ChatRenderer, rejects: list[Reject]) -> Records:

@@ -17,7 +17,6 @@ CHAT_REASONS = (
     "generation_prompt_mismatch",
     "generation_tag_mismatch",
     "control_token_in_content",
-    "token_straddle",
     "bad_offsets",
     "double_bos",
     "reserved_template_kwarg",

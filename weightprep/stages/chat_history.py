@@ -46,16 +46,20 @@ class Document(NamedTuple):
     training: int = 0
 
 
-def joined(chat: Chat, parts: list[ChatTokens], per_turn: bool, training: int) -> ChatTokens:
-    """A conversation's documents as one ``ChatTokens`` (``offsets`` between them for per-turn documents)."""
+def joined(chat: Chat, parts: list[ChatTokens], per_turn: bool, training: int, sanitized: int = 0) -> ChatTokens:
+    """A conversation's documents as one ``ChatTokens`` (``offsets`` between them for per-turn documents), its
+    source ``chat`` (whatever the parts name)."""
     source = chat._replace(raw=b"")
     if not per_turn:
-        return parts[0]._replace(source=source, training=training)
+        part = parts[0]
+        return ChatTokens(
+            part.ids, part.weights, source, part.turns, None, training, sanitized, part.straddling
+        )
     offsets = np.zeros(len(parts) + 1, dtype=np.int64)
     np.cumsum([len(p.ids) for p in parts], out=offsets[1:])
     return ChatTokens(
         np.concatenate([p.ids for p in parts]), np.concatenate([p.weights for p in parts]), source,
-        np.concatenate([p.turns for p in parts]), offsets, training,
+        np.concatenate([p.turns for p in parts]), offsets, training, sanitized, sum(p.straddling for p in parts),
     )  # fmt: skip
 
 

@@ -129,11 +129,15 @@ def template_sha256(text: str | None) -> str | None:
     return None if text is None else hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def manifest_chat(tok: Any, setting: str | None, history: str, training_turns: int) -> dict[str, Any]:
+def manifest_chat(
+    tok: Any, setting: str | None, history: str, training_turns: int, per_turn: int = 0
+) -> dict[str, Any]:
     """The manifest's ``chat`` block: the template that rendered the documents (SHA-256 and origin), the
-    history mode, the template of per-turn documents' context (the original under ``training``), and the
+    history mode, the template of per-turn documents' context (the original under ``training``), the
     training template that rendered the turns the template itself cannot (``training_turns`` documents; null
-    when none)."""
+    when none) and, where ``per_turn`` conversations were built as per-turn documents with the template itself,
+    ``training_alternative``: the training template ``--chat-template training`` would render each of them
+    with once (null: TRL has none for it, or is not installed)."""
     chosen = resolve_templates(tok, setting)
     block: dict[str, Any] = {
         "template_source": chosen.source,
@@ -147,4 +151,12 @@ def manifest_chat(tok: Any, setting: str | None, history: str, training_turns: i
         found = training_template(tok, chosen.template)
         if found is not None:
             block.update(turn_template_source=_trl_source(found), turn_template_sha256=template_sha256(found))
+    if per_turn and not chosen.training and chosen.template:
+        try:
+            found = training_template(tok, chosen.template)
+        except TrlMissing:
+            found = None
+        block["training_alternative"] = None if found is None else (
+            "training: the template itself, as TRL trains on it" if found == chosen.template else _trl_source(found)
+        )  # fmt: skip
     return block

@@ -320,9 +320,13 @@ def _sharegpt(obj: dict, key: str) -> dict | Invalid:
 
 def _needs_work(m: Any) -> bool:
     return isinstance(m, dict) and (
-        isinstance(m.get("content"), list) or any(k != "weight" and _weight_key(k) for k in m)
+        isinstance(m.get("content"), list) or any(_weight_key(k) for k in m.keys() - _PLAIN_KEYS)
         or m.get("weight", 0) is None
     )  # fmt: skip
+
+
+#: a message's keys that are not weight-like, or the canonical weight itself (``_needs_work`` asks about the others)
+_PLAIN_KEYS = frozenset({"role", "content", "weight"})
 
 
 def _weight_key(key: Any) -> bool:

@@ -103,7 +103,7 @@ class TokenSpans:
         Worked out over runs of documents of about ``_CHUNK_TOKENS`` tokens: the arrays of a whole block (millions
         of tokens, one int64 per byte for the spelling check) are fresh pages at every call, and faulting them in
         cost more than the arithmetic (10 s of system time for 20,000 conversations)."""
-        ids = np.asarray(ids, dtype=np.int64)
+        ids = np.asarray(ids)  # widened run by run (``_run``): a block's ids as int64 would be fresh pages again
         offsets = np.asarray(offsets, dtype=np.int64)
         found: list[tuple[np.ndarray, np.ndarray] | None] = []
         d = 0
@@ -117,6 +117,7 @@ class TokenSpans:
 
     def _run(self, texts: list[str], ids: np.ndarray, offsets: np.ndarray) -> list[tuple[np.ndarray, np.ndarray] | None]:
         """``spans`` of documents whose tokens are all of ``ids`` (``offsets`` from 0)."""
+        ids = ids.astype(np.int64, copy=False)
         encoded = [t.encode("utf-8") for t in texts]
         known = (ids >= 0) & (ids < len(self._lengths))
         lengths = np.full(len(ids), -1, dtype=np.int64)  # -1: an id with no bytes (unknown, or none in the vocabulary)

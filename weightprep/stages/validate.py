@@ -101,6 +101,9 @@ def _object(pairs: list[tuple[str, Any]]) -> _Object:
     return obj
 
 
+_DECODER = json.JSONDecoder(object_pairs_hook=_object)
+
+
 def _kind(value: Any) -> str:
     names = {dict: "object", _Object: "object", list: "list", str: "string", bool: "boolean", type(None): "null"}
     kind = names.get(type(value), "number" if isinstance(value, (int, float)) else type(value).__name__)
@@ -113,8 +116,8 @@ def _kind(value: Any) -> str:
 
 
 def _duplicated(obj: Any, keys: tuple[str, ...]) -> str | None:
-    dups = getattr(obj, "duplicates", ())
-    return next((k for k in keys if k in dups), None)
+    dups = getattr(obj, "duplicates", None)
+    return next((k for k in keys if k in dups), None) if dups else None
 
 
 def _weight_problem(where: str, w: Any) -> Invalid | None:
@@ -344,7 +347,8 @@ def check_line(
         # invalid bytes become lone surrogates: rejected if they land in a text, ignored in metadata
         text = raw.decode("utf-8", "surrogateescape")
     try:
-        obj = json.loads(text, object_pairs_hook=_object)
+        # one decoder for every line (``json.loads`` makes one per call); a leading BOM refused as json.loads does
+        obj = _DECODER.decode(text) if not text.startswith("\ufeff") else json.loads(text, object_pairs_hook=_object)
     except json.JSONDecodeError as exc:
         where = f"column {exc.colno}" if exc.msg.endswith(" at") else f"at column {exc.colno}"  # "starting at"
         return None, Invalid("<json>", f"malformed JSON: {exc.msg} {where}", "malformed_json")
