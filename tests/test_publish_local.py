@@ -330,3 +330,7 @@ def test_a_shard_set_caps_each_shard_at_its_rows_and_closes_each_before_the_next
         assert table.num_rows == rows and table.schema.equals(schema)
         seen += [ids[0] for ids in table.column("input_ids").to_pylist()]
     assert seen == list(range(8))
+    aborted = _ShardSet(tmp_path / "aborted", schema, rows_per_shard=3)
+    aborted.write(batch(0, 4))
+    aborted.abort()  # a failed part: its open shard's file is closed too
+    assert len(os.listdir("/proc/self/fd")) == fds

@@ -360,6 +360,8 @@ EQUIVALENT: dict[str, str] = {
     "storage.py:find:boolop:return {_url(fs, name, url): int(info.get('size') or 0) for name, info in sorted(found.items())}": "every filesystem's listing gives a file its size: the fallback for a missing one is never used",
     "storage.py:find:int+1:return {_url(fs, name, url): int(info.get('size') or 0) for name, info in sorted(found.items())}": "every filesystem's listing gives a file its size: the fallback for a missing one is never used",
     "stages/write.py:_ShardSet._open_next:int+1:self._shards.append((path, 0))": "every opened shard is closed (by the next _open_next or by close), which sets its rows",
+    "stages/write.py:_ShardSet.empty_shard:int-1:return self._shards[-1][0]": "called only on a new set (the module's empty_shard): its one shard is the first and the last",
+    "stages/write.py:_ShardSet.abort:drop:self._writer.close()": "an aborted shard is thrown away: closing its file alone releases it (what the writer would add is never read)",
     "stages/write.py:_ShardSet.__init__:int+1:self._rows_in_shard = 0": "read only once a shard is open, and _open_next sets it to 0 first",
     "stages/write.py:_ShardSet.__init__:bool:directory.mkdir(parents=True, exist_ok=True)": "a shard set's directory is a part's temporary directory, made before its writer, or a split directory inside it",
     "storage.py:arrow_filesystem:int+1:return pa.PythonFile(_RangeFile(_url(fs, p, url), chunk=1 << 62, located=(fs, p)), mode='r')": _UNBOUNDED,
