@@ -11,12 +11,14 @@ import pyarrow as pa
 import pytest
 from conftest import SAMPLE_RAW, PartInterrupter
 
+from weightprep.batches import Rows, turn_code
 from weightprep.config import config_from_dict
+from weightprep.constants import TURNS_NAME
 from weightprep.errors import UsageError
 from weightprep.manifest import read_manifest
 from weightprep.pipeline import build
 from weightprep.stages import publish
-from weightprep.stages.write import _ShardSet, arrow_schema
+from weightprep.stages.write import ShardWriter, _ShardSet, arrow_schema
 
 LINES = SAMPLE_RAW.read_bytes().splitlines(keepends=True)
 OLD = b"".join(LINES[:40])
@@ -333,4 +335,24 @@ def test_a_shard_set_caps_each_shard_at_its_rows_and_closes_each_before_the_next
     aborted = _ShardSet(tmp_path / "aborted", schema, rows_per_shard=3)
     aborted.write(batch(0, 4))
     aborted.abort()  # a failed part: its open shard's file is closed too
+    assert len(os.listdir("/proc/self/fd")) == fds
+
+
+def test_an_aborted_writer_closes_its_shards_and_its_turns_files(tmp_path):
+    """A part that fails aborts its writer: every split's open shard and turns file is closed (nothing held open
+    while the part's directory is removed or kept for --resume)."""
+    roles: list[str] = []
+    n, length = 3, 4
+    code = turn_code(roles, "assistant", 0)
+    ids = np.arange(n * length, dtype=np.int32).reshape(n, length)
+    rows = Rows(ids, ids.copy(), np.ones((n, length), np.float32), np.tile(np.arange(length, dtype=np.int32), (n, 1)),
+                [np.array([length], np.int32)] * n, np.full(n, length), np.ones(n, np.int64),
+                turns=np.full((n, length), code, np.int32))  # fmt: skip
+    fds = len(os.listdir("/proc/self/fd"))
+    writer = ShardWriter(tmp_path, length, packed=True, max_shard_bytes=1 << 20, splits=("train", "validation"),
+                         turn_roles=roles)  # fmt: skip
+    writer.write(rows, "train")
+    writer.write(rows, "validation")
+    assert (tmp_path / "train" / TURNS_NAME).exists() and len(os.listdir("/proc/self/fd")) == fds + 4
+    writer.abort()
     assert len(os.listdir("/proc/self/fd")) == fds
