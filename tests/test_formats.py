@@ -98,6 +98,7 @@ def test_conversational_prompt_completion_equals_messages(tmp_path):
         ('{"messages": [{"role": "user", "content": "a"}], "tools": [], "chat_template_kwargs": {"k": "t\\udfff"}}',
          "chat_template_kwargs.k", "invalid_utf8"),
         ('{"prompt": "a", "prompt": "b", "completion": "c"}', "prompt", "duplicate_key"),
+        ('{"text": "a", "text": "b"}', "text", "duplicate_key"),
         ('{"prompt": "a\\udfff", "completion": "b"}', "prompt", "invalid_utf8"),
         ('{"prompt": "a", "completion": "b\\udfff"}', "completion", "invalid_utf8"),
     ],
@@ -111,6 +112,13 @@ def test_ambiguous_and_bad_records_are_rejected_by_both_paths(tmp_path, line, fi
     with pytest.raises(InputError) as err:
         parse_block(block)
     assert (err.value.line, err.value.field, err.value.reason) == (2, field, reason)
+
+
+def test_a_pair_of_a_text_and_a_conversation_is_named_as_such():
+    _, problem = check_line(b'{"prompt": "p", "completion": [{"role": "assistant", "content": "c"}]}')
+    assert problem.field == "completion" and problem.problem == (
+        "prompt and completion must both be strings or both message lists; found string 'p' and list"
+    )
 
 
 def test_a_missing_half_of_a_pair_names_the_half_that_is_there():
