@@ -99,6 +99,8 @@ def test_conversational_prompt_completion_equals_messages(tmp_path):
          "chat_template_kwargs.k", "invalid_utf8"),
         ('{"prompt": "a", "prompt": "b", "completion": "c"}', "prompt", "duplicate_key"),
         ('{"text": "a", "text": "b"}', "text", "duplicate_key"),
+        # another tool's shape refused while it is converted (stages/shapes.py)
+        ('{"conversations": [{"from": "martian", "value": "x"}]}', "conversations[0].from", "wrong_type"),
         ('{"prompt": "a\\udfff", "completion": "b"}', "prompt", "invalid_utf8"),
         ('{"prompt": "a", "completion": "b\\udfff"}', "completion", "invalid_utf8"),
     ],

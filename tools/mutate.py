@@ -122,6 +122,7 @@ _NOT_ALIVE = "callers read it as `not _alive(...)`: None says dead as False does
 _LOADABLE_NAMES = ("only loadable files' names reach it, each '/'-free or one split deep: the same order within a split "
                    "(dataset_info.json before state.json, also alphabetically), top-level files after every split's")
 _UNBOUNDED = "an Arrow file's reads are unbounded by chunk: 2**61, 2**62 or 2**63 bytes all exceed any read pyarrow asks for"
+_DEEP_BLOCK = "_check_deep keeps only the one record's texts and weights: the stand-in block's line and offset name nothing it returns"
 _LAST_PART = "the last part of a '/'-split is the same however many splits are allowed"
 
 #: mutant id (``--list`` prints them) -> why no test can tell it from the original (an equivalent mutant)
@@ -359,6 +360,10 @@ EQUIVALENT: dict[str, str] = {
     'storage.py:download_tree:drop:target.parent.mkdir(parents=True, exist_ok=True)': "fsspec's get_file makes the local parent directories itself",
     "storage.py:find:boolop:return {_url(fs, name, url): int(info.get('size') or 0) for name, info in sorted(found.items())}": "every filesystem's listing gives a file its size: the fallback for a missing one is never used",
     "storage.py:find:int+1:return {_url(fs, name, url): int(info.get('size') or 0) for name, info in sorted(found.items())}": "every filesystem's listing gives a file its size: the fallback for a missing one is never used",
+    "stages/validate.py:_check_deep:int+1:records = _parse_fast(Block('<line>', 1, 1, raw + b'\\n'))": _DEEP_BLOCK,
+    "stages/validate.py:_check_deep:int-1:records = _parse_fast(Block('<line>', 1, 1, raw + b'\\n'))": _DEEP_BLOCK,
+    "stages/validate.py:_check_deep:int+1:records = _parse_fast(Block('<line>', 1, 1, raw + b'\\n'))#1": _DEEP_BLOCK,
+    "stages/validate.py:_check_deep:int-1:records = _parse_fast(Block('<line>', 1, 1, raw + b'\\n'))#1": _DEEP_BLOCK,
     "stages/write.py:_ShardSet._open_next:int+1:self._shards.append((path, 0))": "every opened shard is closed (by the next _open_next or by close), which sets its rows",
     "stages/write.py:_ShardSet.empty_shard:int-1:return self._shards[-1][0]": "called only on a new set (the module's empty_shard): its one shard is the first and the last",
     "stages/write.py:_ShardSet.abort:drop:self._writer.close()": "an aborted shard is thrown away: closing its file alone releases it (what the writer would add is never read)",
