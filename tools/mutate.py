@@ -301,8 +301,6 @@ EQUIVALENT: dict[str, str] = {
         "'\u2581' included: (0, 1)), and after the newline dropped at least one past it: no end is below 1 there",
     "stages/chat.py:ChatRenderer._token_spans:bool:for (d, enc) in zip(missing, tokenize.encodings([texts[d] for d in missing]), strict=True):":
         "encodings gives one encoding per text: strict changes nothing on equal lengths",
-        "no change: the search runs on nothing and finds no straddler; changes but no token: some weighted character "
-        "is in no token, which _check_offsets refused (exact spans cover the text, so no token means no text)",
     'stages/chat.py:ChatRenderer._char_turns:int+1:for k in range(len(messages) + 1):':
         'a render of more messages than the conversation has is the whole conversation: the extra boundary is never read',
     'stages/chat.py:ChatRenderer._char_turns:compare0:if a is not None and b is not None and (b > a):#2':
