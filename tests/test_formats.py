@@ -160,3 +160,26 @@ def test_columnar_path_equals_the_exact_path(records):
     assert fast.piece_weights.tolist() == exact.piece_weights.tolist()
     assert fast.piece_offsets.tolist() == exact.piece_offsets.tolist()
     assert fast.lines.tolist() == exact.lines.tolist()
+
+
+_blank = st.sampled_from(["", " ", "\t", "\r", " \t\r", "   "])
+
+
+@settings(max_examples=100, deadline=None)
+@given(lines=st.lists(st.one_of(_blank, st.integers(0, 9)), min_size=1, max_size=12).filter(
+    lambda xs: any(isinstance(x, int) for x in xs)), first=st.integers(1, 10**6))  # fmt: skip
+def test_the_columnar_path_numbers_records_by_their_lines_past_blank_ones(lines, first):
+    """Blank lines (spaces, tabs, carriage returns) give no record: each record keeps its own line's number."""
+    text = "".join((f'{{"pieces": [{{"text": "r{x}", "weight": {x}}}]}}' if isinstance(x, int) else x) + "\n" for x in lines)
+    records = _parse_fast(Block("raw.jsonl", first, len(lines), text.encode()))
+    expected = [first + i for i, x in enumerate(lines) if isinstance(x, int)]
+    assert records is not None and records.lines.tolist() == expected
+    assert records.texts == [f"r{x}" for x in lines if isinstance(x, int)]
+
+
+def test_a_record_nested_too_deep_for_python_is_decided_by_the_columnar_parser():
+    deep = b"[" * 5000 + b"]" * 5000
+    assert check_line(b'{"pieces": [{"text": "a", "weight": 2}, {"text": "b", "weight": 0}], "meta": ' + deep + b"}") == (
+        [("a", 2.0), ("b", 0.0)], None)  # fmt: skip
+    _, problem = check_line(b'{"pieces": ' + deep + b"}")
+    assert (problem.field, problem.reason) == ("<json>", "too_deep")

@@ -123,6 +123,7 @@ _LOADABLE_NAMES = ("only loadable files' names reach it, each '/'-free or one sp
                    "(dataset_info.json before state.json, also alphabetically), top-level files after every split's")
 _UNBOUNDED = "an Arrow file's reads are unbounded by chunk: 2**61, 2**62 or 2**63 bytes all exceed any read pyarrow asks for"
 _DEEP_BLOCK = "_check_deep keeps only the one record's texts and weights: the stand-in block's line and offset name nothing it returns"
+_LINE_BASE = "a line that gives a row is a JSON object, two or more characters other than whitespace: moving a line's count by one character (its first, or the newline before it) keeps it above 0, and a blank line stays at or below 0"
 _LAST_PART = "the last part of a '/'-split is the same however many splits are allowed"
 
 #: mutant id (``--list`` prints them) -> why no test can tell it from the original (an equivalent mutant)
@@ -357,6 +358,11 @@ EQUIVALENT: dict[str, str] = {
     'storage.py:download_tree:drop:target.parent.mkdir(parents=True, exist_ok=True)': "fsspec's get_file makes the local parent directories itself",
     "storage.py:find:boolop:return {_url(fs, name, url): int(info.get('size') or 0) for name, info in sorted(found.items())}": "every filesystem's listing gives a file its size: the fallback for a missing one is never used",
     "storage.py:find:int+1:return {_url(fs, name, url): int(info.get('size') or 0) for name, info in sorted(found.items())}": "every filesystem's listing gives a file its size: the fallback for a missing one is never used",
+    "stages/validate.py:_nonblank_lines:int+1:solid = np.concatenate([[0], np.cumsum(~_SPACE[data], dtype=np.int64)])": _LINE_BASE,
+    "stages/validate.py:_nonblank_lines:int+1:starts = np.concatenate([[0], ends[:-1] + 1])": _LINE_BASE,
+    "stages/validate.py:_nonblank_lines:int+1:starts = np.concatenate([[0], ends[:-1] + 1])#2": _LINE_BASE,
+    "stages/validate.py:_nonblank_lines:int-1:starts = np.concatenate([[0], ends[:-1] + 1])#1": _LINE_BASE,
+    "stages/validate.py:_check_deep:bool:return (list(zip(records.texts, records.piece_weights.tolist(), strict=True)), None)": "a record's texts and weights are one per piece: strict changes nothing on equal lengths",
     "stages/validate.py:_check_deep:int+1:records = _parse_fast(Block('<line>', 1, 1, raw + b'\\n'))": _DEEP_BLOCK,
     "stages/validate.py:_check_deep:int-1:records = _parse_fast(Block('<line>', 1, 1, raw + b'\\n'))": _DEEP_BLOCK,
     "stages/validate.py:_check_deep:int+1:records = _parse_fast(Block('<line>', 1, 1, raw + b'\\n'))#1": _DEEP_BLOCK,
