@@ -454,6 +454,19 @@ def test_closing_a_range_read_closes_the_object_it_read(mem, monkeypatch):
     assert f.closed and closed == ["/closing/raw.jsonl"]
 
 
+def test_a_one_byte_range_reads_its_byte_and_an_empty_range_asks_the_store_nothing(mem, monkeypatch):
+    mem.pipe_file("/tiny/raw.jsonl", DATA)
+    opened: list[str] = []
+    real = MemoryFileSystem._open
+    monkeypatch.setattr(MemoryFileSystem, "_open", lambda self, path, *a, **kw: opened.append(path) or real(self, path, *a, **kw))
+    with storage.open_input("memory://tiny/raw.jsonl", 5, 6) as f:
+        assert f.read() == DATA[5:6] and f.read() == b""
+    assert opened == ["/tiny/raw.jsonl"]
+    with storage.open_input("memory://tiny/raw.jsonl", 7, 7) as f:
+        assert f.read() == b""
+    assert opened == ["/tiny/raw.jsonl"]
+
+
 def test_options_that_name_no_protocol_apply_to_every_protocol_dicts_included():
     storage.configure({"client_kwargs": {"region_name": "r1"}, "s3": {"anon": True}, "gs": {"token": "t"}})
     try:

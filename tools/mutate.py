@@ -363,6 +363,7 @@ EQUIVALENT: dict[str, str] = {
     "stages/validate.py:_nonblank_lines:int+1:starts = np.concatenate([[0], ends[:-1] + 1])#2": _LINE_BASE,
     "stages/validate.py:_nonblank_lines:int-1:starts = np.concatenate([[0], ends[:-1] + 1])#1": _LINE_BASE,
     "stages/validate.py:_check_deep:bool:return (list(zip(records.texts, records.piece_weights.tolist(), strict=True)), None)": "a record's texts and weights are one per piece: strict changes nothing on equal lengths",
+    "stages/validate.py:_nonblank_lines:int+1:keep = solid[ends] - solid[starts] > 0": _LINE_BASE,
     "stages/validate.py:_check_deep:int+1:records = _parse_fast(Block('<line>', 1, 1, raw + b'\\n'))": _DEEP_BLOCK,
     "stages/validate.py:_check_deep:int-1:records = _parse_fast(Block('<line>', 1, 1, raw + b'\\n'))": _DEEP_BLOCK,
     "stages/validate.py:_check_deep:int+1:records = _parse_fast(Block('<line>', 1, 1, raw + b'\\n'))#1": _DEEP_BLOCK,
