@@ -124,6 +124,7 @@ _LOADABLE_NAMES = ("only loadable files' names reach it, each '/'-free or one sp
 _UNBOUNDED = "an Arrow file's reads are unbounded by chunk: 2**61, 2**62 or 2**63 bytes all exceed any read pyarrow asks for"
 _DEEP_BLOCK = "_check_deep keeps only the one record's texts and weights: the stand-in block's line and offset name nothing it returns"
 _LINE_BASE = "a line that gives a row is a JSON object, two or more characters other than whitespace: moving a line's count by one character (its first, or the newline before it) keeps it above 0, and a blank line stays at or below 0"
+_ONE_BLOCK = "pyarrow's block size only decides whether a block is read as one: at least the block's length it is, and below it a record across blocks is refused, so the exact path gives the same records (slower)"
 _LAST_PART = "the last part of a '/'-split is the same however many splits are allowed"
 
 #: mutant id (``--list`` prints them) -> why no test can tell it from the original (an equivalent mutant)
@@ -364,6 +365,13 @@ EQUIVALENT: dict[str, str] = {
     "stages/validate.py:_nonblank_lines:int-1:starts = np.concatenate([[0], ends[:-1] + 1])#1": _LINE_BASE,
     "stages/validate.py:_check_deep:bool:return (list(zip(records.texts, records.piece_weights.tolist(), strict=True)), None)": "a record's texts and weights are one per piece: strict changes nothing on equal lengths",
     "stages/validate.py:_nonblank_lines:int+1:keep = solid[ends] - solid[starts] > 0": _LINE_BASE,
+    'stages/validate.py:_parse_fast:binop:table = pa_json.read_json(io.BytesIO(block.data), read_options=pa_json.ReadOptions(block_size=max...': _ONE_BLOCK,
+    'stages/validate.py:_parse_fast:int+1:table = pa_json.read_json(io.BytesIO(block.data), read_options=pa_json.ReadOptions(block_size=max...': _ONE_BLOCK,
+    'stages/validate.py:_parse_fast:int-1:table = pa_json.read_json(io.BytesIO(block.data), read_options=pa_json.ReadOptions(block_size=max...': _ONE_BLOCK,
+    'stages/validate.py:_parse_fast:int+1:table = pa_json.read_json(io.BytesIO(block.data), read_options=pa_json.ReadOptions(block_size=max...#1': _ONE_BLOCK,
+    'stages/validate.py:_parse_fast:int-1:table = pa_json.read_json(io.BytesIO(block.data), read_options=pa_json.ReadOptions(block_size=max...#1': _ONE_BLOCK,
+    'stages/validate.py:_parse_fast:int+1:table = pa_json.read_json(io.BytesIO(block.data), read_options=pa_json.ReadOptions(block_size=max...#2': _ONE_BLOCK,
+    'stages/validate.py:_parse_fast:int-1:table = pa_json.read_json(io.BytesIO(block.data), read_options=pa_json.ReadOptions(block_size=max...#2': _ONE_BLOCK,
     "stages/validate.py:_check_deep:int+1:records = _parse_fast(Block('<line>', 1, 1, raw + b'\\n'))": _DEEP_BLOCK,
     "stages/validate.py:_check_deep:int-1:records = _parse_fast(Block('<line>', 1, 1, raw + b'\\n'))": _DEEP_BLOCK,
     "stages/validate.py:_check_deep:int+1:records = _parse_fast(Block('<line>', 1, 1, raw + b'\\n'))#1": _DEEP_BLOCK,
