@@ -467,6 +467,71 @@ def test_a_one_byte_range_reads_its_byte_and_an_empty_range_asks_the_store_nothi
     assert opened == ["/tiny/raw.jsonl"]
 
 
+def test_a_range_read_is_a_seekable_file_of_the_range_alone(mem):
+    mem.pipe_file("/seek/raw.jsonl", DATA)
+    with storage.open_input("memory://seek/raw.jsonl", 100, 300) as f:
+        assert f.seekable() is True and f.tell() == 0
+        assert f.read(10) == DATA[100:110] and f.tell() == 10
+        assert f.seek(5, 1) == 15 and f.read(5) == DATA[115:120]
+        assert f.seek(-20, 2) == 180 and f.read() == DATA[280:300]
+        assert f.seek(3) == 3 and f.read(2) == DATA[103:105]
+        assert f.seek(-50) == 0  # not before the range's start
+
+
+class _NoSize(MemoryFileSystem):
+
+    @classmethod
+    def _strip_protocol(cls, path):
+        return "/" + path.removeprefix(f"{cls.protocol}://").lstrip("/")
+
+    """A filesystem whose files take no ``size`` (it looks the size up itself)."""
+
+    protocol = "nosize"
+
+    def _open(self, path, mode="rb", block_size=None, autocommit=True, cache_options=None, **kwargs):
+        if "size" in kwargs:
+            raise TypeError("_open() got an unexpected keyword argument 'size'")
+        return super()._open(path, mode, block_size, autocommit, cache_options, **kwargs)
+
+
+class _Buffered(MemoryFileSystem):
+
+    @classmethod
+    def _strip_protocol(cls, path):
+        return "/" + path.removeprefix(f"{cls.protocol}://").lstrip("/")
+
+    """A filesystem of fsspec's buffered files (as s3fs's and gcsfs's are), reading from the memory store."""
+
+    protocol = "buffered"
+
+    def _open(self, path, mode="rb", block_size=None, autocommit=True, cache_options=None, **kwargs):
+        from fsspec.spec import AbstractBufferedFile
+
+        store = self.store
+
+        class File(AbstractBufferedFile):
+            def _fetch_range(self, start, end):
+                return store[self.path].getvalue()[start:end]
+
+        return File(self, path, mode, size=kwargs.get("size"), cache_type=kwargs.get("cache_type", "none"))
+
+
+def test_a_range_read_opens_filesystems_without_size_and_gives_buffered_files_the_listing_s_details(mem):
+    mem.pipe_file("/opt/raw.jsonl", DATA)
+    fsspec.register_implementation("nosize", _NoSize, clobber=True)
+    with storage.open_input("nosize://opt/raw.jsonl", 10, 50) as f:
+        assert f.read() == DATA[10:50]
+    fsspec.register_implementation("buffered", _Buffered, clobber=True)
+    url = "buffered://opt/raw.jsonl"
+    listed = {"name": "/opt/raw.jsonl", "size": len(DATA), "type": "file", "ETag": '"v1"'}
+    with storage.session(known={url: listed}):
+        f = storage.open_input(url, 10, 50)
+        assert f.read() == DATA[10:50] and f._f.details == listed  # the ETag s3fs checks reads against
+    with storage.session():  # nothing listed: the file keeps the details it made itself
+        f = storage.open_input(url, 10, 50)
+        assert f.read() == DATA[10:50] and f._f.details["size"] == len(DATA) and "ETag" not in f._f.details
+
+
 def test_options_that_name_no_protocol_apply_to_every_protocol_dicts_included():
     storage.configure({"client_kwargs": {"region_name": "r1"}, "s3": {"anon": True}, "gs": {"token": "t"}})
     try:

@@ -415,7 +415,7 @@ class _RangeFile(io.RawIOBase):
             self._f = self._open()
         self._f.seek(self._pos)
         data = self._f.read(n)
-        if len(data) < n and self._pos + len(data) < self._end:
+        if len(data) < n:  # n never reaches past the range's end: fewer bytes is a read cut short
             raise EOFError(f"short read: {len(data)} of {n} bytes at {self._pos}")
         return data  # type: ignore[no-any-return]
 
