@@ -99,6 +99,12 @@ def test_conversational_prompt_completion_equals_messages(tmp_path):
          "chat_template_kwargs.k", "invalid_utf8"),
         ('{"prompt": "a", "prompt": "b", "completion": "c"}', "prompt", "duplicate_key"),
         ('{"text": "a", "text": "b"}', "text", "duplicate_key"),
+        # beside text records (the columnar path of mixed shapes): half a pair with a text, pieces that are no pieces
+        ('{"text": "a", "prompt": "b"}', "<record>", "ambiguous_shape"),
+        ('{"pieces": []}', "pieces", "empty_pieces"),
+        ('{"pieces": [null]}', "pieces[0]", "wrong_type"),
+        ('{"pieces": [{"text": null, "weight": 1}]}', "pieces[0].text", "wrong_type"),
+        ('{"pieces": [{"text": "a", "weight": null}]}', "pieces[0].weight", "wrong_type"),
         # another tool's shape refused while it is converted (stages/shapes.py)
         ('{"conversations": [{"from": "martian", "value": "x"}]}', "conversations[0].from", "wrong_type"),
         ('{"prompt": "a\\udfff", "completion": "b"}', "prompt", "invalid_utf8"),
