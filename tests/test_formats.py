@@ -189,3 +189,12 @@ def test_a_record_nested_too_deep_for_python_is_decided_by_the_columnar_parser()
         [("a", 2.0), ("b", 0.0)], None)  # fmt: skip
     _, problem = check_line(b'{"pieces": ' + deep + b"}")
     assert (problem.field, problem.reason) == ("<json>", "too_deep")
+
+
+def test_a_crlf_conversation_keeps_its_line_without_the_carriage_return():
+    """A conversation keeps its raw line (for its reject, should rendering refuse it) as the file has it, less
+    the line's end: ``\r\n`` and ``\n`` alike."""
+    line = b'{"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]}'
+    records, rejects = _parse_exact(Block("raw.jsonl", 1, 2, line + b"\r\n" + line + b"\n"))
+    assert rejects == [] and [c.raw for c in records.chats] == [line, line]
+    assert [c.offset for c in records.chats] == [0, len(line) + 2]
