@@ -198,3 +198,6 @@ def test_a_crlf_conversation_keeps_its_line_without_the_carriage_return():
     records, rejects = _parse_exact(Block("raw.jsonl", 1, 2, line + b"\r\n" + line + b"\n"))
     assert rejects == [] and [c.raw for c in records.chats] == [line, line]
     assert [c.offset for c in records.chats] == [0, len(line) + 2]
+    pieces = b'{"pieces": [{"text": "x", "weight": 1}]}'
+    records, _ = _parse_exact(Block("raw.jsonl", 1, 3, pieces + b"\n" + line + b"\n" + pieces + b"\n"))
+    assert records.lines.tolist() == [1, 2, 3] and [c is None for c in records.chats] == [True, False, True]
