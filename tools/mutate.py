@@ -374,6 +374,7 @@ EQUIVALENT: dict[str, str] = {
     'stages/validate.py:_parse_fast:int-1:table = pa_json.read_json(io.BytesIO(block.data), read_options=pa_json.ReadOptions(block_size=max...#2': _ONE_BLOCK,
     'stages/validate.py:_parse_fast:compare0:if len(offsets) > 1 and (np.diff(offsets) == 0).any():': "np.diff of one offset (no row) is empty: any() is False either way",
     'stages/validate.py:_parse_fast:int-1:if len(offsets) > 1 and (np.diff(offsets) == 0).any():': "np.diff of one offset (no row) is empty: any() is False either way",
+    'stages/validate.py:_parse_fast:augop:offsets -= first': "a list column read from JSON and combined starts its offsets at 0: first is 0",
     "stages/validate.py:_check_deep:int+1:records = _parse_fast(Block('<line>', 1, 1, raw + b'\\n'))": _DEEP_BLOCK,
     "stages/validate.py:_check_deep:int-1:records = _parse_fast(Block('<line>', 1, 1, raw + b'\\n'))": _DEEP_BLOCK,
     "stages/validate.py:_check_deep:int+1:records = _parse_fast(Block('<line>', 1, 1, raw + b'\\n'))#1": _DEEP_BLOCK,
