@@ -10,31 +10,16 @@ import json
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_json_array_scan import _reference
 
 from weightprep.distribute import plan_array
 from weightprep.distribute.plan_array import record_cuts, sequential_cuts
 
 
 def _separators(data: bytes) -> list[int]:
-    """Offsets of the ``,`` that separate the elements of the (valid) array ``data``: one byte at a time."""
-    out, depth, in_string, escape = [], 0, False, False
-    for i, byte in enumerate(data):
-        if in_string:
-            if escape:
-                escape = False
-            elif byte == ord("\\"):
-                escape = True
-            elif byte == ord('"'):
-                in_string = False
-        elif byte == ord('"'):
-            in_string = True
-        elif byte in b"[{":
-            depth += 1
-        elif byte in b"]}":
-            depth -= 1
-        elif byte == ord(",") and depth == 1:
-            out.append(i)
-    return out
+    """Offsets of the ``,`` that separate the elements of the (valid) array ``data``: the byte-by-byte reference's
+    separators less the closing ``]``."""
+    return _reference(data)[0][:-1]
 
 
 def _expected(data: bytes, targets: list[int]) -> list[int]:

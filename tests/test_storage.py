@@ -261,15 +261,19 @@ def test_an_output_in_a_store_is_refused_unless_overwrite(mem):
         build(["memory://in/raw.jsonl"], "memory://in/raw.jsonl", _cfg(), overwrite=True)
 
 
-class _Faulty(MemoryFileSystem):
-    """A memory filesystem under a protocol of its own whose opened files read through ``_read`` (a fault of the
-    subclass's choosing)."""
-
-    protocol = "faulty"
+class _Named(MemoryFileSystem):
+    """The memory store under a protocol of its own (``protocol``)."""
 
     @classmethod
     def _strip_protocol(cls, path):
         return "/" + path.removeprefix(f"{cls.protocol}://").lstrip("/")
+
+
+class _Faulty(_Named):
+    """A memory filesystem under a protocol of its own whose opened files read through ``_read`` (a fault of the
+    subclass's choosing)."""
+
+    protocol = "faulty"
 
     def _open(self, path, mode="rb", **kwargs):
         f = super()._open(path, mode, **kwargs)
@@ -478,12 +482,7 @@ def test_a_range_read_is_a_seekable_file_of_the_range_alone(mem):
         assert f.seek(-50) == 0  # not before the range's start
 
 
-class _NoSize(MemoryFileSystem):
-
-    @classmethod
-    def _strip_protocol(cls, path):
-        return "/" + path.removeprefix(f"{cls.protocol}://").lstrip("/")
-
+class _NoSize(_Named):
     """A filesystem whose files take no ``size`` (it looks the size up itself)."""
 
     protocol = "nosize"
@@ -494,12 +493,7 @@ class _NoSize(MemoryFileSystem):
         return super()._open(path, mode, block_size, autocommit, cache_options, **kwargs)
 
 
-class _Buffered(MemoryFileSystem):
-
-    @classmethod
-    def _strip_protocol(cls, path):
-        return "/" + path.removeprefix(f"{cls.protocol}://").lstrip("/")
-
+class _Buffered(_Named):
     """A filesystem of fsspec's buffered files (as s3fs's and gcsfs's are), reading from the memory store."""
 
     protocol = "buffered"
