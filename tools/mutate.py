@@ -57,6 +57,8 @@ MODULES: dict[str, list[str]] = {
     "stages/chat_spans.py": ["tests/test_chat_spans.py", "tests/test_chat_real_templates.py", "tests/test_chat_align.py"],
     "stages/chat_history.py": ["tests/test_chat_history.py", "tests/test_chat_fallbacks.py", "tests/test_chat.py"],
     "stages/chat_common.py": ["tests/test_chat.py", "tests/test_chat_align.py"],
+    # step 5 for a block of documents at once: the weight of a token, straddling ones included (issue 32)
+    "stages/chat_align.py": ["tests/test_chat_align.py", "tests/test_chat.py"],
     # lines and their bytes: the block cutter, the decompressor and each block's bytes behind it
     "stages/read.py": [
         "tests/test_read.py", "tests/test_decompress.py", "tests/test_hostile_fuzz.py", "tests/test_hostile_inputs.py",
