@@ -213,7 +213,9 @@ def test_sigint_prints_the_resume_command_and_a_rerun_keeps_the_parts(tmp_path):
     log = tmp_path / "build.log"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     with open(log, "w") as stderr:
-        proc = subprocess.Popen([sys.executable, "-c", _SLOW_BUILD, *args], stderr=stderr, stdout=subprocess.DEVNULL, env=env)
+        # as from a terminal: SIGINT not ignored (pytest-xdist's workers ignore it, and a child inherits that)
+        proc = subprocess.Popen([sys.executable, "-c", _SLOW_BUILD, *args], stderr=stderr, stdout=subprocess.DEVNULL,
+                                env=env, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and not list(tmp_path.glob(".shards.tmp-*/parts/00001/result.json")):
             time.sleep(0.05)
