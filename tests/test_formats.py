@@ -100,6 +100,7 @@ def test_conversational_prompt_completion_equals_messages(tmp_path):
         ('{"prompt": "a", "prompt": "b", "completion": "c"}', "prompt", "duplicate_key"),
         ('{"text": "a", "text": "b"}', "text", "duplicate_key"),
         ('{"messages": [{"role": "user", "content": "a"}], "tools": [], "tools": []}', "tools", "duplicate_key"),
+        ('{"messages": "hi"}', "messages", "wrong_type"),
         ('{"messages": [{"role": 5, "content": "a"}]}', "messages[0].role", "wrong_type"),
         ('{"messages": [{"role": "", "content": "a"}]}', "messages[0].role", "wrong_type"),
         # beside text records (the columnar path of mixed shapes): half a pair with a text, pieces that are no pieces
