@@ -15,7 +15,8 @@ subprocesses so each one's wall time and peak RSS are its own):
   ``trl.pack_dataset(..., strategy="bfd")``, ``save_to_disk``. No weights at all.
 
 Each prints one JSON line with ``seconds``: the time from the start of reading to the finished output,
-tokenizer loading included, interpreter start-up and imports excluded (the same for every tool).
+tokenizer loading included, interpreter start-up and imports excluded (weightprep: from its command's start,
+which imports the build while the tokenizer loads).
 
 Usage: python benchmarks/alternatives.py {weightprep,weightprep-hf,weightprep-ray,limit,limit-fastokens,seed,trl} INPUT TOKENIZER OUT SEQ_LEN
 """
@@ -26,6 +27,7 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
 
 __all__ = ["weightprep_build", "limit", "limit_fastokens", "seed_recipe", "trl_path"]
 
@@ -47,16 +49,23 @@ def _report(start: float, **extra) -> None:
 def weightprep_build(
     path: str, tokenizer: str, out: str, seq_len: int, backend: str = "auto", executor: str = "local"
 ) -> None:
-    """The build as ``weightprep build`` runs it; ``BENCH_PART_BYTES`` sets ``read.part_bytes``."""
-    from weightprep.config import config_from_dict
-    from weightprep.distribute.executors import make_executor
-    from weightprep.pipeline import build
+    """``weightprep build`` as a user runs it: its command line, in this process (its summary on stdout dropped);
+    ``BENCH_PART_BYTES`` sets ``--part-bytes``. Its ``seconds`` start where the command starts, so they include the
+    build's own imports, which the command overlaps with loading the tokenizer."""
+    import contextlib
+    import io
+
+    from weightprep.cli import main
+    from weightprep.constants import MANIFEST_NAME
 
     start = time.perf_counter()
-    read = {"part_bytes": int(os.environ["BENCH_PART_BYTES"])} if os.environ.get("BENCH_PART_BYTES") else {}
-    cfg = config_from_dict({"tokenizer": {"name": tokenizer, "backend": backend}, "pack": {"seq_len": seq_len}, "read": read})
-    manifest = build([path], out, cfg, overwrite=True, executor=make_executor(executor))
-    c = manifest["counts"]
+    args = ["build", path, "--tokenizer", tokenizer, "--tokenizer-backend", backend, "--seq-len", str(seq_len),
+            "--out", out, "--overwrite", "--executor", executor]  # fmt: skip
+    if os.environ.get("BENCH_PART_BYTES"):
+        args += ["--part-bytes", os.environ["BENCH_PART_BYTES"]]
+    with contextlib.redirect_stdout(io.StringIO()):
+        main(args, standalone_mode=False)
+    c = json.loads((Path(out) / MANIFEST_NAME).read_text())["counts"]
     _report(start, tokens=c["piece_tokens"], rows=c["rows"], fill=c["fill_ratio"])
 
 
@@ -155,7 +164,7 @@ def _preimport(name: str) -> None:
     if name == "trl":
         import trl  # noqa: F401
     if name.startswith("weightprep"):
-        import weightprep.pipeline  # noqa: F401
+        import weightprep.cli  # noqa: F401  (the command imports the build itself, as it runs for a user)
     if name == "weightprep-ray":
         import ray  # noqa: F401
     if name == "limit":

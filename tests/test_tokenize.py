@@ -277,7 +277,7 @@ def test_a_prefetched_fastokens_tokenizer_is_checked_like_any_other(tmp_path):
     decide: a prefetched file of another tokenizer is not used (fallback with a note, or an error when asked)."""
     from tokenizer_factory import SAMPLE_TOKENIZER_DIR
 
-    from weightprep.stages.tokenize import FastokensPrefetch
+    from weightprep.prefetch import FastokensPrefetch
 
     same = PieceTokenizer(sample_tokenizer(), backend="auto", prefetched=FastokensPrefetch(SAMPLE_TOKENIZER_DIR / "tokenizer.json"))
     assert same.backend == "fastokens" and same.note is None
@@ -289,3 +289,25 @@ def test_a_prefetched_fastokens_tokenizer_is_checked_like_any_other(tmp_path):
     missing = PieceTokenizer(sample_tokenizer(), backend="fastokens", prefetched=FastokensPrefetch(tmp_path / "nope.json"))
     with pytest.raises(UsageError, match="fastokens cannot load"):
         _ = missing.backend
+
+
+def test_an_early_load_is_taken_once_and_only_for_its_own_file(tmp_path):
+    """``prefetch.start`` (the command line, before the build's imports) and ``take`` (the build): one load per file,
+    handed over once, none for a file that does not exist; a path naming the same file by another route is the
+    same load."""
+    from tokenizer_factory import SAMPLE_TOKENIZER_DIR
+
+    from weightprep import prefetch
+
+    path = SAMPLE_TOKENIZER_DIR / "tokenizer.json"
+    link = tmp_path / "link"
+    link.symlink_to(SAMPLE_TOKENIZER_DIR)
+    prefetch.start(path)
+    prefetch.start(link / "tokenizer.json")  # the same file: no second load
+    assert len(prefetch._started) == 1
+    assert prefetch.take(tmp_path / "tokenizer.json") is None  # another file: not this load
+    taken = prefetch.take(link / "tokenizer.json")
+    assert taken is not None and prefetch.take(path) is None and not prefetch._started
+    assert PieceTokenizer(sample_tokenizer(), backend="auto", prefetched=taken).backend == "fastokens"
+    prefetch.start(tmp_path / "missing" / "tokenizer.json")
+    assert not prefetch._started

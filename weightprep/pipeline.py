@@ -35,6 +35,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
+from weightprep import prefetch as early
 from weightprep import storage
 from weightprep.accounting import check_accounting, final_counts
 from weightprep.config import BuildConfig, config_to_dict
@@ -53,7 +54,6 @@ from weightprep.stages.publish import interrupted_builds, open_output, prepare_o
 from weightprep.stages.read import check_inputs, expand_inputs
 from weightprep.stages.rejects import REJECTS_NAME
 from weightprep.stages.split import TRAIN, VALIDATION, cut_from_keys, fraction_cut
-from weightprep.stages.tokenize import FastokensPrefetch
 from weightprep.tokenizer import (
     TokenizerFiles,
     load_tokenizer,
@@ -141,10 +141,13 @@ def _build(
     )
     in_process = executor.in_process(len(parts))
     prefetch = None
-    if in_process and tokenizer is None and cfg.tokenizer.backend != "hf" and not cfg.tokenizer.trust_remote_code:
-        tok_dir = Path(tokenizer_location(cfg.tokenizer.name))
-        if (tok_dir / "tokenizer.json").is_file():  # fastokens loads while the tokenizer itself does
-            prefetch = FastokensPrefetch(tok_dir / "tokenizer.json")
+    if tokenizer is None:
+        tok_file = Path(tokenizer_location(cfg.tokenizer.name)) / "tokenizer.json"
+        started = early.take(tok_file)  # the command line's, begun before the build's imports
+        if in_process and cfg.tokenizer.backend != "hf" and not cfg.tokenizer.trust_remote_code:
+            if started is None and tok_file.is_file():  # fastokens loads while the tokenizer itself does
+                started = early.FastokensPrefetch(tok_file)
+            prefetch = started  # else the workers load their own, and a load begun here ends unused
     from weightprep import __version__  # its lookup (importlib.metadata) while fastokens loads
 
     with step(f"loading the tokenizer {cfg.tokenizer.name or ''}".rstrip()):

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import sys
 import warnings
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -16,9 +17,10 @@ from weightprep.commands._storage import storage_options
 from weightprep.config import load_config, load_sources
 from weightprep.errors import BuildInterrupted, LeftoverParts, UsageError
 from weightprep.progress import Steps, build_progress
-from weightprep.sources import Source, check_source_names, parse_source_option
-from weightprep.stages.read import expand_inputs
 from weightprep.tokenizer import SAMPLE_TOKENIZER_DIR, set_tokenizer_threads
+
+if TYPE_CHECKING:
+    from weightprep.sources import Source
 
 __all__ = ["build", "format_summary", "composition_lines"]
 
@@ -110,12 +112,25 @@ def _training_alternative(chat: dict[str, Any]) -> str:
     return f"--chat-template training renders each conversation once ({source.removeprefix('training: ')})"
 
 
+def _load_early(tokenizer: str | None, pipeline_file: str | None, backend: str | None, remote_code: bool) -> None:
+    """Start fastokens' load of the tokenizer's file before the build's imports (``weightprep.prefetch``), where the
+    options alone say which file the build reads: ``--tokenizer`` (a directory holding ``tokenizer.json``), or the
+    bundled one when neither it nor a pipeline file (which may name another) is given."""
+    if backend == "hf" or remote_code or (tokenizer is None and pipeline_file is not None):
+        return
+    from weightprep import prefetch
+
+    prefetch.start(Path(tokenizer if tokenizer is not None else SAMPLE_TOKENIZER_DIR) / "tokenizer.json")
+
+
 def _sources(inputs: tuple[str, ...], specs: tuple[str, ...], pipeline_file: str | None) -> list[Source] | None:
     """The build's sources (``--source`` or the pipeline file's ``sources:``), None for a plain build of INPUTS;
     every problem before any work."""
     declared = load_sources(pipeline_file)
     if specs and declared is not None:
         raise UsageError(f"sources are given both by --source and in {pipeline_file}'s sources:; give them in one place")
+    from weightprep.sources import check_source_names, parse_source_option
+
     sources = [parse_source_option(spec) for spec in specs] if specs else declared
     if sources is None:
         if not inputs:
@@ -264,12 +279,14 @@ def build(
     each also .gz or .zst, .parquet files, datasets.save_to_disk directories, directories (their JSON and
     .parquet files, sorted) or quoted globs; local paths or URLs (s3://, gs://, az://, hf://datasets/...,
     https://). Records in the shapes of other tools (Alpaca, ShareGPT, ...) are read as they are: docs/inputs.md."""
+    set_tokenizer_threads(num_proc)
+    _load_early(flags["tokenizer"], pipeline_file, flags["tokenizer_backend"], flags["trust_remote_code"])
     from rich.console import Console
 
-    set_tokenizer_threads(num_proc)
     from weightprep.distribute.executors import make_executor
     from weightprep.pipeline import build as run_build
     from weightprep.pipeline import source_files
+    from weightprep.stages.read import expand_inputs
 
     if flags["dataset_info"] is not None:
         from weightprep.stages.dataset_info import dataset_info_columns

@@ -38,11 +38,12 @@ from weightprep.distribute.mixed import mixed_keys, part_epoch_keys, run_mixed, 
 from weightprep.distribute.plan import InputPart, MixedPart
 from weightprep.errors import BackendMismatch, InputError
 from weightprep.overlap import BackgroundSink, background
+from weightprep.prefetch import FastokensPrefetch
 from weightprep.stages.pack import Packer
 from weightprep.stages.read import InputFile
 from weightprep.stages.rejects import REJECTS_NAME, RejectsWriter
 from weightprep.stages.split import TRAIN, VALIDATION, smallest_keys, split_records
-from weightprep.stages.tokenize import FastokensPrefetch, PieceTokenizer
+from weightprep.stages.tokenize import PieceTokenizer
 from weightprep.stages.write import ShardWriter
 from weightprep.tokenizer import load_tokenizer, set_tokenizer_threads, special_tokens
 

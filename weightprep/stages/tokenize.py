@@ -34,16 +34,16 @@ import threading
 from collections.abc import Callable
 from itertools import chain
 from operator import attrgetter
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from weightprep.batches import Records
 from weightprep.errors import BackendMismatch, UsageError
+from weightprep.prefetch import FastokensPrefetch
 
 __all__ = [
-    "AGREEMENT_PROBES", "BACKENDS", "GUARD_PIECES", "FastokensPrefetch", "PieceTokenizer", "continuation_spec",
+    "AGREEMENT_PROBES", "BACKENDS", "GUARD_PIECES", "PieceTokenizer", "continuation_spec",
     "document_starts",
 ]
 
@@ -158,42 +158,6 @@ class _HFEncoder:
             chain.from_iterable(map(attrgetter("ids"), encodings)), dtype=np.int32, count=int(offsets[-1])
         )
         return flat, offsets
-
-
-class FastokensPrefetch:
-    """fastokens loading a ``tokenizer.json`` file in a thread (about 0.5 s for 50k ids, the GIL released), started
-    before the build loads the tokenizer itself, so the two loads overlap. ``PieceTokenizer(prefetched=...)`` takes
-    it for the start encoder; the agreement probes and the guard check it like any fastokens encoder."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._result: Any = None
-        # not a daemon: a build that fails before taking the result (a bad tokenizer config, an output it cannot
-        # write) exits while the load runs, and a daemon thread killed in fastokens' native code aborts the process
-        self._thread = threading.Thread(target=self._load, name="weightprep-fastokens-file", daemon=False)
-        self._thread.start()
-
-    def _load(self) -> None:
-        try:
-            import fastokens
-
-            tok = fastokens.Tokenizer.from_file(str(self.path))
-            tok.no_truncation()  # as PieceTokenizer's copy of the tokenizers backend
-            tok.no_padding()
-            self._result = tok
-        except Exception as exc:  # reported by result(): PieceTokenizer then decides (fall back or refuse)
-            self._result = exc
-
-    def close(self) -> None:
-        """Wait for the load to end (its result, if never asked for, is dropped)."""
-        self._thread.join()
-
-    def result(self) -> Any:
-        """The loaded ``fastokens.Tokenizer``; raises what loading raised."""
-        self._thread.join()
-        if isinstance(self._result, Exception):
-            raise self._result
-        return self._result
 
 
 class _FastokensEncoder:
