@@ -263,9 +263,14 @@ def test_the_license_is_an_spdx_expression():
 
 
 _EARLY = """
-import json, sys
+import importlib.abc, json, os, sys
 import weightprep.prefetch as P
-started, taken = [], []
+started, taken, blas = [], [], []
+class NumpyImport(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name == "numpy" and not blas:
+            blas.append(os.environ.get("OPENBLAS_NUM_THREADS"))
+sys.meta_path.insert(0, NumpyImport())
 start, take = P.start, P.take
 def spy_start(path):
     started.append([str(path), "numpy" in sys.modules, "weightprep.pipeline" in sys.modules])
@@ -279,7 +284,7 @@ from weightprep.cli import main
 try:
     main(sys.argv[1:])
 finally:
-    print(json.dumps({"started": started, "taken": taken, "left": len(P._started)}))
+    print(json.dumps({"started": started, "taken": taken, "left": len(P._started), "blas": blas}))
 """
 
 
@@ -288,7 +293,8 @@ def test_the_command_starts_loading_the_tokenizer_file_before_importing_the_buil
     """``weightprep build`` starts fastokens' load of tokenizer.json before it imports the build (numpy, pyarrow,
     weightprep's stages: ~0.2 s the load now overlaps), where its options say which file the build reads; the build
     takes that load (in process) or drops it (workers load their own). No load where the options cannot say
-    (a pipeline file may name another tokenizer) or no fastokens runs (--tokenizer-backend hf)."""
+    (a pipeline file may name another tokenizer) or no fastokens runs (--tokenizer-backend hf). numpy is imported
+    with OpenBLAS on one thread (a build does no linear algebra; its threads cost ~40 ms of CPU at the import)."""
     from tokenizer_factory import SAMPLE_TOKENIZER_DIR
 
     out = tmp_path / "out"
@@ -303,7 +309,7 @@ def test_the_command_starts_loading_the_tokenizer_file_before_importing_the_buil
     assert proc.returncode == 0, proc.stderr
     spied = json.loads(proc.stdout.strip().splitlines()[-1])
     backend = json.loads((out / MANIFEST_NAME).read_text())["tokenizer"]["backend"]
-    assert spied["left"] == 0
+    assert spied["left"] == 0 and spied["blas"] == ["1"]
     if how in ("hf backend", "pipeline file"):
         assert spied["started"] == [] and spied["taken"] in ([], [False])
         assert backend == ("hf" if how == "hf backend" else "fastokens")

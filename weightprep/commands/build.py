@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import warnings
 from pathlib import Path
@@ -280,6 +281,8 @@ def build(
     .parquet files, sorted) or quoted globs; local paths or URLs (s3://, gs://, az://, hf://datasets/...,
     https://). Records in the shapes of other tools (Alpaca, ShareGPT, ...) are read as they are: docs/inputs.md."""
     set_tokenizer_threads(num_proc)
+    # a build does no linear algebra: numpy's OpenBLAS need not start a spinning thread per core at its import
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     _load_early(flags["tokenizer"], pipeline_file, flags["tokenizer_backend"], flags["trust_remote_code"])
     from rich.console import Console
 
