@@ -10,6 +10,11 @@ from pathlib import Path
 # Triton, where installed, runs in its CPU interpreter in this suite: tests that force TRL's Triton kernels
 # (test_plan, test_train_kernel) need it set before triton is first imported.
 os.environ.setdefault("TRITON_INTERPRET", "1")
+# what weightprep remembers between runs (weightprep.tokenizer_class) stays in this run's own folder, never the home's
+if "WEIGHTPREP_CACHE" not in os.environ:
+    import tempfile
+
+    os.environ["WEIGHTPREP_CACHE"] = tempfile.mkdtemp(prefix="weightprep-cache-")
 
 import pytest
 

@@ -154,3 +154,87 @@ def test_a_directory_loaded_through_auto_tokenizer_is_tokenized_from_what_it_loa
     assert manifests["auto"]["tokenizer"]["backend"] == "fastokens"
     shards = {b: {p.name: p.read_bytes() for p in (tmp_path / b).glob("*.arrow")} for b in manifests}
     assert shards["auto"] and shards["auto"] == shards["hf"]
+
+
+_REMEMBERED = """
+import json, sys
+from weightprep.tokenizer import load_tokenizer, tokenizer_summary
+tok = load_tokenizer(sys.argv[1])
+text = sys.argv[2]
+print(json.dumps({
+    "torch": "torch" in sys.modules, "class": type(tok).__name__, "summary": tokenizer_summary(tok),
+    "specials": tok.special_tokens_map, "added": sorted(tok.added_tokens_encoder.items()),
+    "ids": tok(text)["input_ids"], "plain": tok(text, add_special_tokens=False)["input_ids"],
+    "template": tok.chat_template,
+}))
+"""
+
+
+def _described(tok) -> dict:
+    return {
+        "class": type(tok).__name__, "summary": tokenizer_summary(tok), "specials": tok.special_tokens_map,
+        "added": sorted(tok.added_tokens_encoder.items()), "ids": tok(TEXT)["input_ids"],
+        "plain": tok(TEXT, add_special_tokens=False)["input_ids"], "template": tok.chat_template,
+    }  # fmt: skip
+
+
+def _in_a_new_process(directory: Path, cache: Path) -> dict:
+    env = {**__import__("os").environ, "WEIGHTPREP_CACHE": str(cache)}
+    run = subprocess.run([sys.executable, "-c", _REMEMBERED, str(directory), TEXT], capture_output=True, text=True,
+                         timeout=300, env=env)  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("kind", ["extra special tokens", "model class, byte-level", "add_bos_token"])
+def test_the_class_auto_tokenizer_chose_is_loaded_again_without_torch(kind, tmp_path, monkeypatch):
+    """A directory only AutoTokenizer may load (its auto classes import torch, ~1.8 s and 260 MB a process) is
+    loaded by AutoTokenizer once; later processes load the class it chose, without torch, into the same tokenizer:
+    class, fingerprint, special and added tokens, ids with and without special tokens, chat template. A changed
+    file is a new directory to AutoTokenizer."""
+    import json as _json
+
+    from weightprep import tokenizer_class
+
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("WEIGHTPREP_CACHE", str(cache))
+    if kind == "extra special tokens":
+        directory = _saved(chat_tokenizer("chatml"), tmp_path / "tok")
+    elif kind == "model class, byte-level":  # AutoTokenizer loads TokenizersBackend (byte-level tokenizer.json)
+        directory = _edit_config(_saved(bos_eos_distinct(), tmp_path / "tok"), tokenizer_class="LlamaTokenizer")
+    else:
+        directory = _edit_config(_saved(FAMILIES["sentencepiece_legacy"](), tmp_path / "tok"), add_bos_token=True)
+    assert direct_load_obstacle(directory) is not None
+    auto = _described(_auto(directory))
+    first = load_tokenizer(str(directory))
+    assert _described(first) == auto
+    memory = _json.loads((cache / "tokenizer-classes.json").read_text())
+    assert list(memory.values()) == [f"{type(first).__module__}:{type(first).__qualname__}"]
+    again = _in_a_new_process(directory, cache)
+    assert again.pop("torch") is False
+    assert again == _json.loads(_json.dumps(auto))  # (JSON turns the added tokens' pairs into lists)
+    _edit_config(directory, model_max_length=12345)  # any change: AutoTokenizer decides again
+    assert _in_a_new_process(directory, cache)["torch"] is True
+    assert len(_json.loads((cache / "tokenizer-classes.json").read_text())) == 2
+    assert tokenizer_class.KEEP >= 2
+
+
+def test_remote_code_is_never_remembered_and_a_damaged_memory_is_ignored(tmp_path, monkeypatch):
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("WEIGHTPREP_CACHE", str(cache))
+    directory = _saved(chat_tokenizer("chatml"), tmp_path / "tok")
+    cache.mkdir()
+    (cache / "tokenizer-classes.json").write_text("{not json")
+    auto = _described(_auto(directory))
+    assert _described(load_tokenizer(str(directory))) == auto  # AutoTokenizer, and the memory written anew
+    assert len(json.loads((cache / "tokenizer-classes.json").read_text())) == 1
+    (cache / "tokenizer-classes.json").write_text(json.dumps({k: "transformers.nowhere:Gone" for k in
+                                                              json.loads((cache / "tokenizer-classes.json").read_text())}))  # fmt: skip
+    assert _described(load_tokenizer(str(directory))) == auto  # a class that no longer imports: AutoTokenizer
+    remote = _edit_config(_saved(chat_tokenizer("chatml"), tmp_path / "remote"),
+                          auto_map={"AutoTokenizer": ["x.Tok", None]})  # fmt: skip
+    before = (cache / "tokenizer-classes.json").read_text()
+    from weightprep import tokenizer_class
+
+    assert tokenizer_class._key(remote) is None
+    assert (cache / "tokenizer-classes.json").read_text() == before

@@ -10,7 +10,8 @@ The build reads a local tokenizer directory itself (``TokenizerFiles``: ``tokeni
 That is the case for the generic class (``tokenizer_class`` ``PreTrainedTokenizerFast``, e.g. Llama-3)
 when the configuration asks transformers for no change to the backend (``direct_load_obstacle`` lists
 what would); anything else (model-specific classes, which transformers 5 rebuilds from the vocabulary,
-hub ids, remote code) goes through ``AutoTokenizer`` as before.
+hub ids, remote code) goes through ``AutoTokenizer`` as before, or through the class it chose for the same
+directory before (``weightprep.tokenizer_class``), which imports no torch either.
 The fingerprint is a SHA-256 over the backend's JSON (with run-time truncation and padding
 switched off) and the special-token ids: two tokenizers with the same fingerprint map every text
 to the same ids.
@@ -201,10 +202,10 @@ def load_tokenizer(name_or_path: str | None, *, trust_remote_code: bool = False,
         backend = _load_backend(directory)
         if direct_load_obstacle(directory, backend) is None:
             return TokenizerFiles(directory, backend)
-    from transformers import AutoTokenizer
+    from weightprep import tokenizer_class
 
     try:
-        tok = AutoTokenizer.from_pretrained(name_or_path, use_fast=True, trust_remote_code=trust_remote_code)
+        tok = tokenizer_class.load(name_or_path, trust_remote_code=trust_remote_code)
     except Exception as exc:  # transformers raises OSError/ValueError/... with useful text
         local = "" if Path(name_or_path).exists() else f" (and there is no local directory {name_or_path})"
         raise UsageError(
