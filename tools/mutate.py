@@ -45,6 +45,15 @@ MODULES: dict[str, list[str]] = {
         "tests/test_stages.py", "tests/test_properties.py", "tests/test_build_output.py", "tests/test_bad_input.py",
     ],
     "stages/spans.py": ["tests/test_spans.py", "tests/test_chat.py"],
+    # the per-block chain (assemble, mask, filter) and the columnar batches between stages: where, concat, merge
+    "blocks.py": ["tests/test_stages.py", "tests/test_properties.py", "tests/test_build_output.py", "tests/test_bad_input.py"],
+    "batches.py": [
+        "tests/test_stages.py", "tests/test_properties.py", "tests/test_build_output.py", "tests/test_chat_turns.py",
+        "tests/test_interleave.py",
+    ],
+    # which tokenizer a build runs: the class AutoTokenizer chose, remembered; fastokens' early load
+    "tokenizer_class.py": ["tests/test_tokenizer_files.py"],
+    "prefetch.py": ["tests/test_tokenize.py"],
     "stages/chat.py": [
         "tests/test_chat.py", "tests/test_chat_control.py", "tests/test_chat_turns.py", "tests/test_chat_history.py",
         "tests/test_chat_prefixes.py", "tests/test_chat_render.py", "tests/test_chat_align.py", "tests/test_chat_fallbacks.py",
