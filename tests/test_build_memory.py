@@ -82,18 +82,19 @@ _HEAP_SCRIPT = """
 import sys, threading
 import numpy as np
 import pytest
-from weightprep.distribute.job import bound_heap
+from weightprep.distribute.job import MMAP_THRESHOLD, bound_heap
 
 if sys.argv[1] == "bound":
     assert bound_heap()
 pinned = []
+size = MMAP_THRESHOLD + (1 << 20)  # arrays the bounded heap maps on their own
 
-def work():  # as a part's threads do: megabyte arrays made and freed between small lasting allocations
-    first = np.ones(16 << 20, np.uint8)
-    del first  # glibc (unbounded): arrays under 16 MiB now come from this thread's heap
+def work():  # as a part's threads do: large arrays made and freed between small lasting allocations
+    first = np.ones(size + (4 << 20), np.uint8)
+    del first  # glibc (unbounded): arrays up to this size now come from this thread's heap (its bound: 32 MiB)
     arrays = []
-    for _ in range(100):
-        arrays.append(np.ones(2 << 20, np.uint8))
+    for _ in range((200 << 20) // size + 1):
+        arrays.append(np.ones(size, np.uint8))
         pinned.append(bytearray(4000))
     del arrays
 
@@ -107,8 +108,9 @@ with open("/proc/self/statm") as f:
 
 @pytest.mark.skipif(not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc", reason="glibc only")
 def test_bound_heap_gives_freed_arrays_back():
-    """200 MiB of arrays made and freed in a thread: without ``bound_heap`` glibc keeps them resident (its heap
-    cannot shrink past the small allocations between them); with it, each was its own mapping, unmapped."""
+    """200 MiB of arrays above ``MMAP_THRESHOLD`` made and freed in a thread: without ``bound_heap`` glibc keeps
+    them resident (its heap cannot shrink past the small allocations between them); with it, each was its own
+    mapping, unmapped."""
     def resident(mode: str) -> int:
         out = subprocess.run([sys.executable, "-c", _HEAP_SCRIPT, mode], capture_output=True, text=True, check=True)
         return int(out.stdout)

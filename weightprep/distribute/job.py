@@ -59,8 +59,11 @@ ADD_BOS = {"auto": None, "always": True, "never": False}
 #: glibc's ``mallopt`` parameters (malloc.h): the size from which an allocation is its own mapping, and the
 #: most heaps (arenas) that threads allocate from.
 _M_MMAP_THRESHOLD, _M_ARENA_MAX = -3, -8
-#: Allocations of this size and more get their own mapping, returned to the system when freed.
-MMAP_THRESHOLD = 1 << 20
+#: Allocations of this size and more get their own mapping, returned to the system when freed. A block's arrays
+#: below it (a fastokens block's ids, a document batch's columns) are reused from the heaps rather than mapped,
+#: zeroed by the kernel and unmapped again for every block: at 1 MiB the kernel's share of a build was 30-40% of its
+#: CPU (docs/performance.md, "Memory").
+MMAP_THRESHOLD = 16 << 20
 
 
 def bound_heap() -> bool:
@@ -70,8 +73,9 @@ def bound_heap() -> bool:
     write) and the tokenizer's own. glibc raises its mapping threshold each time such an array is freed (up to
     32 MiB), so the next ones come from the threads' heaps, which are returned to the system only from their top:
     a build's resident memory then grows with the input to well above what it holds at any time (653 MiB peak for
-    30k records, 801 MiB for 300k). A fixed threshold of 1 MiB (every block, window and row array is its own
-    mapping, unmapped when freed) and two heaps for all threads keep it at the working set (docs/performance.md).
+    30k records, 801 MiB for 300k). A fixed threshold (``MMAP_THRESHOLD``: larger arrays, the window and the rows,
+    are their own mappings, unmapped when freed) and two heaps for all threads keep it near the working set and
+    flat (docs/performance.md).
     Arrow's own pool (mimalloc, the JSON parse's buffers) is left as it is: moved to this heap it saved ~60 MiB of
     peak but made the parse 1.5-2x slower (the reader thread's work)."""
     try:
