@@ -834,6 +834,12 @@ def main() -> None:
     os.chdir(ROOT)
     sys.path.insert(0, str(ROOT))
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    # the children run the tests traced (the first run) or beside other mutants on a loaded machine: Hypothesis'
+    # per-example deadline would fail the unmutated run, or kill a mutant for being slow rather than wrong
+    from hypothesis import settings
+
+    settings.register_profile("mutate", deadline=None)
+    settings.load_profile("mutate")
     modules = args.module or list(MODULES)
     lines = None
     if args.lines:
