@@ -315,4 +315,15 @@ def test_the_command_starts_loading_the_tokenizer_file_before_importing_the_buil
         assert backend == ("hf" if how == "hf backend" else "fastokens")
         return
     assert spied["started"] == [[str(SAMPLE_TOKENIZER_DIR / "tokenizer.json"), False, False]]
-    assert spied["taken"] == [True] and backend == "fastokens"
+    assert spied["taken"] == [True, False] and backend == "fastokens"  # the build's, then none left at the close
+
+
+def test_a_build_that_fails_before_taking_its_early_load_leaves_none_behind(tmp_path):
+    """The command starts fastokens' load before it knows whether the build will run; a build that stops first (a
+    bad flag value caught by the configuration) drops the load: nothing stays held in the process."""
+    from weightprep import prefetch
+
+    before = set(prefetch._started)
+    result = CliRunner().invoke(main, ["build", str(SAMPLE_RAW), "--out", str(tmp_path / "o"), "--seq-len", "0"])
+    assert result.exit_code == 2, result.output
+    assert set(prefetch._started) == before

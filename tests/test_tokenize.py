@@ -302,12 +302,14 @@ def test_an_early_load_is_taken_once_and_only_for_its_own_file(tmp_path):
     path = SAMPLE_TOKENIZER_DIR / "tokenizer.json"
     link = tmp_path / "link"
     link.symlink_to(SAMPLE_TOKENIZER_DIR)
+    before = set(prefetch._started)
     prefetch.start(path)
+    first = prefetch._started[str(path.resolve())]
     prefetch.start(link / "tokenizer.json")  # the same file: no second load
-    assert len(prefetch._started) == 1
+    assert prefetch._started[str(path.resolve())] is first and set(prefetch._started) - before <= {str(path.resolve())}
     assert prefetch.take(tmp_path / "tokenizer.json") is None  # another file: not this load
     taken = prefetch.take(link / "tokenizer.json")
-    assert taken is not None and prefetch.take(path) is None and not prefetch._started
+    assert taken is first and prefetch.take(path) is None
     assert PieceTokenizer(sample_tokenizer(), backend="auto", prefetched=taken).backend == "fastokens"
     prefetch.start(tmp_path / "missing" / "tokenizer.json")
-    assert not prefetch._started
+    assert str((tmp_path / "missing" / "tokenizer.json").resolve()) not in prefetch._started

@@ -121,7 +121,10 @@ def _load_early(tokenizer: str | None, pipeline_file: str | None, backend: str |
         return
     from weightprep import prefetch
 
-    prefetch.start(Path(tokenizer if tokenizer is not None else SAMPLE_TOKENIZER_DIR) / "tokenizer.json")
+    path = Path(tokenizer if tokenizer is not None else SAMPLE_TOKENIZER_DIR) / "tokenizer.json"
+    prefetch.start(path)
+    # a build that ends before it takes the load (an error first) leaves none behind in this process
+    click.get_current_context().call_on_close(lambda: prefetch.take(path))
 
 
 def _sources(inputs: tuple[str, ...], specs: tuple[str, ...], pipeline_file: str | None) -> list[Source] | None:
