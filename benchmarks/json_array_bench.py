@@ -1,10 +1,14 @@
 """A JSON-array input against the same records as JSON Lines: throughput and peak memory, read and whole build.
 
-    python benchmarks/json_array_bench.py --mib 1024            # 1 GiB of JSON Lines (about 650k records), read only
+    python benchmarks/json_array_bench.py --mib 1024            # a 1 GiB array (about 600k records), read only
     python benchmarks/json_array_bench.py --mib 64 --build      # and the whole build of each (tokenizer included)
     python benchmarks/json_array_bench.py --mib 128 --build --workers 2 --part-bytes 33554432   # on 2 workers
+    python benchmarks/json_array_bench.py --mib 1024 --sized jsonl --build --workers 2   # 1 GiB of JSON Lines
 
-The records are the benchmark's generated data (``benchmarks/generate.py``); the array is written as LLaMA-Factory
+``--mib`` sizes the array (the issue's "1 GB JSON-array file and the same records as JSONL"); the JSON Lines file
+of the same records is about 7% smaller. ``--sized jsonl``: the sizing of the earlier figures (docs/inputs.md), 1
+GiB of JSON Lines and a 7% larger array. The records are the benchmark's generated data
+(``benchmarks/generate.py``); the array is written as LLaMA-Factory
 writes its files (``json.dump(records, f, indent=2, ensure_ascii=False)``: one record over many lines), so the
 splitter (``weightprep.stages.json_array``) sees a pretty-printed file, its worst case. Each measurement runs in a
 fresh subprocess, rounds interleaved; peak RSS is the subprocess's (``wait4``), and so are its CPU seconds (user +
@@ -56,26 +60,38 @@ print(len(parts), time.perf_counter() - t0)
 """
 
 
-def files(mib: int) -> tuple[Path, Path]:
-    """The JSON Lines file of about ``mib`` MiB (a prefix of the generated data) and the same records as an array."""
+def files(mib: int, sized: str = "array") -> tuple[Path, Path]:
+    """The JSON Lines file and the array of the same records (a prefix of the generated data): ``sized="array"``,
+    the array of at most ``mib`` MiB (the issue's "1 GB JSON-array file and the same records as JSONL"; the JSON
+    Lines file is then about 7% smaller); ``"jsonl"``, the JSON Lines file of about ``mib`` MiB (the array about 7%
+    larger: the sizing of the earlier figures)."""
     WORK.mkdir(exist_ok=True)
-    jsonl, array = WORK / f"array-bench-{mib}.jsonl", WORK / f"array-bench-{mib}.json"
+    stem = f"array-bench-{mib}" if sized == "jsonl" else f"array-bench-array{mib}"
+    jsonl, array = WORK / f"{stem}.jsonl", WORK / f"{stem}.json"
     if jsonl.exists() and array.exists():
         return jsonl, array
-    source = ensure_data(max(1000, mib * 700))  # about 1.6 KB a record
-    with open(source, encoding="utf-8") as f, open(jsonl, "w", encoding="utf-8") as out:
-        size = 0
-        for line in f:
-            out.write(line)
-            size += len(line.encode())
-            if size >= mib << 20:
-                break
-    with open(jsonl, encoding="utf-8") as f, open(array, "w", encoding="utf-8") as out:
-        out.write("[\n")  # json.dump(indent=2) record by record: the whole list never in this process's memory
+    source = ensure_data(max(1000, mib * 700))  # about 1.6 KB a record as JSON Lines
+    limit, tail = mib << 20, "\n]\n"
+    # json.dump(indent=2) record by record: the whole list never in this process's memory
+    tmp_jsonl, tmp_array = jsonl.with_suffix(".jsonl.tmp"), array.with_suffix(".json.tmp")
+    with open(source, encoding="utf-8") as f, open(tmp_jsonl, "w", encoding="utf-8") as out, \
+            open(tmp_array, "w", encoding="utf-8") as arr:  # fmt: skip
+        arr.write("[\n")
+        size, array_size = 0, 2
         for i, line in enumerate(f):
             text = json.dumps(json.loads(line), indent=2, ensure_ascii=False)
-            out.write(("" if i == 0 else ",\n") + "  " + text.replace("\n", "\n  "))
-        out.write("\n]\n")
+            piece = ("" if i == 0 else ",\n") + "  " + text.replace("\n", "\n  ")
+            piece_size = len(piece.encode())
+            if sized == "array" and array_size + piece_size + len(tail) > limit:
+                break
+            out.write(line)
+            arr.write(piece)
+            size, array_size = size + len(line.encode()), array_size + piece_size
+            if sized == "jsonl" and size >= limit:
+                break
+        arr.write(tail)
+    os.replace(tmp_jsonl, jsonl)
+    os.replace(tmp_array, array)
     return jsonl, array
 
 
@@ -96,14 +112,21 @@ def run(cmd: list[str]) -> tuple[float, float, str, float]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--mib", type=int, default=256, help="size of the JSON Lines file; the array is about 1.4x")
+    ap.add_argument("--mib", type=int, default=256, help="size of the array (--sized array, the default) or of the "
+                    "JSON Lines file (--sized jsonl), in MiB")
+    ap.add_argument("--sized", choices=("array", "jsonl"), default="array",
+                    help="which file --mib sizes: the array (the JSON Lines file of the same records is about 7%% "
+                    "smaller) or the JSON Lines file (the array about 7%% larger)")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--build", action="store_true", help="also time the whole build of each file")
     ap.add_argument("--workers", type=int, help="build with --executor local --workers N")
     ap.add_argument("--part-bytes", type=int, default=256 << 20, help="the parts' size (read.part_bytes)")
     ap.add_argument("--json", type=Path, help="also write the figures here")
+    ap.add_argument("--out-dir", type=Path, default=WORK,
+                    help="where the builds write their output (default benchmarks/_work; /dev/shm: a build's 3 GB of "
+                    "shards in memory, the same for both files, off the disk)")  # fmt: skip
     args = ap.parse_args()
-    jsonl, array = files(args.mib)
+    jsonl, array = files(args.mib, args.sized)
     results: dict[str, dict[str, list[float]]] = {}
     plan: dict[str, list[float]] = {"seconds": [], "parts": []}
     for _ in range(args.repeat):
@@ -119,7 +142,8 @@ def main() -> None:
             entry["rss"].append(rss)
             entry["records"].append(int(records))
             if args.build:
-                with tempfile.TemporaryDirectory(dir=WORK) as out_dir:
+                os.sync()  # the disk's backlog from an earlier step: not this build's
+                with tempfile.TemporaryDirectory(dir=args.out_dir) as out_dir:
                     cmd = [sys.executable, "-m", "weightprep", "build", str(path), "--out", f"{out_dir}/o",
                            "--tokenizer", str(ensure_tokenizer()), "--part-bytes", str(args.part_bytes)]  # fmt: skip
                     if args.workers:

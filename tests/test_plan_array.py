@@ -101,3 +101,36 @@ def test_an_empty_element_is_cut_around(targets):
     (``test_inputs``)."""
     data = b'[{"a": 1}, {"a": 2},, {"a": 3}, {"a": 4}, {"a": 5}]'
     assert _cuts(data, targets, chunk_bytes=5) == _expected(data, targets)
+
+
+def _reference_summary(chunk: bytes, inside: bool, carried: int) -> tuple[bool, int, int]:
+    """A chunk's summary byte by byte: the splitter's rule (a quote after an odd run of backslashes, ``carried``
+    included where the run reaches the chunk's start, is escaped, wherever it is), the depth counted outside
+    strings only."""
+    run, depth, lowest = carried, 0, plan_array._NO_BRACKET
+    for byte in chunk:
+        if byte == ord("\\"):
+            run += 1
+            continue
+        if byte == ord('"') and run % 2 == 0:
+            inside = not inside
+        elif not inside and chr(byte) in "[]{}":
+            depth += 1 if chr(byte) in "[{" else -1
+            lowest = min(lowest, depth)
+        run = 0
+    return inside, depth, lowest
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.text(st.sampled_from(list('"\\\\[]{}a,\n')), max_size=40))
+def test_a_chunk_summary_is_that_of_a_byte_by_byte_scan(text):
+    """Each case of ``_summary`` (outside a string; inside after an even run of backslashes; after an odd one) as
+    the byte-by-byte scan from that state; the run of backslashes it ends with."""
+    chunk = text.encode()
+    summary = plan_array._summary(chunk)
+    assert summary.size == len(chunk)
+    assert summary.tail == len(chunk) - len(chunk.rstrip(b"\\"))
+    assert summary.cases[0] == _reference_summary(chunk, False, 0)
+    assert summary.cases[1] == _reference_summary(chunk, True, 0)
+    assert summary.cases[2] == _reference_summary(chunk, True, 1)
+    assert plan_array._summary(bytearray(chunk)) == summary  # a reused buffer reads the same

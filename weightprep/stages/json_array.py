@@ -20,8 +20,10 @@ itself -- an empty element (``,,`` or a trailing comma), bytes after the closing
 array -- stops the read with an ``InputError`` naming the record, as a truncated compressed file does: nothing after
 it can be numbered.
 
-Cost: a few NumPy passes over each chunk (comparisons and ``flatnonzero``; about 440 MiB/s of one core), below the
-parse of the records.
+Cost: a few NumPy comparisons over each chunk and one ``flatnonzero`` (the quotes, newlines, brackets and commas
+together: about 4.6% of a pretty-printed array's bytes), the rest over those positions; about 550-600 MiB/s of one
+core of the 2-core VM of docs/inputs.md (1.15-1.2x the earlier scan, a ``flatnonzero`` each for the quotes, the
+newlines and the brackets and commas), below the parse of the records.
 
 Parts. Where a record starts is known only by scanning from the start, so a large (uncompressed) array is cut into
 input parts (``weightprep.distribute.plan``) by a scan at plan time (``weightprep.distribute.plan_array``: the
@@ -44,7 +46,7 @@ import numpy as np
 from weightprep.batches import Block
 from weightprep.errors import InputError
 
-__all__ = ["ArrayScanner", "Scratch", "array_blocks", "depth_changes", "escaped", "outside", "real_quotes", "structure"]
+__all__ = ["ArrayScanner", "Scratch", "array_blocks", "depth_changes", "escaped", "outside", "structure"]
 
 _QUOTE, _BACKSLASH, _COMMA, _NEWLINE = ord('"'), ord("\\"), ord(","), ord("\n")
 _SPACE = np.zeros(256, dtype=bool)
@@ -87,18 +89,29 @@ class ArrayScanner:
             if not _SPACE[data].all():
                 raise ValueError("bytes after the array's closing ']'; a file holds one array")
             return out, np.zeros(0, dtype=np.int64)
-        # the quotes that open and close strings, then the newlines and the brackets and commas outside them: a
-        # comparison and a flatnonzero over the chunk each, the rest over those positions only
-        real = real_quotes(chunk, data, self.backslashes, self.scratch)
+        # the quotes, newlines, brackets and commas: comparisons over the chunk and one flatnonzero (``marks``); the
+        # rest over those positions only: the quotes that open and close strings, and the count of them before each
+        # other mark, which says whether it is inside a string
+        marks = self.scratch.marks(data)
+        byte = data[marks]
+        is_quote = byte == _QUOTE
+        at_quote = np.flatnonzero(is_quote)
+        skip = escaped(chunk, data, marks[at_quote], self.backslashes)
+        real = is_quote
+        if skip.any():
+            real = is_quote.copy()
+            real[at_quote[skip]] = False
+        count = np.cumsum(real)  # real quotes up to each mark: before it, for a mark that is no quote
         carried, was_inside = self._carry(chunk), self.in_string
-        self.in_string = bool((len(real) + was_inside) % 2)
+        self.in_string = bool(((int(count[-1]) if len(count) else 0) + was_inside) % 2)
         self.backslashes = carried if self.in_string else 0
-        newlines = self.scratch.find(data, _NEWLINE)
-        if len(newlines):
-            out[newlines] = np.where(outside(real, newlines, was_inside), ord(" "), _IN_STRING_NEWLINE)
-        where = structure(data, self.scratch, commas=True)
-        where = where[outside(real, where, was_inside)]
-        delta = depth_changes(data, where)
+        inside = ((count + was_inside) & 1).astype(bool)
+        newline = byte == _NEWLINE
+        if newline.any():
+            out[marks[newline]] = np.where(inside[newline], _IN_STRING_NEWLINE, ord(" "))
+        shape = ~(is_quote | newline | inside)  # the brackets and commas outside strings
+        where = marks[shape]
+        delta = _changes(byte[shape])
         comma = delta == 0
         after = self.depth + np.cumsum(delta)
         before = after - delta
@@ -189,6 +202,7 @@ class Scratch:
 
     def __init__(self) -> None:
         self.mask = np.zeros(0, dtype=bool)
+        self.other = np.zeros(0, dtype=bool)
         self.bytes = np.zeros(0, dtype=np.uint8)
         self.out = np.zeros(0, dtype=np.uint8)
 
@@ -211,12 +225,20 @@ class Scratch:
         mask, _ = self.get(len(data))
         return np.flatnonzero(np.equal(data, byte, out=mask))
 
-
-def real_quotes(chunk: bytes, data: np.ndarray, carried: int, scratch: Scratch) -> np.ndarray:
-    """The positions of the quotes in ``chunk`` that open or close strings (``carried``: as for ``escaped``)."""
-    quotes = scratch.find(data, _QUOTE)
-    skip = escaped(chunk, data, quotes, carried)
-    return quotes[~skip] if skip.any() else quotes
+    def marks(self, data: np.ndarray) -> np.ndarray:
+        """The positions of the quotes, newlines, brackets and commas in ``data``: one ``flatnonzero`` (a pass of
+        its own each cost more than the comparisons that make the mask; the brackets as in ``structure``)."""
+        mask, work = self.get(len(data))
+        if len(self.other) < len(data):
+            self.other = np.empty(len(data), dtype=bool)
+        other = self.other[: len(data)]
+        np.bitwise_or(data, 0x20, out=work)
+        np.subtract(work, ord("{"), out=work)
+        np.bitwise_and(work, 0xFD, out=work)
+        np.equal(work, 0, out=mask)
+        for byte in (_QUOTE, _NEWLINE, _COMMA):
+            np.logical_or(mask, np.equal(data, byte, out=other), out=mask)
+        return np.flatnonzero(mask)
 
 
 def outside(real: np.ndarray, positions: np.ndarray, in_string: bool) -> np.ndarray:
@@ -240,7 +262,11 @@ def structure(data: np.ndarray, scratch: Scratch, commas: bool = False) -> np.nd
 
 def depth_changes(data: np.ndarray, where: np.ndarray) -> np.ndarray:
     """The change of depth at each of ``where`` (a bracket or a comma): +1 opens, -1 closes, 0 a comma."""
-    byte = data[where]
+    return _changes(data[where])
+
+
+def _changes(byte: np.ndarray) -> np.ndarray:
+    """``depth_changes`` of these bytes."""
     return np.where(byte == _COMMA, 0, np.where((byte | 0x20) == ord("{"), 1, -1)).astype(np.int64)
 
 
