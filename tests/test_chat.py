@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 from weightprep.accounting import check_accounting
 from weightprep.batches import Chat
 from weightprep.config import config_from_dict
-from weightprep.constants import IGNORE_INDEX
+from weightprep.constants import IGNORE_INDEX, MANIFEST_NAME
 from weightprep.errors import InputError, UsageError
 from weightprep.pipeline import build
 from weightprep.stages.chat import ChatError, ChatRenderer, parse_role_weights
@@ -641,3 +641,31 @@ def test_offsets_that_go_backwards_or_miss_a_weighted_character_are_refused():
     assert err.value.reason == "bad_offsets"
     out = renderer.align(chat, text, char_w, turns, ids, *missing, exact=True)  # trusted: no check
     assert len(out.ids) == 3
+
+
+@pytest.mark.parametrize("good_ones", [0, 2])
+def test_conversations_rejected_while_rendering_leave_no_trace_in_the_rows(tmp_path, good_ones):
+    """--skip-invalid: a block whose conversations the chat stage refuses (all of them, or all but some), beside
+    pieces, writes the rows, turns and counts of the same file without those lines; only the rejects differ."""
+    tok_dir = _save(chat_tokenizer("chatml"), tmp_path / "tok")
+    good = {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo", "weight": 2}]}
+    bad = {"messages": [{"role": "user", "content": "<|im_start|>x"}, {"role": "assistant", "content": "y"}]}
+    pieces = [{"pieces": [{"text": f"text {i} " * (i + 1), "weight": i % 3}]} for i in range(5)]
+    lines = [pieces[0], bad, pieces[1], *([good] * good_ones), bad, pieces[2], pieces[3], bad, pieces[4]]
+    kept = [r for r in lines if r is not bad]
+    cfg = config_from_dict({"tokenizer": {"name": str(tok_dir)}, "pack": {"seq_len": 64}, "validate": {"on_invalid": "skip"}})
+    for name, records in (("all", lines), ("kept", kept)):
+        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    with_bad = build([str(tmp_path / "all.jsonl")], tmp_path / "a", cfg)
+    without = build([str(tmp_path / "kept.jsonl")], tmp_path / "b", cfg)
+    assert with_bad["counts"]["rejected"] == {"control_token_in_content": 3}
+    check_accounting(with_bad["counts"])
+    keys = ("documents", "chat_documents", "documents_written", "tokens", "supervised_tokens", "rows", "empty_documents")
+    assert {k: with_bad["counts"][k] for k in keys} == {k: without["counts"][k] for k in keys}
+    assert with_bad["counts"]["accounting"]["weight"]["accepted"] == without["counts"]["accounting"]["weight"]["accepted"]
+    def written(out):  # every file but the rejects, the manifest (it names the input, counts rejects) and state.json
+        skip = ("rejects.jsonl", MANIFEST_NAME, "state.json")  # (datasets' fingerprint there is the manifest's hash)
+        return {p.name: p.read_bytes() for p in sorted(out.iterdir()) if p.name not in skip}
+
+    assert any(name.endswith(".arrow") for name in written(tmp_path / "b"))
+    assert written(tmp_path / "a") == written(tmp_path / "b")

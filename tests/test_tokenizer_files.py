@@ -238,3 +238,48 @@ def test_remote_code_is_never_remembered_and_a_damaged_memory_is_ignored(tmp_pat
 
     assert tokenizer_class._key(remote) is None
     assert (cache / "tokenizer-classes.json").read_text() == before
+
+
+def test_the_memory_lives_in_weightprep_cache_else_the_xdg_cache_else_the_home(tmp_path, monkeypatch):
+    from weightprep.tokenizer_class import cache_dir
+
+    monkeypatch.setenv("WEIGHTPREP_CACHE", str(tmp_path / "mine"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert cache_dir() == tmp_path / "mine"
+    monkeypatch.delenv("WEIGHTPREP_CACHE")
+    assert cache_dir() == tmp_path / "xdg" / "weightprep"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    assert cache_dir() == tmp_path / "home" / ".cache" / "weightprep"
+
+
+def test_the_key_reads_every_file_but_weights_and_the_memory_keeps_the_newest(tmp_path, monkeypatch):
+    """The key changes with any file a tokenizer's loading may read, not with the weights beside them (gigabytes,
+    never read by it); a folder beside them is no obstacle. The memory keeps other directories' classes, the newest
+    ``KEEP`` of them, and only transformers' own classes."""
+    from weightprep import tokenizer_class
+
+    monkeypatch.setenv("WEIGHTPREP_CACHE", str(tmp_path / "cache"))
+    directory = _saved(chat_tokenizer("chatml"), tmp_path / "tok")
+    (directory / "checkpoint-10").mkdir()
+    key = tokenizer_class._key(directory)
+    assert key is not None
+    (directory / "model.safetensors").write_bytes(b"weights")
+    (directory / "pytorch_model.bin").write_bytes(b"weights")
+    assert tokenizer_class._key(directory) == key
+    (directory / "merges.txt").write_text("a b\n")
+    assert tokenizer_class._key(directory) not in (key, None)
+
+    class NotTransformers:
+        pass
+
+    tokenizer_class._remember("elsewhere", NotTransformers)
+    assert tokenizer_class._read() == {}
+    auto = type(_auto(directory))
+    monkeypatch.setattr(tokenizer_class, "KEEP", 3)
+    for k in ("a", "b", "c", "d"):
+        tokenizer_class._remember(k, auto)
+    assert list(tokenizer_class._read()) == ["b", "c", "d"]
+    tokenizer_class._remember("b", auto)  # remembered again: now the newest
+    assert list(tokenizer_class._read()) == ["c", "d", "b"]
+    assert tokenizer_class._remembered("d") is auto and tokenizer_class._remembered("zz") is None

@@ -46,7 +46,10 @@ MODULES: dict[str, list[str]] = {
     ],
     "stages/spans.py": ["tests/test_spans.py", "tests/test_chat.py"],
     # the per-block chain (assemble, mask, filter) and the columnar batches between stages: where, concat, merge
-    "blocks.py": ["tests/test_stages.py", "tests/test_properties.py", "tests/test_build_output.py", "tests/test_bad_input.py"],
+    "blocks.py": [
+        "tests/test_stages.py", "tests/test_properties.py", "tests/test_build_output.py", "tests/test_bad_input.py",
+        "tests/test_chat.py", "tests/test_chat_turns.py", "tests/test_chat_history.py", "tests/test_chat_align.py",
+    ],
     "batches.py": [
         "tests/test_stages.py", "tests/test_properties.py", "tests/test_build_output.py", "tests/test_chat_turns.py",
         "tests/test_interleave.py",

@@ -84,10 +84,11 @@ def _chat_documents(chats: Records, counts: Counter[str]) -> Documents:
     """The documents of rendered conversations, counted as accepted tokens and weight. A conversation built as
     per-turn documents is several; what they cost beyond its last one (which holds the conversation up to its
     last weighted turn once) is counted as ``chat_history_extra_tokens``."""
-    rendered = chats.chats or []
+    rendered = chats.chats  # at least one: a block without conversations has chats None (Records.where)
+    assert rendered
     parts = [[len(c.ids)] if c.offsets is None else np.diff(c.offsets) for c in rendered]  # type: ignore
     per_conversation = np.fromiter((len(p) for p in parts), dtype=np.int64, count=len(parts))
-    lengths = np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
+    lengths = np.concatenate(parts).astype(np.int64)
     offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
     for c in rendered:
@@ -98,9 +99,9 @@ def _chat_documents(chats: Records, counts: Counter[str]) -> Documents:
         counts["chat_training_template_turns"] += c.training  # type: ignore[union-attr]
         counts["chat_sanitized_control_tokens"] += c.sanitized  # type: ignore[union-attr]
         counts["chat_straddling_tokens"] += c.straddling  # type: ignore[union-attr]
-    ids = np.concatenate([c.ids for c in rendered]) if rendered else np.zeros(0, np.int32)  # type: ignore[union-attr]
-    weights = np.concatenate([c.weights for c in rendered]) if rendered else np.zeros(0, np.float32)  # type: ignore[union-attr]
-    turns = np.concatenate([c.turns for c in rendered]) if rendered else np.zeros(0, np.int32)  # type: ignore[union-attr]
+    ids = np.concatenate([c.ids for c in rendered])  # type: ignore[union-attr]
+    weights = np.concatenate([c.weights for c in rendered])  # type: ignore[union-attr]
+    turns = np.concatenate([c.turns for c in rendered])  # type: ignore[union-attr]
     counts.update(documents=len(lengths), chat_documents=len(lengths), tokens_accepted=len(ids))
     counts["empty_documents"] += int((lengths == 0).sum())
     counts["weight_accepted"] += float(weights.astype(np.float64).sum())
