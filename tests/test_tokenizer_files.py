@@ -283,3 +283,20 @@ def test_the_key_reads_every_file_but_weights_and_the_memory_keeps_the_newest(tm
     tokenizer_class._remember("b", auto)  # remembered again: now the newest
     assert list(tokenizer_class._read()) == ["c", "d", "b"]
     assert tokenizer_class._remembered("d") is auto and tokenizer_class._remembered("zz") is None
+
+
+def test_a_remembered_directory_is_loaded_without_auto_tokenizer(tmp_path, monkeypatch):
+    """In process as in a new one: once remembered, the directory's class loads it; AutoTokenizer is not called."""
+    import transformers
+
+    from weightprep import tokenizer_class
+
+    monkeypatch.setenv("WEIGHTPREP_CACHE", str(tmp_path / "cache"))
+    directory = _saved(chat_tokenizer("chatml"), tmp_path / "tok")
+    expected = _described(tokenizer_class.load(str(directory)))  # AutoTokenizer, remembered
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("AutoTokenizer called for a remembered directory")
+
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", refuse)
+    assert _described(tokenizer_class.load(str(directory))) == expected
