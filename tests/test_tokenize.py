@@ -313,3 +313,27 @@ def test_an_early_load_is_taken_once_and_only_for_its_own_file(tmp_path):
     assert PieceTokenizer(sample_tokenizer(), backend="auto", prefetched=taken).backend == "fastokens"
     prefetch.start(tmp_path / "missing" / "tokenizer.json")
     assert str((tmp_path / "missing" / "tokenizer.json").resolve()) not in prefetch._started
+
+
+def test_an_early_load_switches_off_the_files_truncation_and_padding_and_outlives_nothing(tmp_path):
+    """A tokenizer.json saved with truncation and padding on (as a training script leaves it): the early load turns
+    both off, as the build's copy of the tokenizers backend does, so fastokens passes the agreement probes and
+    encodes whole texts. Its thread is no daemon (one killed in fastokens' native code at exit aborts the
+    process), and ``close`` returns once the load has ended."""
+    from weightprep.prefetch import FastokensPrefetch
+
+    tok = sample_tokenizer()
+    hf = copy.deepcopy(tok.backend_tokenizer)
+    hf.enable_truncation(8)
+    hf.enable_padding(length=16)
+    (tmp_path / "tok").mkdir()
+    hf.save(str(tmp_path / "tok" / "tokenizer.json"))
+    early = FastokensPrefetch(tmp_path / "tok" / "tokenizer.json")
+    assert early._thread.daemon is False
+    early.close()
+    assert not early._thread.is_alive()
+    pieces = PieceTokenizer(tok, backend="auto", prefetched=early)
+    assert pieces.backend == "fastokens"
+    text = "a long text of many more than eight tokens, to be encoded whole " * 3
+    ids, offsets = pieces.encoders[0]([text])
+    assert ids.tolist() == tok.backend_tokenizer.encode(text, add_special_tokens=False).ids

@@ -300,3 +300,27 @@ def test_a_remembered_directory_is_loaded_without_auto_tokenizer(tmp_path, monke
 
     monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", refuse)
     assert _described(tokenizer_class.load(str(directory))) == expected
+
+
+def test_the_memory_is_written_where_no_folder_was_and_a_failed_write_leaves_nothing(tmp_path, monkeypatch):
+    """A fresh home has no ~/.cache: the memory makes its folders. A write that fails leaves neither a memory nor
+    its temporary file; remote code (trust_remote_code) is never remembered."""
+    from weightprep import tokenizer_class
+
+    monkeypatch.setenv("WEIGHTPREP_CACHE", str(tmp_path / "a" / "b" / "cache"))
+    directory = _saved(chat_tokenizer("chatml"), tmp_path / "tok")
+    auto = type(_auto(directory))
+    tokenizer_class._remember("k", auto)
+    assert tokenizer_class._read() == {"k": f"{auto.__module__}:{auto.__qualname__}"}
+
+    def broken(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(tokenizer_class.json, "dump", broken)
+    tokenizer_class._remember("other", auto)
+    monkeypatch.undo()
+    monkeypatch.setenv("WEIGHTPREP_CACHE", str(tmp_path / "a" / "b" / "cache"))
+    assert sorted(p.name for p in (tmp_path / "a" / "b" / "cache").iterdir()) == ["tokenizer-classes.json"]
+    assert tokenizer_class._read() == {"k": f"{auto.__module__}:{auto.__qualname__}"}
+    tokenizer_class.load(str(directory), trust_remote_code=True)
+    assert list(tokenizer_class._read()) == ["k"]

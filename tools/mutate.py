@@ -142,6 +142,10 @@ _ONE_BLOCK = "pyarrow's block size only decides whether a block is read as one: 
 _LAST_PART = "the last part of a '/'-split is the same however many splits are allowed"
 
 #: mutant id (``--list`` prints them) -> why no test can tell it from the original (an equivalent mutant)
+#: reasons shared by several mutants
+_COPY = "a copy of the same values (astype with copy=True): the documents hold the same ids, weights and turns"
+_FIRST_COUNT = ("the block's counts are a new Counter and its conversations are counted before its pieces: nothing "
+                "to add to yet, = and += give the same")
 EQUIVALENT: dict[str, str] = {
     "stages/spans.py:TokenSpans.__init__:int-1:size = max(vocab.values(), default=-1) + 1":
         "an empty vocabulary then has one id without bytes (length -1): every id is still unknown, so the same None",
@@ -395,6 +399,14 @@ EQUIVALENT: dict[str, str] = {
     "stages/validate.py:_check_deep:int-1:records = _parse_fast(Block('<line>', 1, 1, raw + b'\\n'))#1": _DEEP_BLOCK,
     "stages/write.py:_ShardSet._open_next:int+1:self._shards.append((path, 0))": "every opened shard is closed (by the next _open_next or by close), which sets its rows",
     "stages/write.py:_ShardSet.empty_shard:int-1:return self._shards[-1][0]": "called only on a new set (the module's empty_shard): its one shard is the first and the last",
+    "blocks.py:_chat_documents:bool:return Documents(input_ids=ids.astype(np.int32, copy=False), weights=weights.astype(np.float32, c...": _COPY,
+    "blocks.py:_chat_documents:bool:return Documents(input_ids=ids.astype(np.int32, copy=False), weights=weights.astype(np.float32, c...#1": _COPY,
+    "blocks.py:_chat_documents:bool:return Documents(input_ids=ids.astype(np.int32, copy=False), weights=weights.astype(np.float32, c...#2": _COPY,
+    "blocks.py:_chat_documents:augassign:counts['weight_accepted'] += float(weights.astype(np.float64).sum())": _FIRST_COUNT,
+    "blocks.py:_chat_documents:augassign:counts['empty_documents'] += int((lengths == 0).sum())": _FIRST_COUNT,
+    "prefetch.py:FastokensPrefetch._load:drop:tok.no_padding()": "fastokens' encode_batch_flat never pads (its ids are flat): the file's padding is off for the tokenizers backend the probes and the guard compare with",
+    "tokenizer_class.py:load:bool:return cls.from_pretrained(name_or_path, _from_auto=True)": "_from_auto sets only transformers' telemetry user agent (PreTrainedTokenizerBase.from_pretrained)",
+    "tokenizer_class.py:_remember:bool:Path(tmp).unlink(missing_ok=True)": "the temporary file exists (mkstemp made it): missing_ok is never consulted",
     "stages/write.py:_ShardSet.abort:drop:self._writer.close()": "an aborted shard is thrown away: closing its file alone releases it (what the writer would add is never read)",
     "stages/write.py:_ShardSet.__init__:int+1:self._rows_in_shard = 0": "read only once a shard is open, and _open_next sets it to 0 first",
     "stages/write.py:_ShardSet.__init__:bool:directory.mkdir(parents=True, exist_ok=True)": "a shard set's directory is a part's temporary directory, made before its writer, or a split directory inside it",
