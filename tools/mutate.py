@@ -141,11 +141,11 @@ _LINE_BASE = "a line that gives a row is a JSON object, two or more characters o
 _ONE_BLOCK = "pyarrow's block size only decides whether a block is read as one: at least the block's length it is, and below it a record across blocks is refused, so the exact path gives the same records (slower)"
 _LAST_PART = "the last part of a '/'-split is the same however many splits are allowed"
 
-#: mutant id (``--list`` prints them) -> why no test can tell it from the original (an equivalent mutant)
 #: reasons shared by several mutants
 _COPY = "a copy of the same values (astype with copy=True): the documents hold the same ids, weights and turns"
 _FIRST_COUNT = ("the block's counts are a new Counter and its conversations are counted before its pieces: nothing "
                 "to add to yet, = and += give the same")
+#: mutant id (``--list`` prints them) -> why no test can tell it from the original (an equivalent mutant)
 EQUIVALENT: dict[str, str] = {
     "stages/spans.py:TokenSpans.__init__:int-1:size = max(vocab.values(), default=-1) + 1":
         "an empty vocabulary then has one id without bytes (length -1): every id is still unknown, so the same None",
