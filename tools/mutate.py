@@ -145,6 +145,7 @@ _LAST_PART = "the last part of a '/'-split is the same however many splits are a
 _COPY = "a copy of the same values (astype with copy=True): the documents hold the same ids, weights and turns"
 _FIRST_COUNT = ("the block's counts are a new Counter and its conversations are counted before its pieces: nothing "
                 "to add to yet, = and += give the same")
+_PAD = "the padding is read one past the last character only (safe = len(char_w)): a second zero is never read"
 #: mutant id (``--list`` prints them) -> why no test can tell it from the original (an equivalent mutant)
 EQUIVALENT: dict[str, str] = {
     "stages/spans.py:TokenSpans.__init__:int-1:size = max(vocab.values(), default=-1) + 1":
@@ -404,6 +405,8 @@ EQUIVALENT: dict[str, str] = {
     "blocks.py:_chat_documents:bool:return Documents(input_ids=ids.astype(np.int32, copy=False), weights=weights.astype(np.float32, c...#2": _COPY,
     "blocks.py:_chat_documents:augassign:counts['weight_accepted'] += float(weights.astype(np.float64).sum())": _FIRST_COUNT,
     "blocks.py:_chat_documents:augassign:counts['empty_documents'] += int((lengths == 0).sum())": _FIRST_COUNT,
+    "stages/chat_align.py:align_tokens:int+1:padded_w = np.concatenate([np.asarray(char_w, dtype=np.float32), np.zeros(1, np.float32)])": _PAD,
+    "stages/chat_align.py:align_tokens:int+1:padded_t = np.concatenate([np.asarray(char_turns, dtype=np.int32), np.zeros(1, np.int32)])": _PAD,
     "prefetch.py:FastokensPrefetch._load:drop:tok.no_padding()": "fastokens' encode_batch_flat never pads (its ids are flat): the file's padding is off for the tokenizers backend the probes and the guard compare with",
     "tokenizer_class.py:load:bool:return cls.from_pretrained(name_or_path, _from_auto=True)": "_from_auto sets only transformers' telemetry user agent (PreTrainedTokenizerBase.from_pretrained)",
     "tokenizer_class.py:_remember:bool:Path(tmp).unlink(missing_ok=True)": "the temporary file exists (mkstemp made it): missing_ok is never consulted",
