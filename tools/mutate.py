@@ -142,10 +142,14 @@ _ONE_BLOCK = "pyarrow's block size only decides whether a block is read as one: 
 _LAST_PART = "the last part of a '/'-split is the same however many splits are allowed"
 
 #: reasons shared by several mutants
-_COPY = "a copy of the same values (astype with copy=True): the documents hold the same ids, weights and turns"
+_COPY = "a copy of the same values (astype with copy=True): the same ids, weights and turns"
 _FIRST_COUNT = ("the block's counts are a new Counter and its conversations are counted before its pieces: nothing "
                 "to add to yet, = and += give the same")
 _PAD = "the padding is read one past the last character only (safe = len(char_w)): a second zero is never read"
+_PRECHECK = ("a quick test for any token across a change: the exact selection under it (across) finds the same tokens, "
+             "a looser test only runs it more often")
+_AT_EDGE = ("a token that only begins or ends at a change holds characters of one weight: its heaviest character is its "
+            "first, with the same weight and turn, and it is not counted as straddling")
 #: mutant id (``--list`` prints them) -> why no test can tell it from the original (an equivalent mutant)
 EQUIVALENT: dict[str, str] = {
     "stages/spans.py:TokenSpans.__init__:int-1:size = max(vocab.values(), default=-1) + 1":
@@ -407,6 +411,14 @@ EQUIVALENT: dict[str, str] = {
     "blocks.py:_chat_documents:augassign:counts['empty_documents'] += int((lengths == 0).sum())": _FIRST_COUNT,
     "stages/chat_align.py:align_tokens:int+1:padded_w = np.concatenate([np.asarray(char_w, dtype=np.float32), np.zeros(1, np.float32)])": _PAD,
     "stages/chat_align.py:align_tokens:int+1:padded_t = np.concatenate([np.asarray(char_turns, dtype=np.int32), np.zeros(1, np.int32)])": _PAD,
+    "stages/chat_align.py:align_tokens:bool:weights = np.where(has_chars, padded_w[safe], np.float32(0)).astype(np.float32, copy=False)": _COPY,
+    "stages/chat_align.py:align_tokens:bool:turns = padded_t[safe].astype(np.int32, copy=False)": _COPY,
+    "stages/chat_align.py:align_tokens:boolop:if len(changes) and len(ids):": "a change of weight needs two characters, and a document with characters has tokens: no batch has changes and no ids",
+    "stages/chat_align.py:align_tokens:binop:if ((g_starts[k] < changes) & (g_ends[k] > changes)).any():": _PRECHECK,
+    "stages/chat_align.py:align_tokens:compare0:if ((g_starts[k] < changes) & (g_ends[k] > changes)).any():": _PRECHECK,
+    "stages/chat_align.py:align_tokens:compare0:if ((g_starts[k] < changes) & (g_ends[k] > changes)).any():#1": _PRECHECK,
+    "stages/chat_align.py:align_tokens:string:across = np.flatnonzero(np.searchsorted(changes, g_ends, side='left') > np.searchsorted(changes, ...": _AT_EDGE,
+    "stages/chat_align.py:align_tokens:string:across = np.flatnonzero(np.searchsorted(changes, g_ends, side='left') > np.searchsorted(changes, ...#1": _AT_EDGE,
     "prefetch.py:FastokensPrefetch._load:drop:tok.no_padding()": "fastokens' encode_batch_flat never pads (its ids are flat): the file's padding is off for the tokenizers backend the probes and the guard compare with",
     "tokenizer_class.py:load:bool:return cls.from_pretrained(name_or_path, _from_auto=True)": "_from_auto sets only transformers' telemetry user agent (PreTrainedTokenizerBase.from_pretrained)",
     "tokenizer_class.py:_remember:bool:Path(tmp).unlink(missing_ok=True)": "the temporary file exists (mkstemp made it): missing_ok is never consulted",
