@@ -669,3 +669,30 @@ def test_conversations_rejected_while_rendering_leave_no_trace_in_the_rows(tmp_p
 
     assert any(name.endswith(".arrow") for name in written(tmp_path / "b"))
     assert written(tmp_path / "a") == written(tmp_path / "b")
+
+
+@pytest.mark.parametrize("where", ["first", "middle", "last"])
+def test_a_conversation_rendered_as_nothing_is_an_empty_document_counted_and_dropped(tmp_path, where):
+    """A template may render a conversation as no text at all (here: only assistant contents, and an empty one). Its
+    document has no token: counted as empty and not written, and no other document's first token is taken for its
+    own (the build failed its accounting, or indexed past the end, when the empty document came before another or
+    last)."""
+    tok = chat_tokenizer("chatml")
+    tok.chat_template = "{% for m in messages %}{% if m['role'] == 'assistant' %}{{ m['content'] }}{% endif %}{% endfor %}"
+    tok_dir = _save(tok, tmp_path / "tok")
+    empty = {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": ""}]}
+    others = [{"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo there", "weight": 2}]},
+              {"pieces": [{"text": "some text", "weight": 1}]}]  # fmt: skip
+    at = {"first": 0, "middle": 1, "last": 2}[where]
+    lines = [*others[:at], empty, *others[at:]]
+    cfg = config_from_dict({"tokenizer": {"name": str(tok_dir)}, "pack": {"seq_len": 64}})
+    (tmp_path / "with.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    (tmp_path / "without.jsonl").write_text("".join(json.dumps(r) + "\n" for r in others))
+    c = build([str(tmp_path / "with.jsonl")], tmp_path / "a", cfg)["counts"]
+    check_accounting(c)
+    assert (c["documents"], c["chat_documents"], c["empty_documents"], c["documents_written"]) == (3, 2, 1, 2)
+    reference = build([str(tmp_path / "without.jsonl")], tmp_path / "b", cfg)["counts"]
+    assert (c["tokens"], c["supervised_tokens"]) == (reference["tokens"], reference["supervised_tokens"])
+    assert c["accounting"]["weight"]["written"] == reference["accounting"]["weight"]["written"]
+    shards = sorted(p.name for p in (tmp_path / "b").glob("*.arrow"))
+    assert shards and all((tmp_path / "a" / s).read_bytes() == (tmp_path / "b" / s).read_bytes() for s in shards)

@@ -49,6 +49,7 @@ MODULES: dict[str, list[str]] = {
     "blocks.py": [
         "tests/test_stages.py", "tests/test_properties.py", "tests/test_build_output.py", "tests/test_bad_input.py",
         "tests/test_chat.py", "tests/test_chat_turns.py", "tests/test_chat_history.py", "tests/test_chat_align.py",
+        "tests/test_chat_control.py",
     ],
     "batches.py": [
         "tests/test_stages.py", "tests/test_properties.py", "tests/test_build_output.py", "tests/test_chat_turns.py",

@@ -27,7 +27,7 @@ from weightprep.stages.assemble import assemble
 from weightprep.stages.chat_templates import resolve_templates, template_sha256
 from weightprep.stages.columns import parse_columns
 from weightprep.stages.filter import filter_documents
-from weightprep.stages.mask import mask
+from weightprep.stages.mask import first_tokens, mask
 from weightprep.stages.read import InputFile, file_kind, read_blocks
 from weightprep.stages.tokenize import PieceTokenizer
 from weightprep.stages.validate import parse_block
@@ -73,7 +73,7 @@ def document_batch(
         merged = Documents.concat([docs, chat_docs]) if len(docs) else chat_docs
         order = np.argsort(merged.lines, kind="stable")
         docs = merged if (order == np.arange(len(order))).all() else merged.take(order)
-    counts["weight_unlabeled_first"] += float(docs.weights[docs.offsets[:-1]].sum(dtype=np.float64))
+    counts["weight_unlabeled_first"] += float(docs.weights[first_tokens(docs)].sum(dtype=np.float64))
     # the documents were made here (assemble, the chat merge): mask unweights their first tokens in place
     docs, dropped = filter_documents(mask(docs, labels=labels, copy=False), cfg.max_length, cfg.filter.overlong)
     counts.update(dropped)

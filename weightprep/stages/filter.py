@@ -23,7 +23,7 @@ from typing import Literal
 import numpy as np
 
 from weightprep.batches import Documents
-from weightprep.stages.mask import unlabel_first_tokens
+from weightprep.stages.mask import first_tokens, unlabel_first_tokens
 
 __all__ = ["filter_documents"]
 
@@ -66,9 +66,13 @@ def filter_documents(
             unlabel_first_tokens(kept)
             removed("chunked", docs, kept)
             docs = kept
-    # a document's largest weight (weights are >= 0: positive exactly where one is); reduceat on an empty document
-    # would read its neighbour, and documents always hold EOS, so none is empty
-    largest = np.maximum.reduceat(docs.weights, docs.offsets[:-1]) if len(docs) else np.zeros(0, np.float32)
+    # a document's largest weight (weights are >= 0: positive exactly where one is), over the non-empty ones only:
+    # reduceat at an empty document's offset would read its neighbour's first token, or past the end. A pieces
+    # document holds EOS at least, but a conversation's is what its template renders, which may be nothing.
+    largest = np.zeros(len(docs), np.float32)
+    nonempty = docs.lengths > 0
+    if nonempty.any():
+        largest[nonempty] = np.maximum.reduceat(docs.weights, first_tokens(docs))
     unsupervised = ~(largest > 0)
     n_unsup = int(unsupervised.sum())
     if n_unsup:

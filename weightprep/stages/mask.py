@@ -20,7 +20,7 @@ import numpy as np
 from weightprep.batches import Documents
 from weightprep.constants import IGNORE_INDEX
 
-__all__ = ["mask", "labels_from_weights", "unlabel_first_tokens"]
+__all__ = ["mask", "labels_from_weights", "first_tokens", "unlabel_first_tokens"]
 
 
 def labels_from_weights(input_ids: np.ndarray, weights: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
@@ -35,9 +35,14 @@ def labels_from_weights(input_ids: np.ndarray, weights: np.ndarray, out: np.ndar
     return out
 
 
+def first_tokens(docs: Documents) -> np.ndarray:
+    """Where each non-empty document's first token is (an empty one has none: its offset is the next's start)."""
+    return docs.offsets[:-1][docs.lengths > 0]
+
+
 def unlabel_first_tokens(docs: Documents) -> None:
     """In place: weight 0 and label IGNORE_INDEX on the first token of every non-empty document."""
-    starts = docs.offsets[:-1][docs.lengths > 0]
+    starts = first_tokens(docs)
     docs.weights[starts] = 0.0
     if docs.labels is not None:
         docs.labels[starts] = IGNORE_INDEX
