@@ -273,7 +273,8 @@ def test_the_key_reads_every_file_but_weights_and_the_memory_keeps_the_newest(tm
     class NotTransformers:
         pass
 
-    tokenizer_class._remember("elsewhere", NotTransformers)
+    tokenizer_class._remember("elsewhere", NotTransformers)  # a local class (its qualname holds "<locals>")
+    tokenizer_class._remember("elsewhere", json.JSONDecoder)  # a class another package names as transformers does
     assert tokenizer_class._read() == {}
     auto = type(_auto(directory))
     monkeypatch.setattr(tokenizer_class, "KEEP", 3)

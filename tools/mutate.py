@@ -420,6 +420,7 @@ EQUIVALENT: dict[str, str] = {
     "stages/chat_align.py:align_tokens:compare0:if ((g_starts[k] < changes) & (g_ends[k] > changes)).any():#1": _PRECHECK,
     "stages/chat_align.py:align_tokens:string:across = np.flatnonzero(np.searchsorted(changes, g_ends, side='left') > np.searchsorted(changes, ...": _AT_EDGE,
     "stages/chat_align.py:align_tokens:string:across = np.flatnonzero(np.searchsorted(changes, g_ends, side='left') > np.searchsorted(changes, ...#1": _AT_EDGE,
+    "tokenizer_class.py:load:bool:tok = AutoTokenizer.from_pretrained(name_or_path, use_fast=True, trust_remote_code=trust_remote_c...": "transformers 5 (this suite's) ignores use_fast: AutoTokenizer always builds the fast class; under transformers 4 the slow class it would give is refused by load_tokenizer (is_fast)",
     "prefetch.py:FastokensPrefetch._load:drop:tok.no_padding()": "fastokens' encode_batch_flat never pads (its ids are flat): the file's padding is off for the tokenizers backend the probes and the guard compare with",
     "tokenizer_class.py:load:bool:return cls.from_pretrained(name_or_path, _from_auto=True)": "_from_auto sets only transformers' telemetry user agent (PreTrainedTokenizerBase.from_pretrained)",
     "tokenizer_class.py:_remember:bool:Path(tmp).unlink(missing_ok=True)": "the temporary file exists (mkstemp made it): missing_ok is never consulted",
