@@ -81,3 +81,13 @@ def test_a_quote_is_escaped_by_an_odd_run_of_backslashes_before_it(run, at, carr
     quotes = np.flatnonzero(data == ord('"'))
     total = min(run, at) + (carried if run >= at else 0)
     assert escaped(chunk, data, quotes, carried).tolist() == [total % 2 == 1]
+
+
+def test_a_part_that_starts_with_a_string_element_is_cut_at_its_own_commas():
+    """A part of an array starts just after a separating ',' (``inside=True``), outside any string and after no
+    backslash: its first byte may be a quote (an array of strings, each then refused as no record), which opens a
+    string; the elements are cut where they end, the closing ']' included."""
+    chunk = b'"a\\\\",  "b,c" ,{"x": "]"}]'
+    _, separators = ArrayScanner(inside=True).scan(chunk)
+    assert [chunk[s : s + 1] for s in separators.tolist()] == [b",", b",", b"]"]
+    assert separators.tolist() == [chunk.index(b",  "), chunk.index(b" ,{") + 1, len(chunk) - 1]
