@@ -114,6 +114,7 @@ def test_the_splitter_hands_on_each_element_at_its_offset(tmp_path, records, ind
         ('[{"text": "a"},, {"text": "b"}]', 1, "an empty element"),
         ('[{"text": "a"},]', 1, "an empty element"),
         ('[{"text": "a"}] [{"text": "b"}]', 0, "bytes after the array's closing ']'"),
+        ('[{"text": "a"}]x', 0, "bytes after the array's closing ']'"),  # the very next byte
         ('[{"text": "a"}, {"text": "b"', 1, "the file ends inside the array"),
         ('[{"text": "a"}}, {"text": "b"}]', 0, "unbalanced brackets: a '}' closes the array"),
     ],

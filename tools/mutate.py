@@ -152,6 +152,8 @@ _PRECHECK = ("a quick test for any token across a change: the exact selection un
 _AT_EDGE = ("a token that only begins or ends at a change holds characters of one weight: its heaviest character is its "
             "first, with the same weight and turn, and it is not counted as straddling")
 _NO_SOLID = "the sentinel for no byte yet is only compared with ',' and '[' (44, 91): -1, -2 and 0 are neither"
+_PARITY = "a parity: adding or taking away was_inside (0 or 1) leaves the same remainder of 2"
+_PAST_CLOSE = "only whitespace follows the closing ']' (refused otherwise just above): no bracket or comma lies past it"
 #: mutant id (``--list`` prints them) -> why no test can tell it from the original (an equivalent mutant)
 EQUIVALENT: dict[str, str] = {
     "stages/spans.py:TokenSpans.__init__:int-1:size = max(vocab.values(), default=-1) + 1":
@@ -424,6 +426,12 @@ EQUIVALENT: dict[str, str] = {
     "tokenizer_class.py:load:bool:tok = AutoTokenizer.from_pretrained(name_or_path, use_fast=True, trust_remote_code=trust_remote_c...": "transformers 5 (this suite's) ignores use_fast: AutoTokenizer always builds the fast class; under transformers 4 the slow class it would give is refused by load_tokenizer (is_fast)",
     "stages/json_array.py:ArrayScanner.__init__:int+1:self.last_solid = ord(',') if inside else -1": _NO_SOLID,
     "stages/json_array.py:ArrayScanner.__init__:int-1:self.last_solid = ord(',') if inside else -1": _NO_SOLID,
+    "stages/json_array.py:ArrayScanner.scan:binop:self.in_string = bool(((int(count[-1]) if len(count) else 0) + was_inside) % 2)#1": _PARITY,
+    "stages/json_array.py:ArrayScanner.scan:binop:inside = (count + was_inside & 1).astype(bool)#1": _PARITY,
+    "stages/json_array.py:ArrayScanner.scan:int+1:where, comma, before, after = (where[:k + 1], comma[:k + 1], before[:k + 1], after[:k + 1])": _PAST_CLOSE,
+    "stages/json_array.py:ArrayScanner.scan:int+1:where, comma, before, after = (where[:k + 1], comma[:k + 1], before[:k + 1], after[:k + 1])#1": _PAST_CLOSE,
+    "stages/json_array.py:ArrayScanner.scan:int+1:where, comma, before, after = (where[:k + 1], comma[:k + 1], before[:k + 1], after[:k + 1])#2": _PAST_CLOSE,
+    "stages/json_array.py:ArrayScanner.scan:int+1:where, comma, before, after = (where[:k + 1], comma[:k + 1], before[:k + 1], after[:k + 1])#3": _PAST_CLOSE,
     "prefetch.py:FastokensPrefetch._load:drop:tok.no_padding()": "fastokens' encode_batch_flat never pads (its ids are flat): the file's padding is off for the tokenizers backend the probes and the guard compare with",
     "tokenizer_class.py:load:bool:return cls.from_pretrained(name_or_path, _from_auto=True)": "_from_auto sets only transformers' telemetry user agent (PreTrainedTokenizerBase.from_pretrained)",
     "tokenizer_class.py:_remember:bool:Path(tmp).unlink(missing_ok=True)": "the temporary file exists (mkstemp made it): missing_ok is never consulted",
