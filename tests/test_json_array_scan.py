@@ -91,3 +91,24 @@ def test_a_part_that_starts_with_a_string_element_is_cut_at_its_own_commas():
     _, separators = ArrayScanner(inside=True).scan(chunk)
     assert [chunk[s : s + 1] for s in separators.tolist()] == [b",", b",", b"]"]
     assert separators.tolist() == [chunk.index(b",  "), chunk.index(b" ,{") + 1, len(chunk) - 1]
+
+
+def test_empty_elements_are_found_across_chunks_and_whitespace_before_a_comma_is_no_empty_element():
+    """The empty-element check walks back over whitespace from a separator: a trailing ',' in one chunk and the
+    closing ']' first in the next is an empty element (the last byte carried over the chunk); a space before a
+    separating ',' is not."""
+    import pytest
+
+    from weightprep.stages.json_array import EmptyElement
+
+    scanner = ArrayScanner()
+    scanner.scan(b'[{"a": 1},')
+    with pytest.raises(EmptyElement):
+        scanner.scan(b"]")
+    scanner = ArrayScanner()
+    scanner.scan(b'[{"a": 1}, ')
+    with pytest.raises(EmptyElement):
+        scanner.scan(b" \n]")
+    data = b'[{"a": 1} , {"b": 2}\t,\n{"c": 3} ]'
+    _, separators = ArrayScanner().scan(data)
+    assert separators.tolist() == _reference(data)[0]
