@@ -109,6 +109,10 @@ def test_empty_elements_are_found_across_chunks_and_whitespace_before_a_comma_is
     scanner.scan(b'[{"a": 1}, ')
     with pytest.raises(EmptyElement):
         scanner.scan(b" \n]")
+    scanner = ArrayScanner()
+    scanner.scan(b'[{"a": 1}')
+    with pytest.raises(EmptyElement):  # the ',' before it is the chunk's first byte
+        scanner.scan(b", ]")
     data = b'[{"a": 1} , {"b": 2}\t,\n{"c": 3} ]'
     _, separators = ArrayScanner().scan(data)
     assert separators.tolist() == _reference(data)[0]
