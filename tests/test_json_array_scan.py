@@ -110,6 +110,11 @@ def test_empty_elements_are_found_across_chunks_and_whitespace_before_a_comma_is
     with pytest.raises(EmptyElement):
         scanner.scan(b" \n]")
     scanner = ArrayScanner()
+    scanner.scan(b'[{"a": 1},')
+    scanner.scan(b"  \n ")  # a chunk of whitespace only carries the ',' on
+    with pytest.raises(EmptyElement):
+        scanner.scan(b"]")
+    scanner = ArrayScanner()
     scanner.scan(b'[{"a": 1}')
     with pytest.raises(EmptyElement):  # the ',' before it is the chunk's first byte
         scanner.scan(b", ]")
