@@ -682,7 +682,8 @@ def test_a_conversation_rendered_as_nothing_is_an_empty_document_counted_and_dro
     tok_dir = _save(tok, tmp_path / "tok")
     empty = {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": ""}]}
     others = [{"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo there", "weight": 2}]},
-              {"pieces": [{"text": "some text", "weight": 1}]}]  # fmt: skip
+              {"pieces": [{"text": "some text", "weight": 1}]},
+              {"messages": [{"role": "user", "content": "And?"}, {"role": "assistant", "content": "More."}]}]  # fmt: skip
     at = {"first": 0, "middle": 1, "last": 2}[where]
     lines = [*others[:at], empty, *others[at:]]
     cfg = config_from_dict({"tokenizer": {"name": str(tok_dir)}, "pack": {"seq_len": 64}})
@@ -690,7 +691,7 @@ def test_a_conversation_rendered_as_nothing_is_an_empty_document_counted_and_dro
     (tmp_path / "without.jsonl").write_text("".join(json.dumps(r) + "\n" for r in others))
     c = build([str(tmp_path / "with.jsonl")], tmp_path / "a", cfg)["counts"]
     check_accounting(c)
-    assert (c["documents"], c["chat_documents"], c["empty_documents"], c["documents_written"]) == (3, 2, 1, 2)
+    assert (c["documents"], c["chat_documents"], c["empty_documents"], c["documents_written"]) == (4, 3, 1, 3)
     reference = build([str(tmp_path / "without.jsonl")], tmp_path / "b", cfg)["counts"]
     assert (c["tokens"], c["supervised_tokens"]) == (reference["tokens"], reference["supervised_tokens"])
     assert c["accounting"]["weight"]["written"] == reference["accounting"]["weight"]["written"]
