@@ -677,9 +677,8 @@ def test_a_conversation_rendered_as_nothing_is_an_empty_document_counted_and_dro
     document has no token: counted as empty and not written, and no other document's first token is taken for its
     own (the build failed its accounting, or indexed past the end, when the empty document came before another or
     last)."""
-    tok = chat_tokenizer("chatml")
-    tok.chat_template = "{% for m in messages %}{% if m['role'] == 'assistant' %}{{ m['content'] }}{% endif %}{% endfor %}"
-    tok_dir = _save(tok, tmp_path / "tok")
+    only_answers = "{% for m in messages %}{% if m['role'] == 'assistant' %}{{ m['content'] }}{% endif %}{% endfor %}"
+    tok_dir = _save(chat_tokenizer("chatml", only_answers), tmp_path / "tok")  # (the cached tokenizers are read-only)
     empty = {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": ""}]}
     others = [{"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo there", "weight": 2}]},
               {"pieces": [{"text": "some text", "weight": 1}]},
