@@ -269,6 +269,10 @@ def test_the_key_reads_every_file_but_weights_and_the_memory_keeps_the_newest(tm
     assert tokenizer_class._key(directory) == key
     (directory / "merges.txt").write_text("a b\n")
     assert tokenizer_class._key(directory) not in (key, None)
+    import shutil
+
+    shutil.copytree(directory, tmp_path / "copy")  # the same files elsewhere: AutoTokenizer may read the path
+    assert tokenizer_class._key(tmp_path / "copy") not in (tokenizer_class._key(directory), None)
 
     class NotTransformers:
         pass

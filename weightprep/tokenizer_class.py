@@ -7,9 +7,10 @@ imports torch (about 1.8 s of a build's start and 260 MB in each process; transf
 need neither), so the decision is made by ``AutoTokenizer`` once and remembered: the next build (and every worker
 of a build) imports the class it named and calls its ``from_pretrained`` as ``AutoTokenizer`` would have.
 
-The memory is keyed by the transformers version and the bytes of every file of the directory but weights (the
-decision reads nothing else), so an edited configuration, another file or another transformers is a new key and
-``AutoTokenizer`` decides again. Remote code (``auto_map``, ``--trust-remote-code``) and hub ids are never
+The memory is keyed by the transformers version, the directory's path (``AutoTokenizer`` matches a model's name,
+for a directory its path, against tables of known checkpoints) and the bytes of every file of the directory but
+weights (the decision reads nothing else), so an edited configuration, another file, a copy elsewhere or another
+transformers is a new key and ``AutoTokenizer`` decides again. Remote code (``auto_map``, ``--trust-remote-code``) and hub ids are never
 remembered. A memory that cannot be read or written (a read-only home, a damaged file) is ignored: ``AutoTokenizer``
 then runs as before. It lives in ``$WEIGHTPREP_CACHE``, else ``$XDG_CACHE_HOME/weightprep``, else
 ``~/.cache/weightprep`` (``tokenizer-classes.json``, at most ``KEEP`` directories, the oldest dropped first).
@@ -45,15 +46,16 @@ def cache_dir() -> Path:
 
 
 def _key(directory: Path) -> str | None:
-    """The directory's key: transformers' version and each non-weight file's name and bytes (None: not a local
-    directory, remote code, or no transformers)."""
+    """The directory's key: transformers' version, its path, and each non-weight file's name and bytes (None: not a
+    local directory, remote code, or no transformers)."""
     try:
         transformers_version = version("transformers")
         files = sorted(p for p in directory.iterdir() if p.is_file() and not p.name.endswith(_WEIGHTS))
         config = directory / "tokenizer_config.json"
         if config.is_file() and "auto_map" in json.loads(config.read_text(encoding="utf-8")):
             return None
-        digest = hashlib.sha256(transformers_version.encode())
+        # the path too: AutoTokenizer matches the model's name (for a directory, its path) against its tables
+        digest = hashlib.sha256(transformers_version.encode() + b"\0" + str(directory.resolve()).encode())
         for path in files:
             digest.update(b"\0" + path.name.encode() + b"\0")
             digest.update(hashlib.sha256(path.read_bytes()).digest())
