@@ -78,7 +78,9 @@ MODULES: dict[str, list[str]] = {
         "tests/test_interleave.py", "tests/test_storage.py", "tests/test_inputs.py",
     ],
     # the other kinds of file and the other tools' shapes (docs/inputs.md)
-    "stages/json_array.py": ["tests/test_json_array_scan.py", "tests/test_inputs.py", "tests/test_build_memory.py"],
+    "stages/json_array.py": [
+        "tests/test_json_array_scan.py", "tests/test_inputs.py", "tests/test_build_memory.py", "tests/test_plan_array.py",
+    ],
     # a JSON array's cuts at plan time: chunk summaries chained, then the splitter from each target
     "distribute/plan_array.py": ["tests/test_plan_array.py", "tests/test_json_array_scan.py", "tests/test_inputs.py"],
     "stages/text.py": ["tests/test_inputs.py"],

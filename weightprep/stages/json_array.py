@@ -247,16 +247,14 @@ def outside(real: np.ndarray, positions: np.ndarray, in_string: bool) -> np.ndar
     return ((np.searchsorted(real, positions) + in_string) & 1) == 0
 
 
-def structure(data: np.ndarray, scratch: Scratch, commas: bool = False) -> np.ndarray:
-    """The positions of the brackets in ``data`` (and of its commas): ``| 0x20`` makes '[' '{' and ']' '}', which
-    differ in bit 1 only; in place in ``scratch``."""
+def structure(data: np.ndarray, scratch: Scratch) -> np.ndarray:
+    """The positions of the brackets in ``data`` (the plan's chunk summary): ``| 0x20`` makes '[' '{' and ']' '}',
+    which differ in bit 1 only; in place in ``scratch``."""
     mask, work = scratch.get(len(data))
     np.bitwise_or(data, 0x20, out=work)
     np.subtract(work, ord("{"), out=work)
     np.bitwise_and(work, 0xFD, out=work)
     np.equal(work, 0, out=mask)
-    if commas:
-        np.logical_or(mask, np.equal(data, _COMMA, out=work.view(bool)), out=mask)
     return np.flatnonzero(mask)
 
 
