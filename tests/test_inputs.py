@@ -346,3 +346,17 @@ def test_an_empty_element_in_a_cut_array_is_named_by_its_index_in_the_file(tmp_p
             _build(tmp_path, path, sample_tok, f"o-{on_invalid}", read={"part_bytes": part_bytes, "block_bytes": 1024},
                    validate={"on_invalid": on_invalid})  # fmt: skip
         assert str(err.value).startswith(f"{path}: record 41: <json>: malformed JSON array: an empty element")
+
+
+@pytest.mark.parametrize("stray", ["Z", "z", "~", "|", "^", "\\\\"])
+def test_a_stray_byte_between_records_is_that_record_s_error_not_a_bracket(tmp_path, sample_tok, stray):
+    """Bytes that differ from a bracket in one bit (``Z`` ``z`` ``~`` ``|`` ``^`` ``\\``) are no bracket: the
+    element holding one is refused as malformed JSON under its own number, and the array's structure around it is
+    read as it is."""
+    path = tmp_path / "data.json"
+    path.write_text('[{"text": "a"}, ' + stray + ', {"text": "b"}]')
+    with pytest.raises(InputError) as err:
+        build([str(path)], tmp_path / "o", config_from_dict({}), tokenizer=sample_tok)
+    assert str(err.value).startswith(f"{path}: record 1: <json>: malformed JSON")
+    skip = build([str(path)], tmp_path / "s", config_from_dict({"validate": {"on_invalid": "skip"}}), tokenizer=sample_tok)
+    assert skip["counts"]["records"] == 3 and skip["counts"]["documents_written"] == 2

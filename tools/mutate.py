@@ -157,6 +157,7 @@ _NO_SOLID = "the sentinel for no byte yet is only compared with ',' and '[' (44,
 _PARITY = "a parity: adding or taking away was_inside (0 or 1) leaves the same remainder of 2"
 _PAST_CLOSE = "only whitespace follows the closing ']' (refused otherwise just above): no bracket or comma lies past it"
 _SUSPECT = "a quick filter of the separators to walk back from: a looser one walks back from more, with the same outcome"
+_SCRATCH = "a work array's size: grown when smaller than the chunk and used as its first len(data) items, so a larger one gives the same"
 #: mutant id (``--list`` prints them) -> why no test can tell it from the original (an equivalent mutant)
 EQUIVALENT: dict[str, str] = {
     "stages/spans.py:TokenSpans.__init__:int-1:size = max(vocab.values(), default=-1) + 1":
@@ -437,6 +438,13 @@ EQUIVALENT: dict[str, str] = {
     "stages/json_array.py:ArrayScanner.scan:int+1:where, comma, before, after = (where[:k + 1], comma[:k + 1], before[:k + 1], after[:k + 1])#3": _PAST_CLOSE,
     "stages/json_array.py:ArrayScanner._check_elements:compare0:suspect = _SPACE[before] | (before == ord(',')) | (before == ord('[')) | (separators == 0)#1": _SUSPECT,
     "stages/json_array.py:ArrayScanner._check_elements:compare0:suspect = _SPACE[before] | (before == ord(',')) | (before == ord('[')) | (separators == 0)#2": _SUSPECT,
+    "stages/json_array.py:Scratch.__init__:int+1:self.other = np.zeros(0, dtype=bool)": _SCRATCH,
+    "stages/json_array.py:Scratch.__init__:int+1:self.bytes = np.zeros(0, dtype=np.uint8)": _SCRATCH,
+    "stages/json_array.py:Scratch.__init__:int+1:self.out = np.zeros(0, dtype=np.uint8)": _SCRATCH,
+    "stages/json_array.py:Scratch.output:compare0:if len(self.out) < len(data):": _SCRATCH,
+    "stages/json_array.py:Scratch.get:compare0:if len(self.mask) < n:": _SCRATCH,
+    "stages/json_array.py:Scratch.marks:compare0:if len(self.other) < len(data):": _SCRATCH,
+    "stages/json_array.py:_changes:int+1:return np.where(byte == _COMMA, 0, np.where(byte | 32 == ord('{'), 1, -1)).astype(np.int64)#1": "only brackets and commas reach it: | 0x21 maps '[' and '{' to '{', and ']' and '}' elsewhere, as | 0x20 does",
     "prefetch.py:FastokensPrefetch._load:drop:tok.no_padding()": "fastokens' encode_batch_flat never pads (its ids are flat): the file's padding is off for the tokenizers backend the probes and the guard compare with",
     "tokenizer_class.py:load:bool:return cls.from_pretrained(name_or_path, _from_auto=True)": "_from_auto sets only transformers' telemetry user agent (PreTrainedTokenizerBase.from_pretrained)",
     "tokenizer_class.py:_remember:bool:Path(tmp).unlink(missing_ok=True)": "the temporary file exists (mkstemp made it): missing_ok is never consulted",
