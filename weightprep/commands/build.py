@@ -18,7 +18,7 @@ from weightprep.commands._storage import storage_options
 from weightprep.config import load_config, load_sources
 from weightprep.errors import BuildInterrupted, LeftoverParts, UsageError
 from weightprep.progress import Steps, build_progress
-from weightprep.tokenizer import SAMPLE_TOKENIZER_DIR, set_tokenizer_threads
+from weightprep.tokenizer import SAMPLE_TOKENIZER_DIR, set_tokenizer_threads, tokenizer_location
 
 if TYPE_CHECKING:
     from weightprep.sources import Source
@@ -121,7 +121,7 @@ def _load_early(tokenizer: str | None, pipeline_file: str | None, backend: str |
         return
     from weightprep import prefetch
 
-    path = Path(tokenizer if tokenizer is not None else SAMPLE_TOKENIZER_DIR) / "tokenizer.json"
+    path = Path(tokenizer_location(tokenizer)) / "tokenizer.json"  # the directory the build will read
     prefetch.start(path)
     # a build that ends before it takes the load (an error first) leaves none behind in this process
     click.get_current_context().call_on_close(lambda: prefetch.take(path))
