@@ -18,8 +18,8 @@ clock, and their ratio is the throughput ratio the two files would have on idle 
 ``read``: ``read_blocks`` + ``parse_block`` over the whole file (stage 1 and 2, the part that differs between the
 two files), records per second. ``build``: ``weightprep build`` of the file, whole process (``--workers N``: with
 ``--executor local --workers N``; ``--part-bytes``: the parts' size, for both files). ``plan``: the plan of the
-array's parts at ``--part-bytes`` (``weightprep.distribute.plan_array``: one threaded pass), which the array's
-build includes. The ratio is the array's throughput over the JSON Lines file's.
+array's parts at ``--part-bytes`` that the array's build makes (guessed from the file's layout:
+``plan_array.guessed_cuts``), and the exact plan's threaded pass beside it. The ratio is the array's throughput over the JSON Lines file's.
 """
 
 from __future__ import annotations
@@ -55,8 +55,8 @@ _PLAN = """
 import sys, time
 from weightprep.distribute.plan import plan_parts
 t0 = time.perf_counter()
-parts = plan_parts([sys.argv[1]], int(sys.argv[2]))
-print(len(parts), time.perf_counter() - t0)
+parts = plan_parts([sys.argv[1]], int(sys.argv[2]), exact=sys.argv[3] == "exact")
+print(len(parts), time.perf_counter() - t0, sum(p.check is not None for p in parts))
 """
 
 
@@ -128,11 +128,13 @@ def main() -> None:
     args = ap.parse_args()
     jsonl, array = files(args.mib, args.sized)
     results: dict[str, dict[str, list[float]]] = {}
-    plan: dict[str, list[float]] = {"seconds": [], "parts": []}
+    plan: dict[str, list[float]] = {"seconds": [], "parts": [], "exact": [], "guessed": []}
     for _ in range(args.repeat):
-        _, _, out, _ = run([sys.executable, "-c", _PLAN, str(array), str(args.part_bytes)])
+        for how in ("exact", "guessed"):
+            _, _, out, _ = run([sys.executable, "-c", _PLAN, str(array), str(args.part_bytes), how])
+            plan["seconds" if how == "guessed" else "exact"].append(float(out.split()[1]))
         plan["parts"].append(int(out.split()[0]))
-        plan["seconds"].append(float(out.split()[1]))
+        plan["guessed"].append(int(out.split()[2]))
         for name, path in (("jsonl", jsonl), ("array", array)):
             wall, rss, out, cpu = run([sys.executable, "-c", _READ, str(path)])
             records, seconds = out.split()
@@ -162,9 +164,12 @@ def main() -> None:
     sizes = {"jsonl": jsonl.stat().st_size, "array": array.stat().st_size}
     print(f"JSON Lines {sizes['jsonl'] / 2**20:,.0f} MiB, array {sizes['array'] / 2**20:,.0f} MiB, "
           f"{results['read jsonl']['records'][0]:,} records; median of {args.repeat}")  # fmt: skip
-    table["plan array"] = {"seconds": statistics.median(plan["seconds"]), "parts": plan["parts"][0]}
+    table["plan array"] = {"seconds": statistics.median(plan["seconds"]), "parts": plan["parts"][0],
+                           "guessed": bool(plan["guessed"][0]), "exact_seconds": statistics.median(plan["exact"])}  # fmt: skip
+    how = "guessed from its layout" if plan["guessed"][0] else "no layout to guess from"
     print(f"  plan array   {table['plan array']['seconds']:8.2f} s  {plan['parts'][0]} parts of "
-          f"{args.part_bytes / 2**20:g} MiB")  # fmt: skip
+          f"{args.part_bytes / 2**20:g} MiB, {how} (the exact plan's pass: "
+          f"{table['plan array']['exact_seconds']:.2f} s)")  # fmt: skip
     for key, row in table.items():
         if key == "plan array":
             continue

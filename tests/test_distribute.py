@@ -7,6 +7,7 @@ retried; --resume reuses what a killed driver finished, and only when nothing th
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import os
@@ -534,6 +535,21 @@ def test_resume_ignores_a_leftover_of_another_plan(tmp_path, reference):
     assert any("were made from other inputs, configuration or tokenizer: discarded; building all 6" in n for n in notes)
     assert _digests(tmp_path / "out") == reference
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # and its leftovers are gone
+
+
+def test_the_resume_key_covers_the_plan(sample_tok):
+    """A plan guessed from a JSON array's layout and the exact one differ where the guess missed: a part finished
+    under one is never reused under the other (``resume_key``)."""
+    from weightprep.pipeline import resume_key
+    from weightprep.tokenizer import tokenizer_summary
+
+    cfg, inputs, summary = _cfg(), [str(SAMPLE_RAW)], tokenizer_summary(sample_tok)
+    plan, other = plan_parts(inputs, PART), plan_parts(inputs, PART // 2)
+    moved = [dataclasses.replace(plan[0], end=plan[0].end + 1), dataclasses.replace(plan[1], start=plan[1].start + 1), *plan[2:]]
+    key = resume_key(cfg, inputs, sample_tok, summary, "1", None, plan)
+    assert key == resume_key(cfg, inputs, sample_tok, summary, "1", None, plan_parts(inputs, PART))
+    assert len({key, resume_key(cfg, inputs, sample_tok, summary, "1", None, other),
+                resume_key(cfg, inputs, sample_tok, summary, "1", None, moved)}) == 3  # fmt: skip
 
 
 _TOKENIZER_EDITS = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")

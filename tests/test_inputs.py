@@ -360,3 +360,41 @@ def test_a_stray_byte_between_records_is_that_record_s_error_not_a_bracket(tmp_p
     assert str(err.value).startswith(f"{path}: record 1: <json>: malformed JSON")
     skip = build([str(path)], tmp_path / "s", config_from_dict({"validate": {"on_invalid": "skip"}}), tokenizer=sample_tok)
     assert skip["counts"]["records"] == 3 and skip["counts"]["documents_written"] == 2
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize("alike", [True, False])
+def test_an_array_planned_from_its_layout_builds_as_planned_exactly(tmp_path, sample_tok, monkeypatch, alike, workers):
+    """A pretty-printed array is cut where its head's layout says records start (``plan_array.guessed_cuts``, no
+    pass over the file); where later records are laid out otherwise, a part's reader finds the guess wrong and the
+    build plans exactly and builds again, saying so. Either way the shards, manifest and plan are the exact plan's."""
+    from weightprep.distribute import plan_array
+    from weightprep.distribute.executors import LocalExecutor
+
+    records = [{"pieces": [{"text": f"Q{i}: what is {i}?", "weight": 0}, {"text": f" {i}" * (i % 9 + 1), "weight": 1}]}
+               for i in range(90)]  # fmt: skip
+    texts = [json.dumps(r, indent=2).replace("\n", "\n  ") for r in records]
+    gaps = [",\n  " if alike or i < 30 or i % 3 else ", " for i in range(len(texts) - 1)]
+    path = tmp_path / "data.json"
+    path.write_text("[\n  " + texts[0] + "".join(g + t for g, t in zip(gaps, texts[1:], strict=True)) + "\n]\n")
+    config = config_from_dict({"pack": {"seq_len": 128}, "read": {"part_bytes": 2000, "block_bytes": 1024}})
+    monkeypatch.setattr(plan_array, "_HEAD_BYTES", 3000)  # the first 20 records (4 MiB in a build)
+    real, guesses = plan_array.guessed_cuts, []
+    monkeypatch.setattr(plan_array, "guessed_cuts", lambda *args, **kwargs: guesses.append(real(*args, **kwargs)) or guesses[-1])
+
+    def run(name: str) -> tuple[dict, dict[str, bytes], list[str]]:
+        notes: list[str] = []
+        executor = LocalExecutor(workers) if workers > 1 else None
+        manifest = build([str(path)], tmp_path / name, config, tokenizer=sample_tok, notify=notes.append, executor=executor)
+        return manifest, _arrow(tmp_path / name), notes
+
+    guessed, shards, notes = run("guessed")
+    assert len(guesses) == 1 and guesses[0] is not None and len(guesses[0][0]) > 5
+    assert [n for n in notes if "laid out" in n] == ([] if alike else [f"{path}: its records are not laid out "
+            "throughout as in its first ones; planning its parts exactly (a pass over the file) and building again"])  # fmt: skip
+    monkeypatch.setattr(plan_array, "guessed_cuts", lambda *args, **kwargs: None)
+    exact, exact_shards, exact_notes = run("exact")
+    assert not [n for n in exact_notes if "laid out" in n]
+    assert shards == exact_shards and len(shards) > 0
+    assert guessed["inputs"] == exact["inputs"] and len(guessed["inputs"][0]["parts"]) > 5
+    assert guessed["counts"] == exact["counts"] and guessed["counts"]["records"] == 90

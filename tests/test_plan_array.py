@@ -8,12 +8,13 @@ import io
 import json
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 from test_json_array_scan import _reference
 
 from weightprep.distribute import plan_array
 from weightprep.distribute.plan_array import record_cuts, sequential_cuts
+from weightprep.errors import CUT_MISSED
 
 
 def _separators(data: bytes) -> list[int]:
@@ -134,3 +135,94 @@ def test_a_chunk_summary_is_that_of_a_byte_by_byte_scan(text):
     assert summary.cases[1] == _reference_summary(chunk, True, 0)
     assert summary.cases[2] == _reference_summary(chunk, True, 1)
     assert plan_array._summary(bytearray(chunk)) == summary  # a reused buffer reads the same
+
+
+_GAPS = [",\n  ", ",\n", ", ", ",", ",\n    ", ",\n\n  ", ",\r\n  "]
+
+
+def _laid_out(records: list, gaps: list[str], indent, alike: int = 0) -> bytes:
+    """The array of ``records`` (each dumped with ``indent``, its lines indented by two spaces) with ``gaps[0]``
+    between the first ``alike`` records, then ``gaps[i % len(gaps)]`` between records ``i`` and ``i + 1``."""
+    texts = [json.dumps(r, indent=indent, ensure_ascii=False).replace("\n", "\n  ") for r in records]
+    body = texts[0] + "".join(gaps[0 if i < alike else i % len(gaps)] + t for i, t in enumerate(texts[1:]))
+    return ("[\n  " + body + "\n]\n").encode()
+
+
+def _first_failing_part(data: bytes, cuts: list[int], checks: list) -> int | None:
+    """The first of the parts at ``cuts`` whose reader (``array_blocks``, checking its range) raises, as the build
+    meets them: the error of the earliest part in input order is the build's."""
+    from weightprep.stages.json_array import array_blocks
+
+    bounds = [0, *cuts, len(data)]
+    for i, (start, end) in enumerate(zip(bounds[:-1], bounds[1:], strict=True)):
+        stream = io.BytesIO(data[start:end])
+        try:
+            for _ in array_blocks("data.json", stream, 64, 1 << 20, lambda n, record, offset, s=stream: s.read(n),
+                                  origin=start, inside=start > 0, ends_inside=end < len(data), check=checks[i]):  # fmt: skip
+                pass
+        except Exception as exc:  # noqa: BLE001 -- a part read from a wrong start may fail in any way
+            return i if getattr(exc, "reason", None) == CUT_MISSED else -1 - i
+    return None
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    records=st.lists(st.dictionaries(_strings, _values, max_size=2), min_size=3, max_size=16),
+    gaps=st.tuples(st.sampled_from([g for g in _GAPS if "\n" in g] + [", "]), st.lists(st.sampled_from(_GAPS), max_size=2)).map(
+        lambda t: [t[0], *t[1]]
+    ),
+    alike=st.integers(2, 12),
+    indent=st.sampled_from([None, 2]),
+    part_bytes=st.integers(1, 300),
+    head_share=st.floats(0.2, 1.0),
+)
+def test_guessed_cuts_are_the_exact_ones_unless_a_part_reader_says_otherwise(records, gaps, alike, indent, part_bytes,
+                                                                              head_share):  # fmt: skip
+    """The plan guessed from the layout of the file's head: where its cuts are not the exact plan's, the first
+    part that fails is one whose own check fails (the build then plans exactly); where they are, no part fails.
+    A file laid out alike throughout is guessed once its head shows four separators."""
+    data = _laid_out(records, gaps, indent, alike)
+    head_bytes = max(8, int(len(data) * head_share))  # the head: all of the file, or a part of it
+    targets = list(range(part_bytes, len(data), part_bytes))
+    guessed = plan_array.guessed_cuts(io.BytesIO(data), targets, chunk_bytes=16, head_bytes=head_bytes)
+    if guessed is None:  # records on one line and one gap with a newline, shown four times in an open head: guessed
+        shown = [s for s in _separators(data) if s + len(gaps[0]) + 1 <= head_bytes]
+        assert indent is not None or len(set(gaps)) > 1 or "\n" not in gaps[0] or len(shown) < 4, shown
+        event("no guess")
+        return
+    cuts, checks = guessed
+    assert len(checks) == len(cuts) + 1
+    failing = _first_failing_part(data, cuts, checks)
+    event(f"guessed {'right' if cuts == _expected(data, targets) else 'wrong'}")
+    if cuts == _expected(data, targets):
+        assert failing is None
+    else:
+        assert failing is not None and failing >= 0, (cuts, _expected(data, targets), failing)
+
+
+def test_a_layout_is_learnt_only_from_separators_alike_with_a_newline():
+    records = [{"messages": [{"role": "user", "content": "a, {b}"}, {"role": "assistant", "content": "c"}], "id": i}
+               for i in range(6)]  # fmt: skip
+    assert plan_array.layout(io.BytesIO(json.dumps(records, indent=2).encode())) == b",\n  {"
+    assert plan_array.layout(io.BytesIO(_laid_out(records, [",\n"], None))) == b",\n{"
+    assert plan_array.layout(io.BytesIO(json.dumps(records).encode())) is None  # one line: ", {" nested too
+    assert plan_array.layout(io.BytesIO(_laid_out(records, [",\n", ",\n  "], None))) is None
+    assert plan_array.layout(io.BytesIO(json.dumps(records, indent=0).encode())) is None  # ",\n{" nested too
+    assert plan_array.layout(io.BytesIO(json.dumps(records[:3], indent=2).encode())) is None  # 2 separators
+
+
+@pytest.mark.parametrize("later", [", ", ",\n    "])
+@pytest.mark.parametrize("alternate", [False, True])
+def test_a_guess_that_skips_a_separator_fails_its_own_part(later, alternate):
+    """Records laid out as the head shows, then otherwise: every other record (the guess then cuts past a separator
+    it did not see: the part ending there checks that its end is the first separator past its target), or all of
+    them (no gap is found: the last part checks that no separator follows its target)."""
+    records = [{"id": i, "text": f"record {i}"} for i in range(40)]
+    texts = [json.dumps(r) for r in records]
+    gaps = [",\n  " if i < 8 or (alternate and i % 2) else later for i in range(len(texts) - 1)]
+    data = ("[\n  " + texts[0] + "".join(g + t for g, t in zip(gaps, texts[1:], strict=True)) + "\n]\n").encode()
+    targets = list(range(700, len(data), 700))
+    cuts, checks = plan_array.guessed_cuts(io.BytesIO(data), targets, head_bytes=200)  # the first 5 records
+    assert cuts != _expected(data, targets)
+    failing = _first_failing_part(data, cuts, checks)
+    assert failing is not None and failing >= 0

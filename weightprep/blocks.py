@@ -189,7 +189,7 @@ def parsed_blocks(
     skip = cfg.validate.on_invalid == "skip"
     columns = parse_columns(cfg.read.columns)
     # a whole file's size is known from the plan: an object is then opened without another metadata request
-    window = {"size": part.end} if part.whole else {"start": part.start, "end": part.end}
+    window = {"size": part.end} if part.whole else {"start": part.start, "end": part.end, "check": part.check}
     read = cfg.read
     # a columnar file's reader renames its columns; message keys and roles are renamed in validation, as for JSON
     inside = columns.inside() if file_kind(record.path) == "columnar" else columns

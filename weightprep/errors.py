@@ -12,8 +12,13 @@ expected, and how to fix it.
 
 from __future__ import annotations
 
-__all__ = ["WeightprepError", "InputError", "ConfigError", "UsageError", "LeftoverParts", "AccountingError",
+__all__ = ["CUT_MISSED", "WeightprepError", "InputError", "ConfigError", "UsageError", "LeftoverParts", "AccountingError",
            "BuildInterrupted", "record_position", "record_unit", "kind_path"]
+
+
+#: The ``InputError`` reason of a JSON array's part whose guessed range was wrong (``json_array.array_blocks``): not
+#: the input's fault, and never the user's to see: the build plans the file exactly and builds again.
+CUT_MISSED = "cut_missed"
 
 
 class WeightprepError(Exception):

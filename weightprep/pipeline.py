@@ -30,7 +30,7 @@ import math
 import re
 import shutil
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
@@ -44,8 +44,8 @@ from weightprep.distribute.executors import Executor, SerialExecutor, run_parts
 from weightprep.distribute.job import ADD_BOS, EpochPass, KeyPass, PartJob, ProgressFn
 from weightprep.distribute.merge import merge_results
 from weightprep.distribute.mixed import epoch_cuts_from, split_names
-from weightprep.distribute.plan import plan_mixed, plan_parts
-from weightprep.errors import BuildInterrupted, InputError, LeftoverParts, UsageError
+from weightprep.distribute.plan import InputPart, MixedPart, plan_mixed, plan_parts
+from weightprep.errors import CUT_MISSED, BuildInterrupted, InputError, LeftoverParts, UsageError
 from weightprep.sources import Source, check_source_names, manifest_sources
 from weightprep.stages.chat_common import CHAT_REASONS
 from weightprep.stages.chat_templates import TRAINING, manifest_chat, tokenizer_template
@@ -104,10 +104,18 @@ def build(
     only, its workers included; None: the process's (``storage.configure``, the command line's
     ``--storage-options``). Within the call each input object's listing or lookup is made once.
     """
+    options = dict(tokenizer=tokenizer, overwrite=overwrite, progress=progress, notify=notify, executor=executor,
+                   resume=resume, sources=sources, step=steps if steps is not None else lambda what: contextlib.nullcontext())
     with storage.session(storage_options):
-        return _build(inputs, out, cfg, tokenizer=tokenizer, overwrite=overwrite, progress=progress, notify=notify,
-                      executor=executor, resume=resume, sources=sources,
-                      step=steps if steps is not None else lambda what: contextlib.nullcontext())
+        try:
+            return _build(inputs, out, cfg, exact=False, **options)
+        except InputError as exc:
+            if exc.reason != CUT_MISSED:
+                raise
+            # a JSON array laid out otherwise than its head (plan_array.guessed_cuts): nothing was published
+            _note(notify, f"{exc.path}: its records are not laid out throughout as in its first ones; planning its "
+                          "parts exactly (a pass over the file) and building again")  # fmt: skip
+            return _build(inputs, out, cfg, exact=True, **options)
 
 
 def _build(
@@ -123,6 +131,7 @@ def _build(
     resume: bool,
     sources: list[Source] | None,
     step: Callable[[str], AbstractContextManager[None]],
+    exact: bool,
 ) -> dict[str, Any]:
     if sources is not None:
         if inputs:
@@ -136,8 +145,8 @@ def _build(
     leftovers = _leftover_parts(out_path, overwrite=overwrite, resume=resume)
     executor = executor if executor is not None else SerialExecutor()
     by = cfg.read.text_sample_by
-    parts: list[Any] = plan_parts(inputs, cfg.read.part_bytes, by) if sources is None else plan_mixed(
-        by_source, cfg.read.part_bytes, by
+    parts: list[Any] = plan_parts(inputs, cfg.read.part_bytes, by, exact=exact) if sources is None else plan_mixed(
+        by_source, cfg.read.part_bytes, by, exact=exact
     )
     in_process = executor.in_process(len(parts))
     prefetch = None
@@ -163,7 +172,8 @@ def _build(
     # the output's work directory: here, once (a part makes only its own directory in it); a prefix in a store for
     # a URL --out, which every worker writes its parts to (weightprep.stages.publish)
     with step("opening the output"):
-        output = open_output(out_path, resume_key(cfg, inputs, tok, summary, __version__, sources), resume=resume)
+        key = resume_key(cfg, inputs, tok, summary, __version__, sources, parts)
+        output = open_output(out_path, key, resume=resume)
     if resume:
         _note(notify, _resume_note(_finished_parts(output.work_dir), len(parts), leftovers))
     # workers load the tokenizer themselves if None; they open the input objects with the metadata listed here
@@ -334,8 +344,8 @@ def _validation_cut(
         return None
     try:
         results = run_parts(executor, parts, None, task=KeyPass())
-    except InputError:
-        if cfg.validate.on_invalid == "error":
+    except InputError as exc:
+        if cfg.validate.on_invalid == "error" and exc.reason != CUT_MISSED:
             # the first pass renders no conversation: one that the template refuses, on an earlier line, is found by
             # a pass that renders them (it raises the earliest bad line; parts after it are not run to their end)
             run_parts(executor, parts, None, task=KeyPass(render=True))
@@ -391,12 +401,14 @@ def _sha256(path: Path) -> str:
 def resume_key(
     cfg: BuildConfig, inputs: list[str], tok: Any, summary: dict[str, Any], version: str,
     sources: list[Source] | None = None,
+    parts: Sequence[InputPart | MixedPart] = (),
 ) -> str:
     """What a resumed build must share with the build it resumes, all that decides the bytes of a part: the
     configuration, the chat template's text (the ``chat.template`` file's, else the tokenizer's own), the tokenizer
     (its fingerprint, and the bytes of the files of its directory that decide its ids or its template),
-    weightprep's version, and the inputs unchanged (path, size and modification time, or an object's version: they
-    are not read again)."""
+    weightprep's version, the inputs unchanged (path, size and modification time, or an object's version: they
+    are not read again), and the plan's ranges (a plan guessed from a JSON array's layout and the exact one
+    differ where the guess missed)."""
     stats = [storage.stat_key(p) for p in inputs]
     directory = Path(str(tok.name_or_path))
     files = {name: _sha256(directory / name) for name in _TOKENIZER_FILES if (directory / name).is_file()}
@@ -412,6 +424,7 @@ def resume_key(
             "tokenizer_files": files,
             "version": version,
             "inputs": stats,
+            "plan": [[s.file, s.start, s.end] for p in parts for s in getattr(p, "segments", (p,))],
             **({"sources": [s.as_manifest() for s in sources]} if sources is not None else {}),
         },
         sort_keys=True,

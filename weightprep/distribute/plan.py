@@ -9,9 +9,10 @@ from the cut point to the next newline, nothing else, so planning a terabyte cos
 
 A plain JSON array is cut by the same rule with its separating ``,`` for the newline
 (``weightprep.distribute.plan_array``). Where a record starts is known only by scanning from the array's start,
-so planning it costs one streaming pass over the file up to its last cut, summarized a chunk at a time on a few
-threads (bounded memory; an object in a store is read once more for it); an array whose brackets do not balance
-is one part.
+so planning it exactly costs one streaming pass over the file up to its last cut, summarized a chunk at a time on
+a few threads (bounded memory; an object in a store is read once more for it); an array whose brackets do not
+balance is one part. A build plans with ``exact=False``: an array laid out one record to its own lines is cut
+where its head's layout says records start, and its parts' readers check it (``plan_array.guessed_cuts``).
 
 With several sources (``weightprep.sources``) the plan is ``K`` mixed parts (``plan_mixed``), ``K`` from the
 total input size and ``part_bytes`` alone: each source's files, taken as one stream of bytes, are cut near
@@ -24,6 +25,7 @@ starts. Its pieces (``InputPart``s, numbered over the whole plan) are its segmen
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import math
 from collections import Counter
 from collections.abc import Sequence
@@ -52,6 +54,9 @@ class InputPart:
     end: int
     number: int
     whole: bool
+    #: A JSON array's part whose range the plan guessed (``plan_array.guessed_cuts``): the target offset its reader
+    #: checks the range against; None: planned exactly.
+    check: int | None = None
 
     @property
     def size(self) -> int:
@@ -83,26 +88,39 @@ def is_whole(path: str, text_sample_by: str = "line") -> bool:
     return file_kind(path) == "text" and text_sample_by != "line"
 
 
-def _array_cuts(path: str, targets: list[int]) -> list[int] | None:
-    """The cuts of a plain JSON array at ``targets`` (``record_cuts``; none if it is malformed: one part reads it and
-    names the fault), or None if ``path`` is no JSON array."""
-    from weightprep.distribute.plan_array import record_cuts
+def _array_cuts(path: str, targets: list[int], exact: bool) -> tuple[list[int], list[int | None]] | None:
+    """The cuts of a plain JSON array at ``targets`` and the check of each of the parts they make:
+    ``guessed_cuts`` unless ``exact`` (or the file's head shows no layout to guess from), else ``record_cuts``
+    (none if it is malformed: one part reads it and names the fault; no checks). None if ``path`` is no JSON
+    array."""
+    from weightprep.distribute.plan_array import guessed_cuts, record_cuts
     from weightprep.stages.read import file_kind
 
     if not targets or file_kind(path) != "json_array":
         return None
-    with storage.open_input(path) as f, storage.open_input(path) as near:  # the scan, and reads at each cut
-        return record_cuts(f, near, targets) or []
+    with storage.open_input(path) as f:
+        guessed = None if exact else guessed_cuts(f, targets)
+        if guessed is not None:
+            return guessed
+        f.seek(0)
+        with storage.open_input(path) as near:  # the scan, and reads at each cut
+            cuts = record_cuts(f, near, targets) or []
+    return cuts, [None] * (len(cuts) + 1)
 
 
-def file_cuts(path: str, part_bytes: int, text_sample_by: str = "line") -> list[int]:
-    """The part boundaries of one file: ``[0, c1, ..., size]``."""
+def file_cuts(path: str, part_bytes: int, text_sample_by: str = "line", *, exact: bool = True) -> list[int]:
+    """The part boundaries of one file: ``[0, c1, ..., size]`` (``exact``: see ``plan_parts``)."""
+    return _file_plan(path, part_bytes, text_sample_by, exact)[0]
+
+
+def _file_plan(path: str, part_bytes: int, text_sample_by: str, exact: bool) -> tuple[list[int], list[int | None]]:
+    """``file_cuts`` and each part's check (``InputPart.check``)."""
     size = storage.size(path)
     if size <= part_bytes or is_whole(path, text_sample_by):
-        return [0, size]
-    array = _array_cuts(path, list(range(part_bytes, size, part_bytes)))
+        return [0, size], [None]
+    array = _array_cuts(path, list(range(part_bytes, size, part_bytes)), exact)
     if array is not None:
-        return [0, *array, size]
+        return [0, *array[0], size], array[1]
     cuts = [0]
     with storage.open_input(path) as f:  # an object: a range request at each cut point, nothing else
         target = part_bytes
@@ -114,16 +132,20 @@ def file_cuts(path: str, part_bytes: int, text_sample_by: str = "line") -> list[
                 cuts.append(cut)
             target = (cut // part_bytes + 1) * part_bytes  # the next multiple past this cut
     cuts.append(size)
-    return cuts
+    return cuts, [None] * (len(cuts) - 1)
 
 
-def plan_parts(paths: list[str], part_bytes: int, text_sample_by: str = "line") -> list[InputPart]:
-    """Every input's parts, in input order (file, then offset)."""
+def plan_parts(
+    paths: list[str], part_bytes: int, text_sample_by: str = "line", *, exact: bool = True
+) -> list[InputPart]:
+    """Every input's parts, in input order (file, then offset). ``exact=False``: a large JSON array's cuts may be
+    guessed from its layout (``plan_array.guessed_cuts``), each such part carrying the ``check`` its reader makes;
+    a build of such a plan is built again from the exact plan if a check fails (``weightprep.pipeline``)."""
     parts: list[InputPart] = []
     for i, path in enumerate(paths):
-        cuts = file_cuts(path, part_bytes, text_sample_by)
+        cuts, checks = _file_plan(path, part_bytes, text_sample_by, exact)
         for number, (start, end) in enumerate(zip(cuts[:-1], cuts[1:], strict=True)):
-            parts.append(InputPart(len(parts), i, path, start, end, number, whole=len(cuts) == 2))
+            parts.append(InputPart(len(parts), i, path, start, end, number, len(cuts) == 2, checks[number]))
     return parts
 
 
@@ -154,9 +176,10 @@ class MixedPart:
         return sum(s.size for s in self.segments)
 
 
-def _cuts_at(path: str, size: int, targets: list[int]) -> list[int]:
-    """The line starts just at or after each offset of ``targets`` (ascending, inside the file), deduplicated."""
-    array = _array_cuts(path, targets)
+def _cuts_at(path: str, size: int, targets: list[int], exact: bool) -> tuple[list[int], list[int | None]]:
+    """The line starts just at or after each offset of ``targets`` (ascending, inside the file), deduplicated, and
+    the checks of the ranges they make (``_array_cuts``)."""
+    array = _array_cuts(path, targets, exact)
     if array is not None:
         return array
     cuts: list[int] = []
@@ -167,12 +190,15 @@ def _cuts_at(path: str, size: int, targets: list[int]) -> list[int]:
             cut = _next_line_start(f, target - 1, size)
             if 0 < cut < size and (not cuts or cut > cuts[-1]):
                 cuts.append(cut)
-    return cuts
+    return cuts, [None] * (len(cuts) + 1)
 
 
-def plan_mixed(sources: list[list[str]], part_bytes: int, text_sample_by: str = "line") -> list[MixedPart]:
+def plan_mixed(
+    sources: list[list[str]], part_bytes: int, text_sample_by: str = "line", *, exact: bool = True
+) -> list[MixedPart]:
     """The mixed parts of the sources' files (``sources[s]``: source ``s``'s files, in order); see the module
-    docstring. Parts left with no segment (only whole files elsewhere) are not planned."""
+    docstring (``exact``: as ``plan_parts``'s). Parts left with no segment (only whole files elsewhere) are not
+    planned."""
     sizes = [[storage.size(p) for p in paths] for paths in sources]
     k_parts = max(1, math.ceil(sum(map(sum, sizes)) / part_bytes))
     ranges: list[list[tuple[int, InputPart]]] = [[] for _ in range(k_parts)]
@@ -184,9 +210,10 @@ def plan_mixed(sources: list[list[str]], part_bytes: int, text_sample_by: str = 
         for path, size in zip(paths, file_sizes, strict=True):
             inside = [t - base for t in targets if base < t < base + size]
             plain = not is_whole(path, text_sample_by)
-            cuts = [0, *(_cuts_at(path, size, inside) if plain and inside else []), size]
+            inner, checks = _cuts_at(path, size, inside, exact) if plain and inside else ([], [None])
+            cuts = [0, *inner, size]
             for number, (start, end) in enumerate(zip(cuts[:-1], cuts[1:], strict=True)):
-                part = InputPart(-1, file_index, path, start, end, number, whole=len(cuts) == 2)
+                part = InputPart(-1, file_index, path, start, end, number, len(cuts) == 2, checks[number])
                 ranges[bisect.bisect_right(targets, base + start)].append((s, part))
             base += size
             file_index += 1
@@ -197,7 +224,7 @@ def plan_mixed(sources: list[list[str]], part_bytes: int, text_sample_by: str = 
             continue
         numbered = []
         for _, part in segments:
-            numbered.append(InputPart(index, part.file, part.path, part.start, part.end, part.number, part.whole))
+            numbered.append(dataclasses.replace(part, index=index))
             index += 1
         mixed.append(MixedPart(len(mixed), tuple(numbered), tuple(s for s, _ in segments)))
     return mixed

@@ -26,6 +26,19 @@ the plan cuts around it and the part holding it names it, numbered as the file's
 
 Memory: a few chunks in flight (twice the threads) and each thread's work arrays (``Scratch``: two bytes a byte of
 its chunk, and the positions of its quotes and brackets).
+
+A build does not make that pass where it can guess (``guessed_cuts``): most arrays put each record on its own
+lines, the same bytes between any two (``,\\n  {`` from ``json.dump(indent=2)``, ``,\\n{`` one record a line),
+and a raw newline cannot be inside a string. The splitter reads the file's head (4 MiB) exactly; where its
+separators are all followed by the same bytes holding a newline, and those bytes occur nowhere else there
+(``layout``), each cut is guessed as just past the first occurrence at or after ``target - 1``: a few kilobytes
+read a target instead of a pass over the file (1 GiB: 0.04 s against 0.65-1.0 s on 2 cores). The guess is checked
+where the state is known for free, by the part readers: part 0 starts at the file's start, and a part whose start
+is right knows the splitter's state throughout, so it checks that it ends just after the first separating ``,`` at
+or after its target (the last part: that none follows it; ``json_array.array_blocks``). By induction every part
+is right if every check passes; the first wrong cut is found by the part before it, whose error comes first in
+input order (``executors.run_parts``), and the build then plans exactly and builds again
+(``weightprep.pipeline.build``, which says so). The guessed plan is the exact plan or no plan at all.
 """
 
 from __future__ import annotations
@@ -42,7 +55,7 @@ import numpy as np
 
 from weightprep.stages.json_array import ArrayScanner, Scratch, depth_changes, escaped, outside, structure
 
-__all__ = ["record_cuts", "sequential_cuts"]
+__all__ = ["guessed_cuts", "layout", "record_cuts", "sequential_cuts"]
 
 _QUOTE = ord('"')
 _scratch = threading.local()
@@ -236,3 +249,91 @@ def sequential_cuts(stream: BinaryIO, targets: Sequence[int], chunk_bytes: int =
                 i += 1
         offset += len(chunk)
     return cuts
+
+
+#: The head of the file scanned exactly to learn its layout (``layout``), and the separators it must show.
+_HEAD_BYTES = 4 << 20
+_HEAD_SEPARATORS = 4
+_SPACES = b" \t\r\n"
+
+
+def layout(stream: BinaryIO, head_bytes: int = _HEAD_BYTES) -> bytes | None:
+    """The bytes between records of a line-broken array (``b",\\n  {"`` as ``json.dump(indent=2)`` writes them, ``b",\\n{"``
+    for one record a line), learnt from the file's head by the splitter itself: every separating ``,`` of the
+    head is followed by them, they hold a newline, and they occur nowhere else in the head. None: the head shows
+    no such bytes (records on one line, mixed layouts, fewer than four separators)."""
+    stream.seek(0)
+    head = stream.read(head_bytes)
+    scanner = ArrayScanner(check=False)
+    try:
+        _, separators = scanner.scan(head)
+    except ValueError:
+        return None
+    if scanner.start is None:  # no '[' in the head
+        return None
+    data = np.frombuffer(head, dtype=np.uint8)
+    commas = separators[data[separators] == ord(",")].tolist()
+    gaps = set()
+    for p in commas:
+        q = p + 1
+        while q < len(head) and head[q] in _SPACES:
+            q += 1
+        if q == len(head):  # the head ends before the next record
+            commas.remove(p)
+            break
+        gaps.add(head[p : q + 1])
+    if len(commas) < _HEAD_SEPARATORS or len(gaps) != 1:
+        return None
+    (gap,) = gaps
+    if gap[-1:] != b"{" or b"\n" not in gap:
+        return None
+    found, at = [], head.find(gap)
+    while at >= 0:
+        found.append(at)
+        at = head.find(gap, at + 1)
+    return gap if found == commas else None
+
+
+def _find(stream: BinaryIO, pos: int, gap: bytes, chunk_bytes: int) -> int | None:
+    """The offset of the first ``gap`` at or after ``pos``; None: there is none."""
+    stream.seek(pos)
+    step, held, base = _FIRST_READ, b"", pos  # held: the last bytes of the previous read, a gap may span them
+    while True:
+        chunk = stream.read(step)
+        if not chunk:
+            return None
+        window = held + chunk
+        at = window.find(gap)
+        if at >= 0:
+            return base + at
+        held = window[max(0, len(window) - len(gap) + 1) :]
+        base += len(window) - len(held)
+        step = min(2 * step, chunk_bytes)
+
+
+def guessed_cuts(
+    stream: BinaryIO, targets: Sequence[int], chunk_bytes: int = 4 << 20, head_bytes: int | None = None
+) -> tuple[list[int], list[int | None]] | None:
+    """The cuts of ``record_cuts`` guessed from the file's layout without scanning it: just past the ``,`` of the
+    first ``layout`` gap at or after each ``target - 1`` (a few kilobytes read a target), and each part's check:
+    ``checks[i]`` the target whose cut ends part ``i`` (the last part's: the target after which no gap was found,
+    None if every target was cut). A part's reader knows the splitter's state, so it checks that its range ends
+    just after the first separating ``,`` at or after ``check - 1`` (the last part: that there is none): the cuts of
+    a plan whose every part passed are ``record_cuts``'s (``weightprep.pipeline`` plans a file exactly and builds
+    again otherwise). None: no layout to guess from."""
+    gap = layout(stream, head_bytes or _HEAD_BYTES)
+    if gap is None:
+        return None
+    cuts: list[int] = []
+    checks: list[int | None] = []
+    for target in targets:
+        if cuts and cuts[-1] >= target:
+            continue
+        at = _find(stream, max(0, target - 1), gap, chunk_bytes)
+        if at is None:
+            checks.append(target)
+            return cuts, checks
+        cuts.append(at + 1)
+        checks.append(target)
+    checks.append(None)
+    return cuts, checks

@@ -44,7 +44,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from weightprep.batches import Block
-from weightprep.errors import InputError
+from weightprep.errors import CUT_MISSED, InputError
 
 __all__ = ["ArrayScanner", "Scratch", "array_blocks", "depth_changes", "escaped", "outside", "structure"]
 
@@ -270,14 +270,17 @@ def _changes(byte: np.ndarray) -> np.ndarray:
 
 def array_blocks(
     path: str, stream: BinaryIO, block_bytes: int, max_record_bytes: int, read: Any, *,
-    origin: int = 0, inside: bool = False, ends_inside: bool = False,
+    origin: int = 0, inside: bool = False, ends_inside: bool = False, check: int | None = None,
 ) -> Iterator[Block]:
     """Blocks of the records of the JSON array in ``stream``, one record a line, numbered from 0 (``Block``'s
     ``first_line`` is the record's index, its ``offset`` the file offset of the record's first byte). ``read(n, record, offset)``
     reads the stream, turning a decompression error into an ``InputError``; the stream starts at the file's start
     (a byte order mark, if any, is whitespace to the scanner: it precedes the opening bracket), or, for an input
     part (``inside``), at file offset ``origin``, just after a separating ``,``; ``ends_inside``: the stream ends
-    just after one (a part before the file's last), not at the closing ``]``."""
+    just after one (a part before the file's last), not at the closing ``]``. ``check``: the plan guessed the
+    part's range (``plan_array.guessed_cuts``): it must end just after the first separating ``,`` at or after
+    ``check - 1`` (the file's last part: there must be none); where it does not, an ``InputError`` of reason
+    ``CUT_MISSED`` (the build plans the file exactly and builds again)."""
     scanner = ArrayScanner(inside)
     record = 0  # index of the next record to hand on (within the part)
     offset = origin  # file offset of the next byte to read
@@ -287,6 +290,7 @@ def array_blocks(
     head = b""  # the first bytes of a record too long to hold (then pending is empty)
     skipping = False
     step = max(1, min(block_bytes, max_record_bytes))
+    checked: int | None = None  # with check: the file offset of the first separating ',' at or after check - 1
 
     def fail(problem: str) -> InputError:
         return InputError(path, record, "<json>", f"malformed JSON array: {problem}", reason="malformed_json", offset=begin)
@@ -302,6 +306,10 @@ def array_blocks(
             raise fail(str(exc)) from None
         except ValueError as exc:
             raise fail(str(exc)) from None
+        if check is not None and checked is None and len(separators):
+            commas = separators[np.frombuffer(chunk, dtype=np.uint8)[separators] == _COMMA] + offset
+            at = int(np.searchsorted(commas, check - 1))
+            checked = int(commas[at]) if at < len(commas) else None
         lo = 0
         if scanner.start is not None:
             lo, begin = scanner.start, offset + scanner.start
@@ -340,8 +348,12 @@ def array_blocks(
         offset += len(chunk)
     if not scanner.opened:
         raise fail("no '[' opens the array")
+    ended = not scanner.closed and scanner.depth == 1 and not scanner.in_string and not pending_len and not skipping
+    if check is not None and ((checked != offset - 1 or not ended) if ends_inside else checked is not None):
+        raise InputError(path, record, "<json>", f"the plan's guessed cut at byte {offset} is not the first record "
+                         f"boundary at or after byte {check - 1}", reason=CUT_MISSED, offset=begin)  # fmt: skip
     if ends_inside:  # a part's range: it ends just after a separator, as the plan cut it
-        if scanner.closed or scanner.depth != 1 or scanner.in_string or pending_len or skipping:
+        if not ended:
             raise fail("the part does not end after a record as planned; the file changed during the build")
         return
     if not scanner.closed:

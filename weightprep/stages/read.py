@@ -304,6 +304,7 @@ def read_blocks(
     end: int | None = None,
     size: int | None = None,
     text_sample_by: str = "line",
+    check: int | None = None,
 ) -> Iterator[Block]:
     """Yield ``Block``s of JSON lines, one record a line, read from ``record.path`` by the reader of its kind
     (``file_kind``); fills in its size, hash and record count (lines; an array's records; a columnar file's rows).
@@ -315,7 +316,8 @@ def read_blocks(
     separating ``,``: ``weightprep.stages.json_array``). Lines are then numbered from 1 (an array's records from 0)
     within the range, byte offsets stay those of the file, and size, hash and line count are the range's. ``size``:
     the whole file's size where the plan knows it (an object is then read to there without asking the store for
-    it)."""
+    it). ``check``: a JSON array's range whose cuts the plan guessed is checked against that target offset
+    (``json_array.array_blocks``)."""
     kind = file_kind(record.path)
     if kind == "columnar":
         yield from columnar_blocks(record, max(64, block_bytes // 2048), columns or {}, size)
@@ -337,7 +339,7 @@ def read_blocks(
         lines = _Lines(record, stream, block_bytes, max_line_bytes, start=start)
         if kind == "json_array":
             blocks = array_blocks(record.path, stream, block_bytes, max_line_bytes, lines.read_at,
-                                  origin=start, inside=start > 0, ends_inside=ends_inside)  # fmt: skip
+                                  origin=start, inside=start > 0, ends_inside=ends_inside, check=check)  # fmt: skip
         elif kind == "text":
             blocks = text_blocks(lines.blocks(), text_sample_by, max_line_bytes)
         else:
