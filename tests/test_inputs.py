@@ -103,9 +103,9 @@ def test_the_splitter_hands_on_each_element_at_its_offset(tmp_path, records, ind
     assert [json.loads(line) for _, line, _ in got] == records
     assert [n for n, _, _ in got] == list(range(len(records)))
     assert record.lines == len(records) and record.size == len(raw)
-    for _, line, offset in got:  # the record's own bytes, newlines as spaces, its separator as the newline
+    for _, line, offset in got:  # the record's own bytes, newlines as tabs, its separator as the newline
         span = raw[offset : offset + len(line)]
-        assert span.replace(b"\n", b" ") == line
+        assert span.replace(b"\n", b"\t") == line
 
 
 @pytest.mark.parametrize(
@@ -398,3 +398,21 @@ def test_an_array_planned_from_its_layout_builds_as_planned_exactly(tmp_path, sa
     assert shards == exact_shards and len(shards) > 0
     assert guessed["inputs"] == exact["inputs"] and len(guessed["inputs"][0]["parts"]) > 5
     assert guessed["counts"] == exact["counts"] and guessed["counts"]["records"] == 90
+
+
+def test_a_raw_newline_inside_a_string_rejects_its_record_only(tmp_path, sample_tok):
+    """A raw newline inside a string is invalid JSON, as in JSON Lines: its record is rejected (the splitter hands
+    every newline on as a tab, a control byte there), never read as a string holding a newline or a space; the
+    newlines and tabs between tokens are whitespace."""
+    path = tmp_path / "data.json"
+    path.write_bytes(b'[\n\t{"text": "a"},\n  {"text": "b\nc"},\r\n  {\n"text":\t"d"\n}\n]\n')
+    with pytest.raises(InputError) as err:
+        _build(tmp_path, path, sample_tok, "o")
+    assert str(err.value).startswith(f"{path}: record 1: <json>: malformed JSON: Invalid control character")
+    m, _ = _build(tmp_path, path, sample_tok, "o2", validate={"on_invalid": "skip"})
+    assert m["counts"]["records"] == 3 and m["counts"]["rejected"] == {"malformed_json": 1}
+    reject = json.loads((tmp_path / "o2" / "rejects.jsonl").read_text())
+    assert reject["record"] == 1 and reject["original"] == '\t  {"text": "b\tc"}'
+    for block_bytes in (3, 7, 1024):  # the newline at a chunk's first or last byte, or inside one
+        lines = _lines(path, block_bytes)[1]
+        assert [n for n, _, _ in lines] == [0, 1, 2] and lines[1][1] == b'\t  {"text": "b\tc"}'

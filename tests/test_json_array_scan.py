@@ -16,9 +16,12 @@ from weightprep.stages.json_array import ArrayScanner, escaped
 
 def _reference(data: bytes) -> tuple[list[int], bytes]:
     """The separators of the array ``data`` (its depth-1 commas and its closing ']') and its bytes as blocks hold
-    them (newlines spaces, separators newlines), one byte at a time."""
+    them (every newline a tab, inside strings too: a raw one there is invalid JSON, and so is a tab; separators
+    newlines), one byte at a time."""
     separators, out, depth, in_string, escape = [], bytearray(data), 0, False, False
     for i, byte in enumerate(data):
+        if byte == ord("\n"):
+            out[i] = ord("\t")
         if in_string:
             if escape:
                 escape = False
@@ -37,8 +40,6 @@ def _reference(data: bytes) -> tuple[list[int], bytes]:
                 separators.append(i)
         elif byte == ord(",") and depth == 1:
             separators.append(i)
-        elif byte == ord("\n"):
-            out[i] = ord(" ")
     for i in separators:
         out[i] = ord("\n")
     return separators, bytes(out)

@@ -441,7 +441,7 @@ EQUIVALENT: dict[str, str] = {
     "stages/json_array.py:Scratch.__init__:int+1:self.other = np.zeros(0, dtype=bool)": _SCRATCH,
     "stages/json_array.py:Scratch.__init__:int+1:self.bytes = np.zeros(0, dtype=np.uint8)": _SCRATCH,
     "stages/json_array.py:Scratch.__init__:int+1:self.out = np.zeros(0, dtype=np.uint8)": _SCRATCH,
-    "stages/json_array.py:Scratch.output:compare0:if len(self.out) < len(data):": _SCRATCH,
+    "stages/json_array.py:Scratch.output:compare0:if len(self.out) < len(chunk):": _SCRATCH,
     "stages/json_array.py:Scratch.get:compare0:if len(self.mask) < n:": _SCRATCH,
     "stages/json_array.py:Scratch.marks:compare0:if len(self.other) < len(data):": _SCRATCH,
     "stages/json_array.py:_changes:int+1:return np.where(byte == _COMMA, 0, np.where(byte | 32 == ord('{'), 1, -1)).astype(np.int64)#1": "only brackets and commas reach it: | 0x21 maps '[' and '{' to '{', and ']' and '}' elsewhere, as | 0x20 does",

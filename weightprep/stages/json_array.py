@@ -6,11 +6,12 @@ The splitter never parses a record. It scans each chunk of the stream with NumPy
 array: the quotes that open and close strings (a quote preceded by an odd run of backslashes is escaped), and,
 outside strings, brackets and commas. The depth of nesting is the running sum of brackets; a comma at depth 1 ends
 a record, and so does the ``]`` that closes the array. In the block handed on, each of those separators becomes the
-record's newline and every newline inside a record (pretty-printed JSON) a space, so a record is one line of
+record's newline and every newline inside a record (pretty-printed JSON) a tab, so a record is one line of
 exactly the bytes it spans in the file: a line's byte offset is the record's, and the pyarrow fast path and the
-exact path of ``weightprep.stages.validate`` read the lines as they read JSON Lines. A raw newline inside a string
-(invalid JSON) becomes the control byte 0x1f, which both parsers refuse as well: the record is rejected, never read
-as something else.
+exact path of ``weightprep.stages.validate`` read the lines as they read JSON Lines. A tab is whitespace between
+tokens, as the newline was, and a control byte inside a string, where a raw newline is too (invalid JSON): Python's
+json and pyarrow refuse both alike, so such a record is rejected, never read as something else, and the splitter
+never needs to know whether a newline is inside a string (one ``bytes.replace``, not a pass over its positions).
 
 Records are numbered from 0 as in the array (``data[412]``, ``jq '.[412]'``); errors read ``data.json: record
 412: messages[1].weight: ...``. State crossing a chunk (inside a string, an odd backslash run, the depth) is
@@ -20,10 +21,9 @@ itself -- an empty element (``,,`` or a trailing comma), bytes after the closing
 array -- stops the read with an ``InputError`` naming the record, as a truncated compressed file does: nothing after
 it can be numbered.
 
-Cost: a few NumPy comparisons over each chunk and one ``flatnonzero`` (the quotes, newlines, brackets and commas
-together: about 4.6% of a pretty-printed array's bytes), the rest over those positions; about 550-600 MiB/s of one
-core of the 2-core VM of docs/inputs.md (1.15-1.2x the earlier scan, a ``flatnonzero`` each for the quotes, the
-newlines and the brackets and commas), below the parse of the records.
+Cost: a ``bytes.replace`` of the newlines, a few NumPy comparisons over each chunk and one ``flatnonzero`` (the
+quotes, brackets and commas together: about 3.5% of a pretty-printed array's bytes), the rest over those
+positions; below the parse of the records (figures in docs/inputs.md).
 
 Parts. Where a record starts is known only by scanning from the start, so a large (uncompressed) array is cut into
 input parts (``weightprep.distribute.plan``) by a scan at plan time (``weightprep.distribute.plan_array``: the
@@ -48,11 +48,11 @@ from weightprep.errors import CUT_MISSED, InputError
 
 __all__ = ["ArrayScanner", "Scratch", "array_blocks", "depth_changes", "escaped", "outside", "structure"]
 
-_QUOTE, _BACKSLASH, _COMMA, _NEWLINE = ord('"'), ord("\\"), ord(","), ord("\n")
+_QUOTE, _BACKSLASH, _COMMA = ord('"'), ord("\\"), ord(",")
 _SPACE = np.zeros(256, dtype=bool)
 _SPACE[[ord(" "), ord("\t"), ord("\r"), ord("\n")]] = True
-#: What a raw newline inside a string becomes: a control byte that Python's json and pyarrow both refuse there.
-_IN_STRING_NEWLINE = 0x1F
+#: What every raw newline becomes in the blocks: whitespace between tokens, a control byte (refused) inside a string.
+_NEWLINE_AS = b"\t"
 
 
 class EmptyElement(ValueError):
@@ -65,7 +65,7 @@ class EmptyElement(ValueError):
 
 class ArrayScanner:
     """The splitter's state across chunks. ``scan`` returns the chunk as it goes into blocks (newlines turned into
-    spaces, separators into newlines: a work array, overwritten by the next scan) and the positions of the
+    tabs, separators into newlines: a work array, overwritten by the next scan) and the positions of the
     separators that end records; ``start`` is set to the position just after the opening ``[`` in the chunk that
     holds it."""
 
@@ -83,13 +83,13 @@ class ArrayScanner:
 
     def scan(self, chunk: bytes) -> tuple[np.ndarray, np.ndarray]:
         data = np.frombuffer(chunk, dtype=np.uint8)
-        out = self.scratch.output(data)
+        out = self.scratch.output(chunk)
         self.start = None
         if self.closed:
             if not _SPACE[data].all():
                 raise ValueError("bytes after the array's closing ']'; a file holds one array")
             return out, np.zeros(0, dtype=np.int64)
-        # the quotes, newlines, brackets and commas: comparisons over the chunk and one flatnonzero (``marks``); the
+        # the quotes, brackets and commas: comparisons over the chunk and one flatnonzero (``marks``); the
         # rest over those positions only: the quotes that open and close strings, and the count of them before each
         # other mark, which says whether it is inside a string
         marks = self.scratch.marks(data)
@@ -106,10 +106,7 @@ class ArrayScanner:
         self.in_string = bool(((int(count[-1]) if len(count) else 0) + was_inside) % 2)
         self.backslashes = carried if self.in_string else 0
         inside = ((count + was_inside) & 1).astype(bool)
-        newline = byte == _NEWLINE
-        if newline.any():
-            out[marks[newline]] = np.where(inside[newline], _IN_STRING_NEWLINE, ord(" "))
-        shape = ~(is_quote | newline | inside)  # the brackets and commas outside strings
+        shape = ~(is_quote | inside)  # the brackets and commas outside strings
         where = marks[shape]
         delta = _changes(byte[shape])
         comma = delta == 0
@@ -206,12 +203,13 @@ class Scratch:
         self.bytes = np.zeros(0, dtype=np.uint8)
         self.out = np.zeros(0, dtype=np.uint8)
 
-    def output(self, data: np.ndarray) -> np.ndarray:
-        """A copy of ``data`` in the output work array."""
-        if len(self.out) < len(data):
-            self.out = np.empty(len(data), dtype=np.uint8)
-        out = self.out[: len(data)]
-        np.copyto(out, data)
+    def output(self, chunk: bytes) -> np.ndarray:
+        """``chunk`` with its newlines as tabs, in the output work array (``bytes.replace`` and a copy: half the time
+        of a copy and a masked write)."""
+        if len(self.out) < len(chunk):
+            self.out = np.empty(len(chunk), dtype=np.uint8)
+        out = self.out[: len(chunk)]
+        out[:] = np.frombuffer(chunk.replace(b"\n", _NEWLINE_AS), dtype=np.uint8)
         return out
 
     def get(self, n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -226,8 +224,8 @@ class Scratch:
         return np.flatnonzero(np.equal(data, byte, out=mask))
 
     def marks(self, data: np.ndarray) -> np.ndarray:
-        """The positions of the quotes, newlines, brackets and commas in ``data``: one ``flatnonzero`` (a pass of
-        its own each cost more than the comparisons that make the mask; the brackets as in ``structure``)."""
+        """The positions of the quotes, brackets and commas in ``data``: one ``flatnonzero`` (a pass of its own each
+        cost more than the comparisons that make the mask; the brackets as in ``structure``)."""
         mask, work = self.get(len(data))
         if len(self.other) < len(data):
             self.other = np.empty(len(data), dtype=bool)
@@ -236,7 +234,7 @@ class Scratch:
         np.subtract(work, ord("{"), out=work)
         np.bitwise_and(work, 0xFD, out=work)
         np.equal(work, 0, out=mask)
-        for byte in (_QUOTE, _NEWLINE, _COMMA):
+        for byte in (_QUOTE, _COMMA):
             np.logical_or(mask, np.equal(data, byte, out=other), out=mask)
         return np.flatnonzero(mask)
 

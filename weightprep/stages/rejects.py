@@ -10,7 +10,7 @@ bytes::
 A row of a Parquet or Arrow input has ``"row"`` (from 0) in place of ``line`` and ``byte_offset``, and its
 ``original`` is the row as JSON; a record of a JSON array has ``"record"`` (its index, from 0) in place of ``line``,
 its ``byte_offset`` is just past the ``[`` or ``,`` before it, and its ``original`` is the record with its newlines
-as spaces (with the whitespace before it). A text file's record is the ``{"text"}`` object it
+as tabs (with the whitespace before it). A text file's record is the ``{"text"}`` object it
 became. ``original`` is the line verbatim as a string, without its line ending (``\\n`` or ``\\r\\n``).
 A line that is not valid UTF-8 has ``original_base64`` (its exact bytes, base64) instead, so
 nothing is lost or altered. A ``line_too_long`` reject keeps only the first bytes of the line
