@@ -83,6 +83,9 @@ MODULES: dict[str, list[str]] = {
     ],
     # a JSON array's cuts at plan time: chunk summaries chained, then the splitter from each target
     "distribute/plan_array.py": ["tests/test_plan_array.py", "tests/test_json_array_scan.py", "tests/test_inputs.py"],
+    # the plan's byte ranges: JSON Lines cut after newlines, arrays after separators (guessed or exact), mixed parts
+    "distribute/plan.py": ["tests/test_plan_array.py", "tests/test_inputs.py", "tests/test_distribute.py",
+                           "tests/test_interleave.py"],  # fmt: skip
     "stages/text.py": ["tests/test_inputs.py"],
     "stages/shapes.py": ["tests/test_shapes.py", "tests/test_formats.py"],
     "stages/columns.py": ["tests/test_shapes.py", "tests/test_parquet.py", "tests/test_source_checks.py"],
