@@ -400,6 +400,35 @@ def test_an_array_planned_from_its_layout_builds_as_planned_exactly(tmp_path, sa
     assert guessed["counts"] == exact["counts"] and guessed["counts"]["records"] == 90
 
 
+def test_a_source_that_is_an_array_is_guessed_and_checked_as_a_plain_input(tmp_path, sample_tok, monkeypatch):
+    """With sources (mixed parts), a JSON array's ranges are guessed as a plain build's are, and a miss plans the
+    build exactly and builds again: the shards are the exact plan's."""
+    from weightprep.distribute import plan_array
+    from weightprep.distribute.plan import plan_mixed
+    from weightprep.sources import Source
+
+    records = [{"text": f"record {i} " + "word " * (i % 13)} for i in range(120)]
+    texts = [json.dumps(r, indent=2).replace("\n", "\n  ") for r in records]
+    gaps = [",\n  " if i < 40 or i % 4 else ",  " for i in range(len(texts) - 1)]  # otherwise from record 40 on
+    array = tmp_path / "a.json"
+    array.write_text("[\n  " + texts[0] + "".join(g + t for g, t in zip(gaps, texts[1:], strict=True)) + "\n]\n")
+    other = _jsonl(tmp_path / "b.jsonl", [{"text": f"other {i}"} for i in range(300)])
+    monkeypatch.setattr(plan_array, "_HEAD_BYTES", 2000)
+    guessed, exact = (plan_mixed([[str(array)], [str(other)]], 3000, exact=e) for e in (False, True))
+    assert len(guessed) == len(exact) > 3
+    assert any(s.check is not None for p in guessed for s in p.segments)
+    assert all(s.check is None for p in exact for s in p.segments)
+    sources = [Source("a", (str(array),)), Source("b", (str(other),))]
+    config = config_from_dict({"pack": {"seq_len": 128}, "read": {"part_bytes": 3000, "block_bytes": 1024}})
+    notes: list[str] = []
+    m = build([], tmp_path / "guessed", config, tokenizer=sample_tok, sources=sources, notify=notes.append)
+    assert any("planning its parts exactly" in n for n in notes)
+    monkeypatch.setattr(plan_array, "guessed_cuts", lambda *args, **kwargs: None)
+    m_exact = build([], tmp_path / "exact", config, tokenizer=sample_tok, sources=sources)
+    assert _arrow(tmp_path / "guessed") == _arrow(tmp_path / "exact") != {} and m["counts"] == m_exact["counts"]
+    assert m["counts"]["records"] == 420
+
+
 def test_a_raw_newline_inside_a_string_rejects_its_record_only(tmp_path, sample_tok):
     """A raw newline inside a string is invalid JSON, as in JSON Lines: its record is rejected (the splitter hands
     every newline on as a tab, a control byte there), never read as a string holding a newline or a space; the
