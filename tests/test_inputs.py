@@ -8,6 +8,7 @@ import gzip
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -31,6 +32,13 @@ def _build(tmp_path: Path, path: Path, tok, name: str, **cfg) -> tuple[dict, dic
     config = config_from_dict({"pack": {"seq_len": 128}, **cfg})
     manifest = build([str(path)], tmp_path / name, config, tokenizer=tok)
     return manifest, _arrow(tmp_path / name)
+
+
+def _separators_of(data: bytes) -> list[int]:
+    """The separators of the array ``data``, byte by byte (``test_json_array_scan._reference``)."""
+    from test_json_array_scan import _reference
+
+    return _reference(data)[0]
 
 
 def _lines(path: Path, block_bytes: int, max_line: int = 64 << 20, **kw) -> tuple[InputFile, list[tuple[int, bytes, int]]]:
@@ -153,15 +161,30 @@ def test_a_raw_newline_inside_a_string_is_malformed_not_read_as_a_space(tmp_path
         json.loads(got[0][1])
 
 
-def test_a_record_longer_than_the_limit_is_never_held_whole(tmp_path):
-    records = [{"text": "a"}, {"text": "x" * 5000}, {"text": "b"}, {"text": "y" * 300}]
+@pytest.mark.parametrize("first_long", [False, True])
+def test_a_record_longer_than_the_limit_is_never_held_whole(tmp_path, first_long):
+    records = [{"text": "a"}, {"text": "x" * 5000}, {"text": "b"}, {"text": "y" * 300}, {"text": "c"}]
+    if first_long:
+        records[0] = {"text": "z" * 700}
     path = tmp_path / "data.json"
-    path.write_text(json.dumps(records))
+    raw = json.dumps(records, indent=1).encode()
+    path.write_bytes(raw)
+    separators = _separators_of(raw)
+    spans = list(zip([raw.index(b"[") + 1, *(s + 1 for s in separators[:-1])], separators, strict=True))
     for block in (16, 64, 1 << 20):
-        _, got = _lines(path, block, max_line=256)
-        assert [(n, line if line == b"<too long>" else json.loads(line)) for n, line, _ in got] == [
-            (0, records[0]), (1, b"<too long>"), (2, records[2]), (3, b"<too long>")
+        got = []
+        for b in read_blocks(InputFile(str(path)), block, 256):
+            if b.too_long:  # its exact length and offset: the bytes from after the '[' or ',' to the separator
+                got.append((b.first_line, b.offset, b.too_long))
+            else:
+                lines = b.data.split(b"\n")[:-1]
+                offsets = np.cumsum([0, *(len(line) + 1 for line in lines[:-1])]) + b.offset
+                got += [(b.first_line + i, int(o), line) for i, (o, line) in enumerate(zip(offsets, lines, strict=True))]
+        expected = [
+            (i, a, z - a) if z - a > 256 else (i, a, raw[a:z].replace(b"\n", b"\t")) for i, (a, z) in enumerate(spans)
         ]  # fmt: skip
+        assert got == expected
+        assert [i for i, _, x in got if isinstance(x, int)] == ([0, 1, 3] if first_long else [1, 3])
 
 
 def test_a_truncated_compressed_array_is_an_error_at_its_record(tmp_path):

@@ -160,6 +160,9 @@ _NO_SOLID = "the sentinel for no byte yet is only compared with ',' and '[' (44,
 _PARITY = "a parity: adding or taking away was_inside (0 or 1) leaves the same remainder of 2"
 _PAST_CLOSE = "only whitespace follows the closing ']' (refused otherwise just above): no bracket or comma lies past it"
 _SUSPECT = "a quick filter of the separators to walk back from: a looser one walks back from more, with the same outcome"
+_STEP = ("the size of the reads only: the blocks do not depend on it (tests/test_json_array_scan.py and "
+         "tests/test_inputs.py cut at every size), and read.block_bytes and read.max_line_bytes are at least 1024, "
+         "so the guard against 0 never acts")
 _SCRATCH = "a work array's size: grown when smaller than the chunk and used as its first len(data) items, so a larger one gives the same"
 #: mutant id (``--list`` prints them) -> why no test can tell it from the original (an equivalent mutant)
 EQUIVALENT: dict[str, str] = {
@@ -445,6 +448,8 @@ EQUIVALENT: dict[str, str] = {
     "stages/json_array.py:Scratch.__init__:int+1:self.bytes = np.zeros(0, dtype=np.uint8)": _SCRATCH,
     "stages/json_array.py:Scratch.__init__:int+1:self.out = np.zeros(0, dtype=np.uint8)": _SCRATCH,
     "stages/json_array.py:Scratch.output:compare0:if len(self.out) < len(chunk):": _SCRATCH,
+    "stages/json_array.py:array_blocks:int+1:step = max(1, min(block_bytes, max_record_bytes))": _STEP,
+    "stages/json_array.py:array_blocks:int-1:step = max(1, min(block_bytes, max_record_bytes))": _STEP,
     "stages/json_array.py:Scratch.get:compare0:if len(self.mask) < n:": _SCRATCH,
     "stages/json_array.py:Scratch.marks:compare0:if len(self.other) < len(data):": _SCRATCH,
     "stages/json_array.py:_changes:int+1:return np.where(byte == _COMMA, 0, np.where(byte | 32 == ord('{'), 1, -1)).astype(np.int64)#1": "only brackets and commas reach it: | 0x21 maps '[' and '{' to '{', and ']' and '}' elsewhere, as | 0x20 does",
