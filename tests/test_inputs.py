@@ -162,19 +162,28 @@ def test_a_raw_newline_inside_a_string_is_malformed_not_read_as_a_space(tmp_path
 
 
 @pytest.mark.parametrize("first_long", [False, True])
-def test_a_record_longer_than_the_limit_is_never_held_whole(tmp_path, first_long):
-    records = [{"text": "a"}, {"text": "x" * 5000}, {"text": "b"}, {"text": "y" * 300}, {"text": "c"}]
+def test_a_record_longer_than_the_limit_is_rejected_at_its_length_and_offset(tmp_path, first_long):
+    """Read by chunks of any size: a too-long record's block says its exact length and offset and keeps its first
+    1,024 bytes; a record of exactly the limit is no too-long one; the records after keep their offsets."""
+    records = [{"text": "a"}, {"text": "x" * 5000}, {"text": "b"}, {"text": "y" * 300}, {"text": "c"}, {"text": "d"}]
     if first_long:
-        records[0] = {"text": "z" * 700}
+        records[0] = {"text": "z" * 1700}
+    records[4] = {"text": "w" * (256 - len(json.dumps(records[4], indent=1)) - 3)}  # its span: exactly the limit
     path = tmp_path / "data.json"
     raw = json.dumps(records, indent=1).encode()
     path.write_bytes(raw)
     separators = _separators_of(raw)
     spans = list(zip([raw.index(b"[") + 1, *(s + 1 for s in separators[:-1])], separators, strict=True))
-    for block in (16, 64, 1 << 20):
+    assert spans[4][1] - spans[4][0] == 256
+    for block in (1, 16, 64, 1 << 20):
         got = []
         for b in read_blocks(InputFile(str(path)), block, 256):
             if b.too_long:  # its exact length and offset: the bytes from after the '[' or ',' to the separator
+                # what it held when it passed the limit (with max_line_bytes >= 1,024, as configs have it, that is
+                # the record's own bytes; with 256 here, its read may have gone on past its end)
+                held = min(len(b.data), b.too_long)
+                assert b.n_lines == 1 and 256 < len(b.data) <= 1024
+                assert b.data[:held] == raw[b.offset : b.offset + held].replace(b"\n", b"\t")
                 got.append((b.first_line, b.offset, b.too_long))
             else:
                 lines = b.data.split(b"\n")[:-1]
@@ -185,6 +194,39 @@ def test_a_record_longer_than_the_limit_is_never_held_whole(tmp_path, first_long
         ]  # fmt: skip
         assert got == expected
         assert [i for i, _, x in got if isinstance(x, int)] == ([0, 1, 3] if first_long else [1, 3])
+    (long,) = [b for b in read_blocks(InputFile(str(path)), 1 << 20, 1024) if b.too_long and b.first_line == 1]
+    assert long.data == raw[long.offset : long.offset + 1024].replace(b"\n", b"\t")  # its first 1,024 bytes kept
+
+
+def test_a_long_record_is_never_held_whole(tmp_path):
+    """A 24 MB record read with a 1 MiB limit: the reader holds its first bytes only, whatever is read at a time."""
+    import tracemalloc
+
+    path = tmp_path / "data.json"
+    path.write_text(json.dumps([{"text": "a"}, {"text": "x" * (24 << 20)}, {"text": "b"}]))
+    tracemalloc.start()
+    try:
+        got = [(b.first_line, b.too_long) for b in read_blocks(InputFile(str(path)), 64 << 10, 1 << 20)]
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert [(n, long > 0) for n, long in got] == [(0, False), (1, True), (2, False)]
+    assert peak < 8 << 20, peak
+
+
+@pytest.mark.parametrize("cut", [-9, -1])  # inside the next record, or just before the separating ','
+def test_a_part_that_does_not_end_after_a_record_is_an_error(tmp_path, cut):
+    """A part read from an exact plan must end just after a separating ','; elsewhere the file changed since the
+    plan, and the part says so rather than hand on a piece of a record."""
+    records = [{"text": f"record {i}"} for i in range(20)]
+    raw = json.dumps(records, indent=2).encode()
+    path = tmp_path / "data.json"
+    path.write_bytes(raw)
+    comma = _separators_of(raw)[9]
+    end = comma + 1 + (cut if cut == -1 else 20 + cut)
+    with pytest.raises(InputError, match="does not end after a record as planned"):
+        list(read_blocks(InputFile(str(path)), 1024, 1 << 20, start=0, end=end))
+    assert len(list(read_blocks(InputFile(str(path)), 1024, 1 << 20, start=0, end=comma + 1))) == 1
 
 
 def test_a_truncated_compressed_array_is_an_error_at_its_record(tmp_path):

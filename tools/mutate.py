@@ -160,6 +160,9 @@ _NO_SOLID = "the sentinel for no byte yet is only compared with ',' and '[' (44,
 _PARITY = "a parity: adding or taking away was_inside (0 or 1) leaves the same remainder of 2"
 _PAST_CLOSE = "only whitespace follows the closing ']' (refused otherwise just above): no bracket or comma lies past it"
 _SUSPECT = "a quick filter of the separators to walk back from: a looser one walks back from more, with the same outcome"
+_ONE_REJECT = "a too_long block is one reject whatever its n_lines: validate.parse_block reads only its data and too_long"
+_AFTER_CLOSE = ("after the closing ']' only whitespace follows (the scanner refuses anything else) and what is kept "
+                "of it is never handed on: the reader's end reads scanner.closed, not what is pending")
 _STEP = ("the size of the reads only: the blocks do not depend on it (tests/test_json_array_scan.py and "
          "tests/test_inputs.py cut at every size), and read.block_bytes and read.max_line_bytes are at least 1024, "
          "so the guard against 0 never acts")
@@ -449,6 +452,9 @@ EQUIVALENT: dict[str, str] = {
     "stages/json_array.py:Scratch.__init__:int+1:self.out = np.zeros(0, dtype=np.uint8)": _SCRATCH,
     "stages/json_array.py:Scratch.output:compare0:if len(self.out) < len(chunk):": _SCRATCH,
     "stages/json_array.py:array_blocks:int+1:step = max(1, min(block_bytes, max_record_bytes))": _STEP,
+    "stages/json_array.py:array_blocks:int+1:yield Block(path, record, 1, head, begin, too_long=pending_len + first - 1)": _ONE_REJECT,
+    "stages/json_array.py:array_blocks:int-1:yield Block(path, record, 1, head, begin, too_long=pending_len + first - 1)": _ONE_REJECT,
+    "stages/json_array.py:array_blocks:boolop:if body and (not scanner.closed):": _AFTER_CLOSE,
     "stages/json_array.py:array_blocks:int-1:step = max(1, min(block_bytes, max_record_bytes))": _STEP,
     "stages/json_array.py:Scratch.get:compare0:if len(self.mask) < n:": _SCRATCH,
     "stages/json_array.py:Scratch.marks:compare0:if len(self.other) < len(data):": _SCRATCH,
