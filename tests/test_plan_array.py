@@ -209,6 +209,9 @@ def test_a_layout_is_learnt_only_from_separators_alike_with_a_newline():
     assert plan_array.layout(io.BytesIO(_laid_out(records, [",\n", ",\n  "], None))) is None
     assert plan_array.layout(io.BytesIO(json.dumps(records, indent=0).encode())) is None  # ",\n{" nested too
     assert plan_array.layout(io.BytesIO(json.dumps(records[:3], indent=2).encode())) is None  # 2 separators
+    read = io.BytesIO(json.dumps(records, indent=2).encode())
+    read.seek(100)  # a stream read before: the head is the file's
+    assert plan_array.layout(read) == b",\n  {"
 
 
 @pytest.mark.parametrize("later", [", ", ",\n    "])
