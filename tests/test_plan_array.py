@@ -206,6 +206,8 @@ def test_a_layout_is_learnt_only_from_separators_alike_with_a_newline():
     assert plan_array.layout(io.BytesIO(json.dumps(records, indent=2).encode())) == b",\n  {"
     assert plan_array.layout(io.BytesIO(_laid_out(records, [",\n"], None))) == b",\n{"
     assert plan_array.layout(io.BytesIO(json.dumps(records).encode())) is None  # one line: ", {" nested too
+    flat = json.dumps([{"text": f"record {i}"} for i in range(6)]).encode()  # one line, ", {" only between records:
+    assert plan_array.layout(io.BytesIO(flat)) is None  # still none (no newline: a string may hold ", {")
     assert plan_array.layout(io.BytesIO(_laid_out(records, [",\n", ",\n  "], None))) is None
     assert plan_array.layout(io.BytesIO(json.dumps(records, indent=0).encode())) is None  # ",\n{" nested too
     assert plan_array.layout(io.BytesIO(json.dumps(records[:3], indent=2).encode())) is None  # 2 separators

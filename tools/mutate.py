@@ -163,6 +163,7 @@ _SUSPECT = "a quick filter of the separators to walk back from: a looser one wal
 _ONE_REJECT = "a too_long block is one reject whatever its n_lines: validate.parse_block reads only its data and too_long"
 _AFTER_CLOSE = ("after the closing ']' only whitespace follows (the scanner refuses anything else) and what is kept "
                 "of it is never handed on: the reader's end reads scanner.closed, not what is pending")
+_NO_GAP_AT_0 = "the head starts at the file's start, whitespace or a BOM then the '[': no gap (a ',') is at offset 0"
 _STEP = ("the size of the reads only: the blocks do not depend on it (tests/test_json_array_scan.py and "
          "tests/test_inputs.py cut at every size), and read.block_bytes and read.max_line_bytes are at least 1024, "
          "so the guard against 0 never acts")
@@ -455,6 +456,8 @@ EQUIVALENT: dict[str, str] = {
     "stages/json_array.py:array_blocks:int+1:yield Block(path, record, 1, head, begin, too_long=pending_len + first - 1)": _ONE_REJECT,
     "stages/json_array.py:array_blocks:int-1:yield Block(path, record, 1, head, begin, too_long=pending_len + first - 1)": _ONE_REJECT,
     "stages/json_array.py:array_blocks:boolop:if body and (not scanner.closed):": _AFTER_CLOSE,
+    "distribute/plan_array.py:layout:compare0:while at >= 0:": _NO_GAP_AT_0,
+    "distribute/plan_array.py:layout:int+1:while at >= 0:": _NO_GAP_AT_0,
     "distribute/plan_array.py:layout:bool:scanner = ArrayScanner(check=False)": "an empty element in the head gives a gap that ends in ',' beside the others, so no layout either way (the part that holds it names it)",
     "stages/json_array.py:array_blocks:int-1:step = max(1, min(block_bytes, max_record_bytes))": _STEP,
     "stages/json_array.py:Scratch.get:compare0:if len(self.mask) < n:": _SCRATCH,
