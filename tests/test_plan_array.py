@@ -231,3 +231,20 @@ def test_a_guess_that_skips_a_separator_fails_its_own_part(later, alternate):
     assert cuts != _expected(data, targets)
     failing = _first_failing_part(data, cuts, checks)
     assert failing is not None and failing >= 0
+
+
+def test_find_is_bytes_find_across_reads():
+    """The layout's gap searched read by read (the first read small, then doubling up to the chunk size): at every
+    alignment of a gap to the reads, a gap spanning two or three reads included, where ``bytes.find`` finds it."""
+    from unittest import mock
+
+    gap = b",\n  {"
+    for lead in range(12):
+        data = b"a" * lead + b",\n " + b"a" + gap + b"aa" + gap  # a near miss, then two gaps
+        for first_read in range(1, 7):
+            for chunk_bytes in range(1, 9):
+                for pos in range(len(data) + 1):
+                    with mock.patch.object(plan_array, "_FIRST_READ", first_read):
+                        at = plan_array._find(io.BytesIO(data), pos, gap, chunk_bytes)
+                    expected = data.find(gap, pos)
+                    assert at == (expected if expected >= 0 else None), (lead, first_read, chunk_bytes, pos)

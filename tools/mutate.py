@@ -457,6 +457,7 @@ EQUIVALENT: dict[str, str] = {
     "stages/json_array.py:array_blocks:int-1:yield Block(path, record, 1, head, begin, too_long=pending_len + first - 1)": _ONE_REJECT,
     "stages/json_array.py:array_blocks:boolop:if body and (not scanner.closed):": _AFTER_CLOSE,
     "distribute/plan_array.py:layout:compare0:while at >= 0:": _NO_GAP_AT_0,
+    "distribute/plan_array.py:_find:int-1:held = window[max(0, len(window) - len(gap) + 1):]": "held keeps one byte more than a gap spanning two reads needs, and base counts what it keeps: a gap wholly inside it was found in the window before",
     "distribute/plan_array.py:layout:int+1:while at >= 0:": _NO_GAP_AT_0,
     "distribute/plan_array.py:layout:bool:scanner = ArrayScanner(check=False)": "an empty element in the head gives a gap that ends in ',' beside the others, so no layout either way (the part that holds it names it)",
     "stages/json_array.py:array_blocks:int-1:step = max(1, min(block_bytes, max_record_bytes))": _STEP,
