@@ -192,12 +192,27 @@ def test_guessed_cuts_are_the_exact_ones_unless_a_part_reader_says_otherwise(rec
         return
     cuts, checks = guessed
     assert len(checks) == len(cuts) + 1
+    used = {gaps[0 if i < alike else i % len(gaps)] for i in range(len(records) - 1)}
+    if indent is None and len(used) == 1:  # records on one line each, one gap throughout: the guess is the exact plan
+        assert cuts == _expected(data, targets)
     failing = _first_failing_part(data, cuts, checks)
     event(f"guessed {'right' if cuts == _expected(data, targets) else 'wrong'}")
     if cuts == _expected(data, targets):
         assert failing is None
     else:
         assert failing is not None and failing >= 0, (cuts, _expected(data, targets), failing)
+
+
+def test_a_guess_at_every_target_is_the_exact_cut_where_the_layout_holds():
+    """One record a line: for a target at every byte (a separator just before it, at it, after it) and for every
+    part size, the guessed cuts are the exact plan's."""
+    records = [{"id": i, "text": f"record {i}, {{x}}"} for i in range(12)]
+    data = _laid_out(records, [",\n"], None)
+    for target in range(1, len(data)):
+        assert plan_array.guessed_cuts(io.BytesIO(data), [target])[0] == _expected(data, [target]), target
+    for part_bytes in range(1, 120):
+        targets = list(range(part_bytes, len(data), part_bytes))
+        assert plan_array.guessed_cuts(io.BytesIO(data), targets)[0] == _expected(data, targets), part_bytes
 
 
 def test_a_layout_is_learnt_only_from_separators_alike_with_a_newline():

@@ -164,6 +164,7 @@ _ONE_REJECT = "a too_long block is one reject whatever its n_lines: validate.par
 _AFTER_CLOSE = ("after the closing ']' only whitespace follows (the scanner refuses anything else) and what is kept "
                 "of it is never handed on: the reader's end reads scanner.closed, not what is pending")
 _NO_GAP_AT_0 = "the head starts at the file's start, whitespace or a BOM then the '[': no gap (a ',') is at offset 0"
+_READ_SIZE = "the size of the reads after the first only: the offset found does not depend on it (test_find_is_bytes_find_across_reads)"
 _STEP = ("the size of the reads only: the blocks do not depend on it (tests/test_json_array_scan.py and "
          "tests/test_inputs.py cut at every size), and read.block_bytes and read.max_line_bytes are at least 1024, "
          "so the guard against 0 never acts")
@@ -457,6 +458,9 @@ EQUIVALENT: dict[str, str] = {
     "stages/json_array.py:array_blocks:int-1:yield Block(path, record, 1, head, begin, too_long=pending_len + first - 1)": _ONE_REJECT,
     "stages/json_array.py:array_blocks:boolop:if body and (not scanner.closed):": _AFTER_CLOSE,
     "distribute/plan_array.py:layout:compare0:while at >= 0:": _NO_GAP_AT_0,
+    "distribute/plan_array.py:guessed_cuts:int+1:at = _find(stream, max(0, target - 1), gap, chunk_bytes)": _NO_GAP_AT_0,
+    "distribute/plan_array.py:_find:int+1:step = min(2 * step, chunk_bytes)": _READ_SIZE,
+    "distribute/plan_array.py:_find:int-1:step = min(2 * step, chunk_bytes)": _READ_SIZE,
     "distribute/plan_array.py:_find:int-1:held = window[max(0, len(window) - len(gap) + 1):]": "held keeps one byte more than a gap spanning two reads needs, and base counts what it keeps: a gap wholly inside it was found in the window before",
     "distribute/plan_array.py:layout:int+1:while at >= 0:": _NO_GAP_AT_0,
     "distribute/plan_array.py:layout:bool:scanner = ArrayScanner(check=False)": "an empty element in the head gives a gap that ends in ',' beside the others, so no layout either way (the part that holds it names it)",
