@@ -330,6 +330,7 @@ def test_a_cut_array_hands_on_every_record_once_numbered_as_the_file(tmp_path, r
     assert [json.loads(line) for _, line, _ in got] == records
     for _, line, at in got:
         assert json.loads(data[at : at + len(line)]) == json.loads(line)  # each record's offset is the file's
+    assert starts[0] == 0  # the first part from the file's start (its '[' read as such, not skipped as a part's)
     for start in starts[1:]:  # a cut falls just past a separating ',' near each multiple of part_bytes
         assert data[start - 1 : start] == b","
     if len(data) > part_bytes:  # every cut past the first multiple; none if the file fits in one part

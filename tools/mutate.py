@@ -464,6 +464,7 @@ EQUIVALENT: dict[str, str] = {
     "distribute/plan_array.py:_find:binop:held = window[max(0, len(window) - len(gap) + 1):]": "held keeps two bytes more than a gap spanning two reads needs, and base counts what it keeps: a gap wholly inside it was found in the window before",
     "distribute/plan_array.py:layout:int+1:at = head.find(gap, at + 1)": "a gap cannot start one byte into another: its first byte is a ',', its second a newline",
     "distribute/plan.py:_array_cuts:int+1:return (cuts, [None] * (len(cuts) + 1))": "checks are read by each part's index (plan_parts, plan_mixed): one more None is never read",
+    "distribute/plan.py:_file_plan:compare0:while target < size:": "a target at the file's size finds no line start before the end: the loop stops at cut >= size",
     "distribute/plan.py:_file_plan:compare0:if size <= part_bytes or is_whole(path, text_sample_by):": "a file of exactly part_bytes has no target below its size: cut at none either way, one part",
     "distribute/plan_array.py:_find:int-1:held = window[max(0, len(window) - len(gap) + 1):]": "held keeps one byte more than a gap spanning two reads needs, and base counts what it keeps: a gap wholly inside it was found in the window before",
     "distribute/plan_array.py:layout:int+1:while at >= 0:": _NO_GAP_AT_0,
