@@ -128,8 +128,7 @@ def _file_plan(path: str, part_bytes: int, text_sample_by: str, exact: bool) -> 
             cut = _next_line_start(f, target - 1, size)
             if cut >= size:
                 break
-            if cut > cuts[-1]:
-                cuts.append(cut)
+            cuts.append(cut)  # past target - 1, which is at or past the last cut: always a new one
             target = (cut // part_bytes + 1) * part_bytes  # the next multiple past this cut
     cuts.append(size)
     return cuts, [None] * (len(cuts) - 1)
