@@ -25,10 +25,11 @@ Cost: a ``bytes.replace`` of the newlines, a few NumPy comparisons over each chu
 quotes, brackets and commas together: about 3.5% of a pretty-printed array's bytes), the rest over those
 positions; below the parse of the records (figures in docs/inputs.md).
 
-Parts. Where a record starts is known only by scanning from the start, so a large (uncompressed) array is cut into
-input parts (``weightprep.distribute.plan``) by a scan at plan time (``weightprep.distribute.plan_array``: the
-state of this splitter at each target offset, then the offset just past the first separating ``,`` at or after
-it; JSON Lines is cut just past a newline by the same rule). A part is then a byte range that starts just after a ``,`` (or
+Parts. Where a record starts is known for sure only by scanning from the start, so a large (uncompressed) array is
+cut into input parts (``weightprep.distribute.plan``) just past the first separating ``,`` at or after each target
+offset (JSON Lines is cut just past a newline by the same rule): guessed from the layout of the file's head and
+checked by the parts' readers (``check``, below), or found by a scan at plan time (``weightprep.distribute.plan_array``:
+the state of this splitter at each target offset, then the splitter on to the separator). A part is then a byte range that starts just after a ``,`` (or
 at the file's start) and ends just after a ``,`` (or at the file's end): ``array_blocks(..., inside=True)`` reads
 it as the array's elements from there (the scanner starts at depth 1, past the ``[``), ``ends_inside=True`` as a
 range that stops after a separator rather than at the closing ``]``. Its records are numbered from 0 within the
