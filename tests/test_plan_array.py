@@ -263,3 +263,13 @@ def test_find_is_bytes_find_across_reads():
                         at = plan_array._find(io.BytesIO(data), pos, gap, chunk_bytes)
                     expected = data.find(gap, pos)
                     assert at == (expected if expected >= 0 else None), (lead, first_read, chunk_bytes, pos)
+
+
+def test_a_cut_found_past_the_first_read_is_the_exact_one():
+    """Records of 150 KB: from a target, the splitter reads on over 64 KiB, then 128 KiB, ... to the separator (and,
+    after the last record, to the array's close: no cut there)."""
+    records = [{"id": i, "text": ("word, [x] \"q\" " * 11000)[: 150_000 - 7 * i]} for i in range(8)]
+    data = json.dumps(records, indent=2).encode()
+    targets = list(range(70_000, len(data), 100_000))
+    assert _cuts(data, targets) == _expected(data, targets)
+    assert len(_expected(data, targets)) == 7

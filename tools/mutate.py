@@ -168,6 +168,10 @@ _READ_SIZE = "the size of the reads after the first only: the offset found does 
 _ODD_CASE = ("a chunk's summary after an odd run of backslashes differs from the even one only where its first quote "
              "follows a run from the chunk's start (carried=1 changes nothing elsewhere, and nothing without quotes): "
              "computing it in more cases gives the same summary")
+_THREADS = "how many threads summarize the chunks: the cuts do not depend on it (tests/test_plan_array.py runs 1-3)"
+_TARGET_1 = ("a target of 1 looks from byte 0 on: whitespace, a BOM or the '[' there, never a separator, so looking from "
+             "byte 1 gives the same cut (and depth 0 there sends it to the sequential pass either way)")
+_CLOSED = "once the array has closed before a separator, no later target finds one either: its cuts are the same"
 _STEP = ("the size of the reads only: the blocks do not depend on it (tests/test_json_array_scan.py and "
          "tests/test_inputs.py cut at every size), and read.block_bytes and read.max_line_bytes are at least 1024, "
          "so the guard against 0 never acts")
@@ -464,6 +468,21 @@ EQUIVALENT: dict[str, str] = {
     "distribute/plan_array.py:_summary:int+1:first = int(quotes[0]) if len(quotes) else -1#1": _ODD_CASE,
     "distribute/plan_array.py:_summary:int-1:first = int(quotes[0]) if len(quotes) else -1": _ODD_CASE,
     "distribute/plan_array.py:_summary:boolop:if first >= 0 and (not chunk[:first].strip(b'\\\\')):": _ODD_CASE,
+    'distribute/plan_array.py:_cut_from:int+1:offset, step = (offset + len(chunk), min(2 * step, chunk_bytes))': _READ_SIZE,
+    'distribute/plan_array.py:_cut_from:int-1:offset, step = (offset + len(chunk), min(2 * step, chunk_bytes))': _READ_SIZE,
+    "distribute/plan_array.py:record_cuts:int+1:threads = threads or min(4, len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else...": _THREADS,
+    "distribute/plan_array.py:record_cuts:int-1:threads = threads or min(4, len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else...": _THREADS,
+    "distribute/plan_array.py:record_cuts:int+1:threads = threads or min(4, len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else...#1": _THREADS,
+    "distribute/plan_array.py:record_cuts:boolop:threads = threads or min(4, len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else...#1": _THREADS,
+    "distribute/plan_array.py:record_cuts:int+1:threads = threads or min(4, len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else...#2": _THREADS,
+    "distribute/plan_array.py:record_cuts:int-1:threads = threads or min(4, len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else...#1": _THREADS,
+    'distribute/plan_array.py:_two_pass:int+1:bounds = sorted({max(0, t - 1) for t in targets})': _TARGET_1,
+    'distribute/plan_array.py:_two_pass:int+1:while pending and max(0, pending[0] - 1) <= offset:': _TARGET_1,
+    'distribute/plan_array.py:_two_pass:int+1:in_string, depth, tail, offset = (False, 0, 0, 0)#1': "the first chunk starts outside a string: the carried run is read only inside one, and the first summary sets it",
+    'distribute/plan_array.py:_two_pass:int-1:if depth < 1:': "depth 0 at a bound is only before the opening '[' (the cut's scanner opens it and finds the same separator): a close before a bound is caught by the chunk's lowest depth first",
+    'distribute/plan_array.py:_two_pass:drop:pending.clear()': _CLOSED,
+    'distribute/plan_array.py:_two_pass:return_none:return False': _CLOSED,
+    'distribute/plan_array.py:_two_pass:bool:return False': _CLOSED,
     "distribute/plan_array.py:_cut_from:bool:scanner = ArrayScanner(inside=True, check=False)": "the plan's scanner is given its depth and string state by hand and checks no element: `inside` only decides `opened`, which sets `start`, and _cut_from does not read it",
     "distribute/plan_array.py:guessed_cuts:int+1:at = _find(stream, max(0, target - 1), gap, chunk_bytes)": _NO_GAP_AT_0,
     "distribute/plan_array.py:_find:int+1:step = min(2 * step, chunk_bytes)": _READ_SIZE,
