@@ -483,6 +483,8 @@ EQUIVALENT: dict[str, str] = {
     'distribute/plan_array.py:_two_pass:drop:pending.clear()': _CLOSED,
     'distribute/plan_array.py:_two_pass:return_none:return False': _CLOSED,
     'distribute/plan_array.py:_two_pass:bool:return False': _CLOSED,
+    "distribute/plan_array.py:_two_pass:return_none:return cuts": "at the start only targets 0 and 1 are due, and they raise _Fallback (depth 0): at_bound() is never False there",
+    "distribute/plan_array.py:_two_pass:compare0:while len(inflight) < 2 * threads:": "one more chunk in flight: memory only, the summaries are chained in order",
     "distribute/plan_array.py:_cut_from:bool:scanner = ArrayScanner(inside=True, check=False)": "the plan's scanner is given its depth and string state by hand and checks no element: `inside` only decides `opened`, which sets `start`, and _cut_from does not read it",
     "distribute/plan_array.py:guessed_cuts:int+1:at = _find(stream, max(0, target - 1), gap, chunk_bytes)": _NO_GAP_AT_0,
     "distribute/plan_array.py:_find:int+1:step = min(2 * step, chunk_bytes)": _READ_SIZE,
