@@ -63,6 +63,7 @@ def test_the_cuts_are_those_of_a_byte_by_byte_scan(records, indent, lead, part_b
     expected = _expected(data, targets)
     assert _cuts(data, targets, chunk_bytes=chunk_bytes, threads=threads) == expected
     assert sequential_cuts(io.BytesIO(data), targets) == expected
+    assert sequential_cuts(io.BytesIO(data), targets, chunk_bytes=chunk_bytes) == expected
 
 
 @pytest.mark.parametrize("chunk_bytes", [7, 64, 1000])
@@ -273,3 +274,12 @@ def test_a_cut_found_past_the_first_read_is_the_exact_one():
     targets = list(range(70_000, len(data), 100_000))
     assert _cuts(data, targets) == _expected(data, targets)
     assert len(_expected(data, targets)) == 7
+
+
+@pytest.mark.parametrize("chunk_bytes", [3, 8])
+def test_the_sequential_pass_stops_at_its_last_cut(chunk_bytes):
+    """A fault in a chunk after the last cut's is not the plan's to find (the last part's reader names it): the pass
+    stops once its last target is cut. (A fault in the same chunk makes the file one part, whose reader names it.)"""
+    data = b'[{"a": 1}, {"a": 2}, {"a": 3}, {"a": 4}]] trailing'
+    assert sequential_cuts(io.BytesIO(data), [5, 12], chunk_bytes=chunk_bytes) == [10, 20] == _expected(data, [5, 12])
+    assert sequential_cuts(io.BytesIO(b'[{"a": 1}, {"a": 2}]'), [15], chunk_bytes=chunk_bytes) == []  # none after 14

@@ -172,6 +172,8 @@ _THREADS = "how many threads summarize the chunks: the cuts do not depend on it 
 _TARGET_1 = ("a target of 1 looks from byte 0 on: whitespace, a BOM or the '[' there, never a separator, so looking from "
              "byte 1 gives the same cut (and depth 0 there sends it to the sequential pass either way)")
 _CLOSED = "once the array has closed before a separator, no later target finds one either: its cuts are the same"
+_SKIPPED_AGAIN = ("the cut just made is past its target and every earlier one: the skip rule (cuts[-1] >= target) moves "
+                  "the index past them again")
 _STEP = ("the size of the reads only: the blocks do not depend on it (tests/test_json_array_scan.py and "
          "tests/test_inputs.py cut at every size), and read.block_bytes and read.max_line_bytes are at least 1024, "
          "so the guard against 0 never acts")
@@ -485,6 +487,12 @@ EQUIVALENT: dict[str, str] = {
     'distribute/plan_array.py:_two_pass:bool:return False': _CLOSED,
     "distribute/plan_array.py:_two_pass:return_none:return cuts": "at the start only targets 0 and 1 are due, and they raise _Fallback (depth 0): at_bound() is never False there",
     "distribute/plan_array.py:_two_pass:compare0:while len(inflight) < 2 * threads:": "one more chunk in flight: memory only, the summaries are chained in order",
+    "distribute/plan_array.py:_two_pass:int+1:while len(inflight) < 2 * threads:": "more or fewer chunks in flight: memory and overlap only, the summaries are chained in order",
+    "distribute/plan_array.py:_two_pass:int-1:while len(inflight) < 2 * threads:": "more or fewer chunks in flight: memory and overlap only, the summaries are chained in order",
+    "distribute/plan_array.py:_two_pass:drop:future.cancel()": "cancelling the summaries no longer needed saves work only: their results are not read",
+    "distribute/plan_array.py:_two_pass:return_none:return cuts#2": "the chunks end at the last target's bound, where at_bound() empties the targets and returns: the loop's end is reached only by a file shorter than its size",
+    "distribute/plan_array.py:sequential_cuts:augassign:i += 1#1": _SKIPPED_AGAIN,
+    "distribute/plan_array.py:sequential_cuts:int-1:i += 1#1": _SKIPPED_AGAIN,
     "distribute/plan_array.py:_cut_from:bool:scanner = ArrayScanner(inside=True, check=False)": "the plan's scanner is given its depth and string state by hand and checks no element: `inside` only decides `opened`, which sets `start`, and _cut_from does not read it",
     "distribute/plan_array.py:guessed_cuts:int+1:at = _find(stream, max(0, target - 1), gap, chunk_bytes)": _NO_GAP_AT_0,
     "distribute/plan_array.py:_find:int+1:step = min(2 * step, chunk_bytes)": _READ_SIZE,
