@@ -868,3 +868,62 @@ def test_a_mixed_parts_result_names_the_chat_template_as_a_plain_parts_does(tmp_
         mixed.release()
         plain.release()
     assert reference["chat_template"] and result["chat_template"] == reference["chat_template"]
+
+
+def _reference_mixed(sources: list[list[bytes]], part_bytes: int) -> list[list[tuple[int, int, int, int]]]:
+    """The mixed plan of JSON Lines sources (``sources[s]``: its files' bytes) by its docstring's rule, written
+    afresh: K parts from the total size; each source's bytes taken as one stream and cut near k/K of its size,
+    just past the first newline at or after ``target - 1`` inside each file; a range goes to the part of the
+    target interval its start falls in. (source, file, start, end) per range, parts without ranges left out."""
+    import bisect
+
+    k_parts = max(1, math.ceil(sum(len(f) for files in sources for f in files) / part_bytes))
+    parts: list[list[tuple[int, int, int, int]]] = [[] for _ in range(k_parts)]
+    file_index = 0
+    for s, files in enumerate(sources):
+        total = sum(len(f) for f in files)
+        targets = [k * total // k_parts for k in range(1, k_parts)]
+        base = 0
+        for data in files:
+            starts = {0}
+            for t in targets:
+                if base < t < base + len(data):
+                    nl = data.find(b"\n", t - base - 1)
+                    if 0 <= nl < len(data) - 1:
+                        starts.add(nl + 1)
+            bounds = [*sorted(starts), len(data)]
+            for a, b in zip(bounds[:-1], bounds[1:], strict=True):
+                parts[bisect.bisect_right(targets, base + a)].append((s, file_index, a, b))
+            base += len(data)
+            file_index += 1
+    return [p for p in parts if p]
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    sources=st.lists(
+        st.lists(st.lists(st.integers(0, 40), min_size=1, max_size=12), min_size=1, max_size=3), min_size=1, max_size=3
+    ),
+    part_bytes=st.integers(20, 400),
+)
+def test_the_mixed_plan_cuts_each_source_near_k_over_k_of_its_size(sources, part_bytes):
+    """``plan_mixed`` against the rule written afresh, over sources of one to three files of lines of any length:
+    the same ranges in the same parts, segments and parts numbered in order."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        contents = [[b"".join(b"x" * n + b"\n" for n in lines) for lines in files] for files in sources]
+        paths = []
+        for s, files in enumerate(contents):
+            paths.append([])
+            for f, data in enumerate(files):
+                path = Path(tmp) / f"s{s}-{f}.jsonl"
+                path.write_bytes(data)
+                paths[-1].append(str(path))
+        plan = plan_mixed(paths, part_bytes)
+    got = [[(part.sources[j], seg.file, seg.start, seg.end) for j, seg in enumerate(part.segments)] for part in plan]
+    assert got == _reference_mixed(contents, part_bytes)
+    assert [p.index for p in plan] == list(range(len(plan)))
+    assert [seg.index for p in plan for seg in p.segments] == list(range(sum(len(p.segments) for p in plan)))
+    flat = [seg for p in plan for seg in p.segments]
+    assert all(seg.whole == (sum(1 for other in flat if other.file == seg.file) == 1) for seg in flat)

@@ -174,6 +174,8 @@ _TARGET_1 = ("a target of 1 looks from byte 0 on: whitespace, a BOM or the '[' t
 _CLOSED = "once the array has closed before a separator, no later target finds one either: its cuts are the same"
 _SKIPPED_AGAIN = ("the cut just made is past its target and every earlier one: the skip rule (cuts[-1] >= target) moves "
                   "the index past them again")
+_STRICT = "the zipped sequences are made the same length just above: strict only guards that"
+_PLACEHOLDER = "the index of a segment before numbering: replaced in order just below (dataclasses.replace)"
 _STEP = ("the size of the reads only: the blocks do not depend on it (tests/test_json_array_scan.py and "
          "tests/test_inputs.py cut at every size), and read.block_bytes and read.max_line_bytes are at least 1024, "
          "so the guard against 0 never acts")
@@ -500,6 +502,15 @@ EQUIVALENT: dict[str, str] = {
     "distribute/plan_array.py:_find:binop:held = window[max(0, len(window) - len(gap) + 1):]": "held keeps two bytes more than a gap spanning two reads needs, and base counts what it keeps: a gap wholly inside it was found in the window before",
     "distribute/plan_array.py:layout:int+1:at = head.find(gap, at + 1)": "a gap cannot start one byte into another: its first byte is a ',', its second a newline",
     "distribute/plan.py:_array_cuts:int+1:return (cuts, [None] * (len(cuts) + 1))": "checks are read by each part's index (plan_parts, plan_mixed): one more None is never read",
+    'distribute/plan.py:plan_parts:bool:for (number, (start, end)) in enumerate(zip(cuts[:-1], cuts[1:], strict=True)):': _STRICT,
+    'distribute/plan.py:plan_mixed:bool:for (number, (start, end)) in enumerate(zip(cuts[:-1], cuts[1:], strict=True)):': _STRICT,
+    'distribute/plan.py:plan_mixed:bool:for (s, (paths, file_sizes)) in enumerate(zip(sources, sizes, strict=True)):': _STRICT,
+    'distribute/plan.py:plan_mixed:bool:for (path, size) in zip(paths, file_sizes, strict=True):': _STRICT,
+    'distribute/plan.py:plan_mixed:int+1:part = InputPart(-1, file_index, path, start, end, number, len(cuts) == 2, checks[number])': _PLACEHOLDER,
+    'distribute/plan.py:plan_mixed:int-1:part = InputPart(-1, file_index, path, start, end, number, len(cuts) == 2, checks[number])': _PLACEHOLDER,
+    'distribute/plan.py:plan_mixed:compare1:inside = [t - base for t in targets if base < t < base + size]': "a target at a file's end finds no line start inside it: the cut at its size is dropped",
+    'distribute/plan.py:_cuts_at:compare0:if cuts and cuts[-1] >= target:': "a target at the last cut gets that cut again (line starts are monotone in the target), which cut > cuts[-1] drops",
+    'distribute/plan.py:_cuts_at:compare0:if 0 < cut < size and (not cuts or cut > cuts[-1]):': "a cut is just past a newline at or after an offset >= 0: never 0",
     "distribute/plan.py:_file_plan:compare0:while target < size:": "a target at the file's size finds no line start before the end: the loop stops at cut >= size",
     "distribute/plan.py:_file_plan:compare0:if size <= part_bytes or is_whole(path, text_sample_by):": "a file of exactly part_bytes has no target below its size: cut at none either way, one part",
     "distribute/plan_array.py:_find:int-1:held = window[max(0, len(window) - len(gap) + 1):]": "held keeps one byte more than a gap spanning two reads needs, and base counts what it keeps: a gap wholly inside it was found in the window before",
