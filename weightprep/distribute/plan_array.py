@@ -54,7 +54,15 @@ from typing import BinaryIO
 
 import numpy as np
 
-from weightprep.stages.json_array import ArrayScanner, Scratch, depth_changes, escaped, outside, structure
+from weightprep.stages.json_array import (
+    SPACE,
+    ArrayScanner,
+    Scratch,
+    depth_changes,
+    escaped,
+    outside,
+    structure,
+)
 
 __all__ = ["guessed_cuts", "layout", "record_cuts", "sequential_cuts"]
 
@@ -255,7 +263,6 @@ def sequential_cuts(stream: BinaryIO, targets: Sequence[int], chunk_bytes: int =
 #: The head of the file scanned exactly to learn its layout (``layout``), and the separators it must show.
 _HEAD_BYTES = 4 << 20
 _HEAD_SEPARATORS = 4
-_SPACES = b" \t\r\n"
 
 
 def layout(stream: BinaryIO, head_bytes: int = _HEAD_BYTES) -> bytes | None:
@@ -273,16 +280,12 @@ def layout(stream: BinaryIO, head_bytes: int = _HEAD_BYTES) -> bytes | None:
     if scanner.start is None:  # no '[' in the head
         return None
     data = np.frombuffer(head, dtype=np.uint8)
-    commas = separators[data[separators] == ord(",")].tolist()
-    gaps = set()
-    for p in commas:
-        q = p + 1
-        while q < len(head) and head[q] in _SPACES:
-            q += 1
-        if q == len(head):  # the head ends before the next record
-            commas.remove(p)
-            break
-        gaps.add(head[p : q + 1])
+    commas = separators[data[separators] == ord(",")]
+    solid = np.flatnonzero(~SPACE[data])  # the head's bytes other than whitespace
+    after = np.searchsorted(solid, commas + 1)
+    shown = after < len(solid)  # the head holds the next record's first byte
+    commas, ends = commas[shown].tolist(), solid[after[shown]].tolist()
+    gaps = {head[p : q + 1] for p, q in zip(commas, ends, strict=True)}
     if len(commas) < _HEAD_SEPARATORS or len(gaps) != 1:
         return None
     (gap,) = gaps

@@ -47,11 +47,12 @@ import numpy as np
 from weightprep.batches import Block
 from weightprep.errors import CUT_MISSED, InputError
 
-__all__ = ["ArrayScanner", "Scratch", "array_blocks", "depth_changes", "escaped", "outside", "structure"]
+__all__ = ["SPACE", "ArrayScanner", "Scratch", "array_blocks", "depth_changes", "escaped", "outside", "structure"]
 
 _QUOTE, _BACKSLASH, _COMMA = ord('"'), ord("\\"), ord(",")
-_SPACE = np.zeros(256, dtype=bool)
-_SPACE[[ord(" "), ord("\t"), ord("\r"), ord("\n")]] = True
+#: JSON's whitespace, by byte value.
+SPACE = np.zeros(256, dtype=bool)
+SPACE[[ord(" "), ord("\t"), ord("\r"), ord("\n")]] = True
 #: What every raw newline becomes in the blocks: whitespace between tokens, a control byte (refused) inside a string.
 _NEWLINE_AS = b"\t"
 
@@ -87,7 +88,7 @@ class ArrayScanner:
         out = self.scratch.output(chunk)
         self.start = None
         if self.closed:
-            if not _SPACE[data].all():
+            if not SPACE[data].all():
                 raise ValueError("bytes after the array's closing ']'; a file holds one array")
             return out, np.zeros(0, dtype=np.int64)
         # the quotes, brackets and commas: comparisons over the chunk and one flatnonzero (``marks``); the
@@ -120,7 +121,7 @@ class ArrayScanner:
             k = int(zero[0])
             if data[where[k]] != ord("]"):
                 raise ValueError(f"unbalanced brackets: a '{chr(data[where[k]])}' closes the array")
-            if not _SPACE[data[int(where[k]) + 1 :]].all():
+            if not SPACE[data[int(where[k]) + 1 :]].all():
                 raise ValueError("bytes after the array's closing ']'; a file holds one array")
             self.closed = True
             where, comma, before, after = where[: k + 1], comma[: k + 1], before[: k + 1], after[: k + 1]
@@ -138,17 +139,17 @@ class ArrayScanner:
         such byte of the chunk is carried."""
         before = data[np.maximum(separators - 1, 0)]
         # most separators follow a '}', ']', '"' or a digit: only those after whitespace or a mark are walked back
-        suspect = _SPACE[before] | (before == ord(",")) | (before == ord("[")) | (separators == 0)
+        suspect = SPACE[before] | (before == ord(",")) | (before == ord("[")) | (separators == 0)
         for i in np.flatnonzero(suspect).tolist():
             p = int(separators[i])
             q = p - 1
-            while q >= 0 and _SPACE[data[q]]:
+            while q >= 0 and SPACE[data[q]]:
                 q -= 1
             solid = self.last_solid if q < 0 else int(data[q])
             if solid in (ord(","), ord("[")) and not (solid == ord("[") and data[p] == ord("]")):
                 raise EmptyElement(i)
         q = len(data) - 1
-        while q >= 0 and _SPACE[data[q]]:
+        while q >= 0 and SPACE[data[q]]:
             q -= 1
         if q >= 0:
             self.last_solid = int(data[q])
