@@ -469,6 +469,8 @@ EQUIVALENT: dict[str, str] = {
     "stages/json_array.py:array_blocks:int-1:yield Block(path, record, 1, head, begin, too_long=pending_len + first - 1)": _ONE_REJECT,
     "stages/json_array.py:array_blocks:boolop:if body and (not scanner.closed):": _AFTER_CLOSE,
     "distribute/plan_array.py:layout:compare0:while at >= 0:": _NO_GAP_AT_0,
+    "distribute/plan_array.py:layout:int+1:after = np.searchsorted(solid, commas + 1)": "a separator followed at once by a byte other than whitespace gives a gap without a newline either way: no layout",
+    "distribute/plan_array.py:layout:bool:gaps = {head[p:q + 1] for p, q in zip(commas, ends, strict=True)}": _STRICT,
     "distribute/plan_array.py:_summary:int+1:first = int(quotes[0]) if len(quotes) else -1#1": _ODD_CASE,
     "distribute/plan_array.py:_summary:int-1:first = int(quotes[0]) if len(quotes) else -1": _ODD_CASE,
     "distribute/plan_array.py:_summary:boolop:if first >= 0 and (not chunk[:first].strip(b'\\\\')):": _ODD_CASE,
