@@ -12,6 +12,7 @@ $(BIN)/weightprep: pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q "$(TORCH)"
 	$(BIN)/pip install -q -e ".[train,ray,dev]"
+	$(BIN)/python -m compileall -q weightprep  # as a wheel install leaves it, where PYTHONDONTWRITEBYTECODE is set
 	touch $@
 
 setup: $(BIN)/weightprep

@@ -3,8 +3,11 @@ about what it dropped (``accounting.dropped_warnings``)."""
 
 from __future__ import annotations
 
+import io
 import json
+import sys
 
+import pytest
 from click.testing import CliRunner
 from conftest import SAMPLE_RAW
 from hypothesis import given
@@ -13,7 +16,7 @@ from hypothesis import strategies as st
 from weightprep.accounting import dropped_warnings
 from weightprep.cli import main
 from weightprep.constants import MANIFEST_NAME
-from weightprep.progress import ProgressLines, Steps, format_duration
+from weightprep.progress import ProgressLines, Steps, build_progress, format_duration, may_be_terminal
 
 
 class _Clock:
@@ -234,3 +237,55 @@ def test_the_heartbeat_thread_ticks_and_stops():
     assert n >= 3 and set(ticks) == {"weightprep-progress"}
     time.sleep(0.05)
     assert len(ticks) == n  # stopped with the block
+
+
+class _Stream(io.StringIO):
+    def __init__(self, tty: bool) -> None:
+        super().__init__()
+        self.tty = tty
+
+    def isatty(self) -> bool:
+        if self.closed:
+            raise ValueError("I/O operation on closed file")  # as a real stream's
+        return self.tty
+
+
+@pytest.mark.parametrize(
+    ("tty", "env", "expected"),
+    [
+        (False, {}, False), (True, {}, True),
+        (False, {"TTY_COMPATIBLE": "1"}, True), (True, {"TTY_COMPATIBLE": "0"}, True),  # rich decides that one
+        (False, {"FORCE_COLOR": "1"}, True), (False, {"FORCE_COLOR": ""}, False), (False, {"TTY_COMPATIBLE": "2"}, False),
+    ],
+)  # fmt: skip
+def test_rich_is_asked_only_where_it_may_see_a_terminal(monkeypatch, tty, env, expected):
+    """``may_be_terminal`` is False only where rich's Console would surely say "no terminal" too."""
+    from rich.console import Console
+
+    for key in ("TTY_COMPATIBLE", "FORCE_COLOR"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    stream = _Stream(tty)
+    assert may_be_terminal(stream) is expected
+    if not expected:
+        assert not Console(file=stream).is_terminal
+    closed = _Stream(tty)
+    closed.close()
+    assert may_be_terminal(closed) is (bool(env.get("FORCE_COLOR")) or env.get("TTY_COMPATIBLE") == "1")
+
+
+def test_the_build_progress_is_lines_in_a_log_and_a_bar_where_rich_sees_a_terminal(monkeypatch):
+    for key in ("TTY_COMPATIBLE", "FORCE_COLOR"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setattr(sys, "stderr", _Stream(False))
+    lines: list[str] = []
+    with build_progress(1000, lines.append) as update:
+        update(1000, records=3, tokens=40)
+    assert lines and lines[-1].startswith("building: 100% of") and "3 records" in lines[-1]
+    monkeypatch.setenv("TTY_COMPATIBLE", "1")  # rich draws its bar (on stderr), no line is written
+    bar, lines = _Stream(False), []
+    monkeypatch.setattr(sys, "stderr", bar)
+    with build_progress(1000, lines.append) as update:
+        update(500, records=3, tokens=40)
+    assert not lines and "building" in bar.getvalue()

@@ -17,12 +17,14 @@ go.
 from __future__ import annotations
 
 import contextlib
+import os
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-__all__ = ["ProgressLines", "Steps", "format_duration", "build_progress", "heartbeat"]
+__all__ = ["ProgressLines", "Steps", "format_duration", "build_progress", "heartbeat", "may_be_terminal"]
 
 
 def format_duration(seconds: float) -> str:
@@ -158,11 +160,28 @@ def heartbeat(lines: ProgressLines, period_s: float = 1.0) -> Iterator[None]:
         thread.join()
 
 
+def may_be_terminal(stream: Any) -> bool:
+    """Whether rich's ``Console`` writing to ``stream`` may see a terminal: False only where it surely does not
+    (``stream`` no tty, and neither ``TTY_COMPATIBLE=1`` nor a non-empty ``FORCE_COLOR``, the settings that make
+    rich draw anyway), so that a build logging to a file need not import rich (~0.04 s of its start) to be told."""
+    if os.environ.get("TTY_COMPATIBLE") == "1" or os.environ.get("FORCE_COLOR"):
+        return True
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):  # no isatty, or a closed stream: rich says no terminal too
+        return False
+
+
 @contextlib.contextmanager
-def build_progress(console: Any, total: int, write: Callable[[str], None]) -> Iterator[Callable[..., None]]:
-    """The build's progress: a rich bar (bytes read, records, ETA) when ``console`` is a terminal, else
+def build_progress(total: int, write: Callable[[str], None]) -> Iterator[Callable[..., None]]:
+    """The build's progress on stderr: a rich bar (bytes read, records, ETA) when it is a terminal, else
     ``ProgressLines`` through ``write``. Yields ``update(consumed_bytes, records=..., tokens=...)``."""
-    if not console.is_terminal:
+    console = None
+    if may_be_terminal(sys.stderr):
+        from rich.console import Console
+
+        console = Console(stderr=True)
+    if console is None or not console.is_terminal:
         lines = ProgressLines("building", total, write)
         with heartbeat(lines):
             try:

@@ -287,8 +287,6 @@ def build(
     # a build does no linear algebra: numpy's OpenBLAS need not start a spinning thread per core at its import
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     _load_early(flags["tokenizer"], pipeline_file, flags["tokenizer_backend"], flags["trust_remote_code"])
-    from rich.console import Console
-
     from weightprep.distribute.executors import make_executor
     from weightprep.pipeline import build as run_build
     from weightprep.pipeline import source_files
@@ -346,7 +344,7 @@ def build(
                 err=True,
             )
         try:
-            with build_progress(Console(stderr=True), total, lambda m: click.echo(m, err=True)) as update:
+            with build_progress(total, lambda m: click.echo(m, err=True)) as update:
                 manifest = run_build(
                     paths if sources is None else [], out, cfg, overwrite=overwrite,
                     progress=lambda consumed, counts: update(consumed, records=counts["accepted"], tokens=counts["tokens"]),
