@@ -27,21 +27,12 @@ _LAZY = {
 
 __all__ = ["IGNORE_INDEX", "__version__", *_LAZY]
 
-
-def _version() -> str:
-    """The installed distribution's version (``importlib.metadata``, ~30 ms of imports: looked up on first use)."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("weightprep")
-    except PackageNotFoundError:  # running from a source tree without installing
-        return "0.0.0+src"
+#: The one place the version is written: pyproject.toml reads it from here (``[tool.setuptools.dynamic]``), so the
+#: build's manifest need not look it up in the installed metadata (``importlib.metadata``: ~10 ms of imports).
+__version__ = "0.1.0"
 
 
 def __getattr__(name: str) -> Any:
-    if name == "__version__":
-        value = globals()["__version__"] = _version()
-        return value
     if name in _LAZY:
         return getattr(import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'weightprep' has no attribute {name!r}")

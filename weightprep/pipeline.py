@@ -157,7 +157,7 @@ def _build(
             if started is None and tok_file.is_file():  # fastokens loads while the tokenizer itself does
                 started = early.FastokensPrefetch(tok_file)
             prefetch = started  # else the workers load their own, and a load begun here ends unused
-    from weightprep import __version__  # its lookup (importlib.metadata) while fastokens loads
+    from weightprep import __version__  # read at each build (a test sets another)
 
     with step(f"loading the tokenizer {cfg.tokenizer.name or ''}".rstrip()):
         tok = tokenizer if tokenizer is not None else load_tokenizer(
