@@ -98,6 +98,139 @@ def test_plan_depends_on_the_input_and_part_bytes_only(tmp_path):
     assert plan == plan_parts([str(SAMPLE_RAW), str(gz)], PART)
 
 
+def _conversation(i: int, words: int) -> dict:
+    return {"messages": [{"role": "user", "content": f"question {i}"},
+                         {"role": "assistant", "content": " ".join(["word"] * words), "weight": 1.0}]}  # fmt: skip
+
+
+@pytest.mark.parametrize("layout", ["jsonl", "array"])
+def test_a_file_of_conversations_is_cut_into_equal_parts_finer_than_part_bytes(tmp_path, monkeypatch, layout):
+    """Rendering a conversation costs ~30x reading the same bytes of pieces: a file whose first record is a
+    conversation is cut into K = ceil(size / chat_part_bytes) parts near k/K of its size; pieces are not."""
+    from weightprep.distribute import plan as plan_module
+    from weightprep.distribute.plan import chat_part_bytes
+
+    monkeypatch.setattr(plan_module, "CHAT_PART_FLOOR", 1000)  # small files stand for large ones
+    part_bytes = 160_000
+    records = [_conversation(i, 20 + i % 50) for i in range(300)]
+    pieces = [{"pieces": [{"text": " ".join(["word"] * (20 + i % 50)), "weight": 1.0}]} for i in range(300)]
+    for name, rows in (("chat", records), ("pieces", pieces)):
+        lines = [json.dumps(r) for r in rows]
+        text = "\n".join(lines) + "\n" if layout == "jsonl" else "[\n" + ",\n".join(lines) + "\n]\n"
+        data = text.encode()
+        path = tmp_path / (f"{name}.jsonl" if layout == "jsonl" else f"{name}.json")
+        path.write_bytes(data)
+        size = len(data)
+        assert chat_part_bytes(part_bytes) == 10_000 < size <= part_bytes  # one part as pieces
+        plan = plan_parts([str(path)], part_bytes)
+        if name == "pieces":
+            assert [(p.start, p.end) for p in plan] == [(0, size)]
+            continue
+        k = -(-size // 10_000)  # ceil
+        assert len(plan) == k and plan[0].start == 0 and plan[-1].end == size
+        # a part starts after a record's separator: the newline of JSON Lines, the "," of an array (written ",\n")
+        after = b"{" if layout == "jsonl" else b"\n{"
+        separator = b"\n" if layout == "jsonl" else b","
+        record_starts = [i for i in range(1, size) if data[i - 1 : i] == separator and data[i : i + len(after)] == after]
+        for j, p in enumerate(plan[:-1], start=1):  # each cut: the first record start at or past j/K of the size
+            target = -(-j * size // k)
+            assert p.end == min(s for s in record_starts if s >= target)
+        # --part-bytes at the floor or under it: conversations are cut at that size too (into equal parts)
+        assert len(plan_parts([str(path)], 1000)) == -(-size // 1000)
+
+
+@pytest.mark.parametrize(
+    ("first", "columns", "conversation"),
+    [
+        (_conversation(0, 3), None, True),
+        ({"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "yo"}]}, None, True),  # ShareGPT
+        ({"instruction": "say hi", "input": "", "output": "hi"}, None, True),  # Alpaca: rendered as messages
+        ({"prompt": [{"role": "user", "content": "hi"}], "completion": [{"role": "assistant", "content": "yo"}]},
+         None, True),  # TRL's conversational prompt-completion
+        ({"dialog": [{"role": "user", "content": "hi"}]}, "messages=dialog", True),  # named by --columns
+        ({"dialog": [{"role": "user", "content": "hi"}]}, None, False),  # no shape: the build names the record
+        ({"prompt": "hi", "completion": "yo"}, None, False),
+        ({"text": "plain"}, None, False),
+        ({"pieces": [{"text": "a", "weight": 1}]}, None, False),
+    ],
+)  # fmt: skip
+def test_the_first_record_tells_a_file_of_conversations(tmp_path, monkeypatch, first, columns, conversation):
+    from weightprep.distribute import plan as plan_module
+    from weightprep.stages.columns import parse_columns
+
+    monkeypatch.setattr(plan_module, "CHAT_PART_FLOOR", 1000)
+    path = tmp_path / "raw.jsonl"
+    filler = json.dumps({"pieces": [{"text": "x" * 200, "weight": 1}]})
+    path.write_text(json.dumps(first) + "\n" + "\n".join([filler] * 200) + "\n")  # only the first record counts
+    parts = plan_parts([str(path)], 48_000, columns=parse_columns(columns))
+    assert (len(parts) > 1) is conversation
+
+
+def test_first_record_reads_only_what_it_can_parse(tmp_path, monkeypatch):
+    """``read.first_record``: the first object of a JSON Lines file or array (a BOM and blank lines before it
+    aside), None for anything else; a first record longer than ``FIRST_RECORD_BYTES`` is not looked at."""
+    from weightprep.stages import read as read_module
+    from weightprep.stages.read import first_record
+
+    record = _conversation(1, 5)
+    cases = {
+        "a.jsonl": b"\xef\xbb\xbf\n  \n" + json.dumps(record).encode() + b"\n{}\n",
+        "b.json": b" [ " + json.dumps(record).encode() + b", 7]",
+        "c.jsonl": b"not json\n" + json.dumps(record).encode() + b"\n",
+        "d.jsonl": b"[1, 2]\n",
+        "e.json": b"[[" + json.dumps(record).encode() + b"]]",
+        "f.txt": json.dumps(record).encode() + b"\n",
+        "g.jsonl": b"",
+        "h.jsonl": json.dumps(record).encode(),  # no final newline: the whole file is the line
+        "i.jsonl.gz": b"\x1f\x8b" + b"0" * 50,  # compressed: one part anyway
+    }
+    for name, data in cases.items():
+        (tmp_path / name).write_bytes(data)
+    found = {name: first_record(str(tmp_path / name)) for name in cases}
+    assert found == {"a.jsonl": record, "b.json": record, "c.jsonl": None, "d.jsonl": None, "e.json": None,
+                     "f.txt": None, "g.jsonl": None, "h.jsonl": record, "i.jsonl.gz": None}  # fmt: skip
+    long = {"messages": [{"role": "user", "content": "x" * 50_000}]}
+    for name, data in (("long.jsonl", json.dumps(long).encode() + b"\n"), ("long.json", b"[" + json.dumps(long).encode() + b"]")):
+        (tmp_path / name).write_bytes(data)
+        assert first_record(str(tmp_path / name)) == long  # read in growing reads until it ends
+        monkeypatch.setattr(read_module, "FIRST_RECORD_BYTES", 40_000)
+        assert first_record(str(tmp_path / name)) is None  # it ends past what may be read
+        monkeypatch.undo()
+
+
+def test_a_build_cuts_a_file_of_conversations_finer_its_columns_named_as_given(tmp_path, monkeypatch):
+    """The build plans with ``read.columns``: a conversation under another field name is known by its first record
+    as the parts will read it, and its parts are built as the plan says (each conversation once)."""
+    from chat_support import chat_tokenizer
+
+    from weightprep.distribute import plan as plan_module
+
+    monkeypatch.setattr(plan_module, "CHAT_PART_FLOOR", 1000)
+    tok_dir = tmp_path / "tok"
+    chat_tokenizer("chatml").save_pretrained(str(tok_dir))
+    rows = [{"dialog": _conversation(i, 5 + i % 20)["messages"]} for i in range(60)]
+    path = tmp_path / "raw.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    size = path.stat().st_size
+    part_bytes = 16 * (size // 3 + 1)  # conversations: 3 parts of at most size // 3 + 1 bytes; as pieces, one
+    cfg = config_from_dict({"tokenizer": {"name": str(tok_dir)}, "pack": {"seq_len": 256},
+                            "read": {"part_bytes": part_bytes, "columns": "messages=dialog"}})  # fmt: skip
+    manifest = build([str(path)], tmp_path / "out", cfg, executor=SerialExecutor())
+    parts = manifest["inputs"][0]["parts"]
+    assert len(parts) == 3 and sum(p["lines"] for p in parts) == 60 and sum(p["bytes"] for p in parts) == size
+    assert manifest["counts"]["chat_documents"] == 60
+
+
+@given(part_bytes=st.integers(1, 1 << 40))
+def test_chat_part_bytes_is_a_finer_cut_never_under_the_floor(part_bytes):
+    from weightprep.distribute.plan import CHAT_PART_DIVISOR, CHAT_PART_FLOOR, chat_part_bytes
+
+    chat = chat_part_bytes(part_bytes)
+    assert min(part_bytes, CHAT_PART_FLOOR) <= chat <= part_bytes
+    assert chat == max(part_bytes // CHAT_PART_DIVISOR, min(part_bytes, CHAT_PART_FLOOR))
+    assert chat_part_bytes(256 << 20) == 16 << 20  # the default part size's
+
+
 # ---- same bytes everywhere --------------------------------------------------------------------------------------
 
 

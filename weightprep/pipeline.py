@@ -145,9 +145,10 @@ def _build(
     leftovers = _leftover_parts(out_path, overwrite=overwrite, resume=resume)
     executor = executor if executor is not None else SerialExecutor()
     by = cfg.read.text_sample_by
-    parts: list[Any] = plan_parts(inputs, cfg.read.part_bytes, by, exact=exact) if sources is None else plan_mixed(
-        by_source, cfg.read.part_bytes, by, exact=exact
-    )
+    if sources is None:  # the fields of a file's first record tell a file of conversations (--columns names them)
+        parts: list[Any] = plan_parts(inputs, cfg.read.part_bytes, by, exact=exact, columns=parse_columns(cfg.read.columns))
+    else:
+        parts = plan_mixed(by_source, cfg.read.part_bytes, by, exact=exact)
     in_process = executor.in_process(len(parts))
     prefetch = None
     if tokenizer is None:

@@ -7,6 +7,13 @@ file, a Parquet or Arrow file, a text file read by paragraph or as one document,
 ``part_bytes`` are one part each (``is_whole``); a text file read by line is cut as JSON Lines is. Finding a cut reads
 from the cut point to the next newline, nothing else, so planning a terabyte costs a few thousand short reads.
 
+A file whose first record is a conversation (``shapes.is_conversation``: messages, ShareGPT, Alpaca; read by
+``read.first_record``) is cut by the same rule at ``chat_part_bytes(part_bytes)``, 16 times finer (16 MiB for the
+default 256 MiB, never under 8 MiB or ``part_bytes`` if that is less): rendering, weighing and aligning a
+conversation costs ~30 times what reading the same bytes of pieces does, and a part is the unit that workers share,
+so a conversation file of a few hundred megabytes cut at ``part_bytes`` would be rendered on one core. The plan still
+depends on the inputs and ``part_bytes`` alone.
+
 A plain JSON array is cut by the same rule with its separating ``,`` for the newline
 (``weightprep.distribute.plan_array``). Where a record starts is known only by scanning from the array's start,
 so planning it exactly costs one streaming pass over the file up to its last cut, summarized a chunk at a time on
@@ -33,13 +40,29 @@ from dataclasses import dataclass
 
 from weightprep import storage
 from weightprep.errors import is_columnar, is_compressed
+from weightprep.stages.columns import Columns
 
-__all__ = ["InputPart", "MixedPart", "is_whole", "plan_parts", "plan_mixed", "line_bases", "segment_line_bases"]
+__all__ = [
+    "InputPart", "MixedPart", "is_whole", "plan_parts", "plan_mixed", "line_bases", "segment_line_bases",
+    "chat_part_bytes",
+]
 
 #: Bytes read at a time looking for a cut's newline: 4 KiB first, doubled up to _SCAN (in a store each read is a
 #: range request: a cut costs a few kilobytes, not a megabyte)
 _SCAN = 1 << 20
 _FIRST_SCAN = 1 << 12
+
+
+#: How many times finer than ``read.part_bytes`` a file of conversations is cut (``chat_part_bytes``).
+CHAT_PART_DIVISOR = 16
+#: The smallest part of conversations ``chat_part_bytes`` makes (unless ``part_bytes`` is smaller): a worker's
+#: start (imports, the tokenizer and its chat template: ~1-2 s) must be worth the part it renders.
+CHAT_PART_FLOOR = 8 << 20
+
+
+def chat_part_bytes(part_bytes: int) -> int:
+    """The part size of a file of conversations, for ``read.part_bytes`` = ``part_bytes``."""
+    return max(part_bytes // CHAT_PART_DIVISOR, min(part_bytes, CHAT_PART_FLOOR))
 
 
 @dataclass(frozen=True)
@@ -108,41 +131,64 @@ def _array_cuts(path: str, targets: list[int], exact: bool) -> tuple[list[int], 
     return cuts, [None] * (len(cuts) + 1)
 
 
-def file_cuts(path: str, part_bytes: int, text_sample_by: str = "line", *, exact: bool = True) -> list[int]:
-    """The part boundaries of one file: ``[0, c1, ..., size]`` (``exact``: see ``plan_parts``)."""
-    return _file_plan(path, part_bytes, text_sample_by, exact)[0]
+def file_cuts(
+    path: str, part_bytes: int, text_sample_by: str = "line", *, exact: bool = True, columns: Columns | None = None
+) -> list[int]:
+    """The part boundaries of one file: ``[0, c1, ..., size]`` (``exact``, ``columns``: see ``plan_parts``)."""
+    return _file_plan(path, part_bytes, text_sample_by, exact, columns)[0]
 
 
-def _file_plan(path: str, part_bytes: int, text_sample_by: str, exact: bool) -> tuple[list[int], list[int | None]]:
+def _file_plan(
+    path: str, part_bytes: int, text_sample_by: str, exact: bool, columns: Columns | None = None
+) -> tuple[list[int], list[int | None]]:
     """``file_cuts`` and each part's check (``InputPart.check``)."""
     size = storage.size(path)
-    if size <= part_bytes or is_whole(path, text_sample_by):
+    if size <= chat_part_bytes(part_bytes) or is_whole(path, text_sample_by):
         return [0, size], [None]
-    array = _array_cuts(path, list(range(part_bytes, size, part_bytes)), exact)
+    targets = _targets(path, size, part_bytes, columns)
+    if not targets:
+        return [0, size], [None]
+    array = _array_cuts(path, targets, exact)
     if array is not None:
         return [0, *array[0], size], array[1]
     cuts = [0]
     with storage.open_input(path) as f:  # an object: a range request at each cut point, nothing else
-        target = part_bytes
-        while target < size:
+        for target in targets:
+            if target <= cuts[-1]:  # a line longer than a part passed it
+                continue
             cut = _next_line_start(f, target - 1, size)
             if cut >= size:
                 break
             cuts.append(cut)  # past target - 1, which is at or past the last cut: always a new one
-            target = (cut // part_bytes + 1) * part_bytes  # the next multiple past this cut
     cuts.append(size)
     return cuts, [None] * (len(cuts) - 1)
 
 
+def _targets(path: str, size: int, part_bytes: int, columns: Columns | None) -> list[int]:
+    """Where the cuts of a file of ``size`` bytes are sought: every multiple of ``part_bytes``; for a file of
+    conversations, the ``k / K`` of its size for K parts of at most ``chat_part_bytes`` (parts of equal size: they are
+    the work that the workers share)."""
+    from weightprep.stages.read import first_record
+    from weightprep.stages.shapes import is_conversation
+
+    record = first_record(path)
+    if record is not None and is_conversation(record, columns):
+        k_parts = math.ceil(size / chat_part_bytes(part_bytes))
+        return [-(-k * size // k_parts) for k in range(1, k_parts)]  # ceil(k * size / K)
+    return list(range(part_bytes, size, part_bytes))
+
+
 def plan_parts(
-    paths: list[str], part_bytes: int, text_sample_by: str = "line", *, exact: bool = True
-) -> list[InputPart]:
+    paths: list[str], part_bytes: int, text_sample_by: str = "line", *, exact: bool = True,
+    columns: Columns | None = None,
+) -> list[InputPart]:  # fmt: skip
     """Every input's parts, in input order (file, then offset). ``exact=False``: a large JSON array's cuts may be
     guessed from its layout (``plan_array.guessed_cuts``), each such part carrying the ``check`` its reader makes;
-    a build of such a plan is built again from the exact plan if a check fails (``weightprep.pipeline``)."""
+    a build of such a plan is built again from the exact plan if a check fails (``weightprep.pipeline``).
+    ``columns`` (``--columns``) names the fields of the first records that tell a file of conversations."""
     parts: list[InputPart] = []
     for i, path in enumerate(paths):
-        cuts, checks = _file_plan(path, part_bytes, text_sample_by, exact)
+        cuts, checks = _file_plan(path, part_bytes, text_sample_by, exact, columns)
         for number, (start, end) in enumerate(zip(cuts[:-1], cuts[1:], strict=True)):
             parts.append(InputPart(len(parts), i, path, start, end, number, len(cuts) == 2, checks[number]))
     return parts

@@ -35,6 +35,7 @@ from __future__ import annotations
 import functools
 import glob
 import io
+import json
 import os
 import zlib
 from collections.abc import Iterator
@@ -49,7 +50,9 @@ from weightprep.stages.input_file import InputFile
 from weightprep.stages.json_array import array_blocks
 from weightprep.stages.text import SAMPLE_BY, TEXT_SUFFIXES, text_blocks
 
-__all__ = ["InputFile", "read_blocks", "check_inputs", "expand_inputs", "file_kind", "SUFFIXES", "HEAD_BYTES"]
+__all__ = [
+    "InputFile", "read_blocks", "check_inputs", "expand_inputs", "file_kind", "first_record", "SUFFIXES", "HEAD_BYTES",
+]
 
 _COMPRESSED = ("", ".gz", ".zst")
 _JSON_SUFFIXES = tuple(s + c for s in (".jsonl", ".ndjson", ".json") for c in _COMPRESSED)
@@ -221,6 +224,55 @@ def _first_byte(path: str, version: tuple[int, int] | None) -> int | None:
         raise
     stripped = head.removeprefix(_BOM).lstrip(b" \t\r\n")
     return stripped[0] if stripped else None
+
+
+#: Bytes read at most for a file's first record (``first_record``): a longer first record is not looked at.
+FIRST_RECORD_BYTES = 1 << 20
+#: Bytes ``first_record`` reads first, then four times as many until the record ends (an object in a store: each
+#: read a range request, so a small record costs a few kilobytes, not a megabyte).
+_FIRST_RECORD_READ = 1 << 12
+
+
+def first_record(path: str) -> dict | None:
+    """The first record of a plain (uncompressed) JSON Lines file or JSON array, as parsed JSON; None where there is
+    none to read cheaply: another kind of file, a first record that is no object, is not valid JSON or does not end
+    within the first ``FIRST_RECORD_BYTES``, or a file that cannot be read (the reader then says why). What the plan
+    looks at to cut a file of conversations finer (``weightprep.distribute.plan``)."""
+    kind = file_kind(path)
+    if kind not in ("jsonl", "json_array") or is_compressed(path):
+        return None
+    head, want = b"", _FIRST_RECORD_READ
+    try:
+        with storage.open_input(path) as f:
+            while True:
+                more = f.read(want - len(head))
+                head += more
+                record = _first_object(head, kind, complete=not more or len(head) < want)
+                if record is not _CUT or len(head) >= FIRST_RECORD_BYTES:
+                    return None if record is _CUT else record
+                want = min(4 * want, FIRST_RECORD_BYTES)
+    except (OSError, UsageError):
+        return None
+
+
+_CUT = object()  # ``_first_object``: the record goes on past the bytes read
+
+
+def _first_object(head: bytes, kind: str, complete: bool) -> Any:
+    """The first record in ``head`` (the file's first bytes; ``complete``: all of it), None if it is not a JSON
+    object, ``_CUT`` if more bytes might complete it."""
+    head = head.removeprefix(_BOM).lstrip(b" \t\r\n")
+    try:
+        if kind == "json_array":  # its first byte is the "[" (file_kind); the first element is parsed alone
+            text = head[1:].lstrip(b" \t\r\n").decode("utf-8", errors="replace")  # a cut character at the end only
+            record = json.JSONDecoder().raw_decode(text)[0]
+        else:
+            line, newline, _ = head.partition(b"\n")
+            complete = complete or bool(newline)  # the first line is all there
+            record = json.loads(line)
+    except (ValueError, RecursionError):  # not JSON (UnicodeDecodeError is a ValueError), or nested too deep
+        return None if complete else _CUT
+    return record if isinstance(record, dict) else None
 
 
 def expand_inputs(patterns: list[str] | tuple[str, ...]) -> list[str]:

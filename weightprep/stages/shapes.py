@@ -46,7 +46,7 @@ from typing import Any
 from weightprep.stages.columns import Columns
 from weightprep.stages.validate import Invalid, _kind, _weight_problem
 
-__all__ = ["to_canonical", "closest_shapes", "Converted", "SHAPE_KEYS", "WEIGHT_KEYS"]
+__all__ = ["to_canonical", "closest_shapes", "is_conversation", "Converted", "SHAPE_KEYS", "WEIGHT_KEYS"]
 
 #: The keys that make each shape, for the message of a record that has none.
 SHAPE_KEYS = {
@@ -116,6 +116,13 @@ def to_canonical(obj: dict, columns: Columns | None = None) -> dict | Invalid:
             return tools
         obj = _copy(obj, {**obj, "tools": tools})
     return obj
+
+
+def is_conversation(obj: dict, columns: Columns | None = None) -> bool:
+    """Whether record ``obj`` is built as a conversation, through the chat template: its canonical record
+    (``to_canonical``) holds a message list (``messages``, a conversational ``prompt``: Alpaca and ShareGPT too)."""
+    canonical = to_canonical(obj, columns)
+    return isinstance(canonical, dict) and any(isinstance(canonical.get(k), list) for k in ("messages", "prompt"))
 
 
 def _rename(obj: dict, mapping: dict[str, str], where: str, how: str) -> dict | Invalid:
