@@ -143,17 +143,11 @@ def test_a_file_of_conversations_is_cut_into_equal_parts_finer_than_part_bytes(t
     ("first", "columns", "conversation"),
     [
         (_conversation(0, 3), None, True),
-        ({"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "yo"}]}, None, True),  # ShareGPT
-        ({"instruction": "say hi", "input": "", "output": "hi"}, None, True),  # Alpaca: rendered as messages
-        ({"prompt": [{"role": "user", "content": "hi"}], "completion": [{"role": "assistant", "content": "yo"}]},
-         None, True),  # TRL's conversational prompt-completion
         ({"dialog": [{"role": "user", "content": "hi"}]}, "messages=dialog", True),  # named by --columns
         ({"dialog": [{"role": "user", "content": "hi"}]}, None, False),  # no shape: the build names the record
-        ({"prompt": "hi", "completion": "yo"}, None, False),
-        ({"text": "plain"}, None, False),
         ({"pieces": [{"text": "a", "weight": 1}]}, None, False),
     ],
-)  # fmt: skip
+)  # every shape: tests/test_shapes.py::test_a_conversation_is_a_record_built_through_the_chat_template
 def test_the_first_record_tells_a_file_of_conversations(tmp_path, monkeypatch, first, columns, conversation):
     from weightprep.distribute import plan as plan_module
     from weightprep.stages.columns import parse_columns
@@ -164,38 +158,6 @@ def test_the_first_record_tells_a_file_of_conversations(tmp_path, monkeypatch, f
     path.write_text(json.dumps(first) + "\n" + "\n".join([filler] * 200) + "\n")  # only the first record counts
     parts = plan_parts([str(path)], 48_000, columns=parse_columns(columns))
     assert (len(parts) > 1) is conversation
-
-
-def test_first_record_reads_only_what_it_can_parse(tmp_path, monkeypatch):
-    """``read.first_record``: the first object of a JSON Lines file or array (a BOM and blank lines before it
-    aside), None for anything else; a first record longer than ``FIRST_RECORD_BYTES`` is not looked at."""
-    from weightprep.stages import read as read_module
-    from weightprep.stages.read import first_record
-
-    record = _conversation(1, 5)
-    cases = {
-        "a.jsonl": b"\xef\xbb\xbf\n  \n" + json.dumps(record).encode() + b"\n{}\n",
-        "b.json": b" [ " + json.dumps(record).encode() + b", 7]",
-        "c.jsonl": b"not json\n" + json.dumps(record).encode() + b"\n",
-        "d.jsonl": b"[1, 2]\n",
-        "e.json": b"[[" + json.dumps(record).encode() + b"]]",
-        "f.txt": json.dumps(record).encode() + b"\n",
-        "g.jsonl": b"",
-        "h.jsonl": json.dumps(record).encode(),  # no final newline: the whole file is the line
-        "i.jsonl.gz": b"\x1f\x8b" + b"0" * 50,  # compressed: one part anyway
-    }
-    for name, data in cases.items():
-        (tmp_path / name).write_bytes(data)
-    found = {name: first_record(str(tmp_path / name)) for name in cases}
-    assert found == {"a.jsonl": record, "b.json": record, "c.jsonl": None, "d.jsonl": None, "e.json": None,
-                     "f.txt": None, "g.jsonl": None, "h.jsonl": record, "i.jsonl.gz": None}  # fmt: skip
-    long = {"messages": [{"role": "user", "content": "x" * 50_000}]}
-    for name, data in (("long.jsonl", json.dumps(long).encode() + b"\n"), ("long.json", b"[" + json.dumps(long).encode() + b"]")):
-        (tmp_path / name).write_bytes(data)
-        assert first_record(str(tmp_path / name)) == long  # read in growing reads until it ends
-        monkeypatch.setattr(read_module, "FIRST_RECORD_BYTES", 40_000)
-        assert first_record(str(tmp_path / name)) is None  # it ends past what may be read
-        monkeypatch.undo()
 
 
 def test_a_build_cuts_a_file_of_conversations_finer_its_columns_named_as_given(tmp_path, monkeypatch):

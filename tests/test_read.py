@@ -160,3 +160,35 @@ def test_a_range_longer_than_the_readers_buffer_is_read_to_its_last_byte(tmp_pat
     blocks, record = _blocks(path, 1 << 16, start=0, end=end)
     assert b"".join(d for *_, d, _ in blocks) == data[:end]
     assert record.size == end and record.lines == 1025 and blocks[-1][-1] == end
+
+
+def test_first_record_reads_only_what_it_can_parse(tmp_path, monkeypatch):
+    """``read.first_record``: the first object of a JSON Lines file or array (a BOM and blank lines before it
+    aside), None for anything else; a first record longer than ``FIRST_RECORD_BYTES`` is not looked at."""
+    from weightprep.stages import read as read_module
+    from weightprep.stages.read import first_record
+
+    record = {"messages": [{"role": "user", "content": "question"}, {"role": "assistant", "content": "answer"}]}
+    cases = {
+        "a.jsonl": b"\xef\xbb\xbf\n  \n" + json.dumps(record).encode() + b"\n{}\n",
+        "b.json": b" [ " + json.dumps(record).encode() + b", 7]",
+        "c.jsonl": b"not json\n" + json.dumps(record).encode() + b"\n",
+        "d.jsonl": b"[1, 2]\n",
+        "e.json": b"[[" + json.dumps(record).encode() + b"]]",
+        "f.txt": json.dumps(record).encode() + b"\n",
+        "g.jsonl": b"",
+        "h.jsonl": json.dumps(record).encode(),  # no final newline: the whole file is the line
+        "i.jsonl.gz": b"\x1f\x8b" + b"0" * 50,  # compressed: one part anyway
+    }
+    for name, data in cases.items():
+        (tmp_path / name).write_bytes(data)
+    found = {name: first_record(str(tmp_path / name)) for name in cases}
+    assert found == {"a.jsonl": record, "b.json": record, "c.jsonl": None, "d.jsonl": None, "e.json": None,
+                     "f.txt": None, "g.jsonl": None, "h.jsonl": record, "i.jsonl.gz": None}  # fmt: skip
+    long = {"messages": [{"role": "user", "content": "x" * 50_000}]}
+    for name, data in (("long.jsonl", json.dumps(long).encode() + b"\n"), ("long.json", b"[" + json.dumps(long).encode() + b"]")):
+        (tmp_path / name).write_bytes(data)
+        assert first_record(str(tmp_path / name)) == long  # read in growing reads until it ends
+        monkeypatch.setattr(read_module, "FIRST_RECORD_BYTES", 40_000)
+        assert first_record(str(tmp_path / name)) is None  # it ends past what may be read
+        monkeypatch.undo()

@@ -298,3 +298,27 @@ def test_the_columns_mapping_parses_each_part_and_refuses_a_source_mapped_twice(
     ]:
         with pytest.raises(UsageError, match=message.replace("(", r"\(").replace(")", r"\)")):
             parse_columns(bad)
+
+
+@pytest.mark.parametrize(
+    ("record", "columns", "conversation"),
+    [
+        ({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}, None, True),
+        ({"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "yo"}]}, None, True),  # ShareGPT
+        ({"instruction": "say hi", "input": "", "output": "hi"}, None, True),  # Alpaca: rendered as messages
+        ({"prompt": [{"role": "user", "content": "hi"}], "completion": [{"role": "assistant", "content": "yo"}]},
+         None, True),  # TRL's conversational prompt-completion
+        ({"dialog": [{"role": "user", "content": "hi"}]}, "messages=dialog", True),  # named by --columns
+        ({"dialog": [{"role": "user", "content": "hi"}]}, None, False),  # no shape: the build names the record
+        ({"messages": [{"role": "user", "content": [{"type": "image"}]}]}, None, False),  # refused: no conversation
+        ({"prompt": "hi", "completion": "yo"}, None, False),
+        ({"text": "plain"}, None, False),
+        ({"pieces": [{"text": "a", "weight": 1}]}, None, False),
+    ],
+)  # fmt: skip
+def test_a_conversation_is_a_record_built_through_the_chat_template(record, columns, conversation):
+    """``shapes.is_conversation`` (what the plan asks of a file's first record): a message list after conversion."""
+    from weightprep.stages.columns import parse_columns
+    from weightprep.stages.shapes import is_conversation
+
+    assert is_conversation(record, parse_columns(columns)) is conversation

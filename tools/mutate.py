@@ -513,8 +513,6 @@ EQUIVALENT: dict[str, str] = {
     'distribute/plan.py:plan_mixed:compare1:inside = [t - base for t in targets if base < t < base + size]': "a target at a file's end finds no line start inside it: the cut at its size is dropped",
     'distribute/plan.py:_cuts_at:compare0:if cuts and cuts[-1] >= target:': "a target at the last cut gets that cut again (line starts are monotone in the target), which cut > cuts[-1] drops",
     'distribute/plan.py:_cuts_at:compare0:if 0 < cut < size and (not cuts or cut > cuts[-1]):': "a cut is just past a newline at or after an offset >= 0: never 0",
-    "distribute/plan.py:_file_plan:compare0:while target < size:": "a target at the file's size finds no line start before the end: the loop stops at cut >= size",
-    "distribute/plan.py:_file_plan:compare0:if size <= part_bytes or is_whole(path, text_sample_by):": "a file of exactly part_bytes has no target below its size: cut at none either way, one part",
     "distribute/plan_array.py:_find:int-1:held = window[max(0, len(window) - len(gap) + 1):]": "held keeps one byte more than a gap spanning two reads needs, and base counts what it keeps: a gap wholly inside it was found in the window before",
     "distribute/plan_array.py:layout:int+1:while at >= 0:": _NO_GAP_AT_0,
     "distribute/plan_array.py:layout:bool:scanner = ArrayScanner(check=False)": "an empty element in the head gives a gap that ends in ',' beside the others, so no layout either way (the part that holds it names it)",
