@@ -216,3 +216,43 @@ def test_inspect_names_the_turn_of_each_per_turn_document(tmp_path):
     assert "▸ earlier turns as rendered before messages[3], weight 0: [w=0]<|im_start|>assistant\n4<|im_end|>" in docs["messages[3]"]
     assert "▸ assistant (messages[3]), weight 2:" in docs["messages[3]"]
     assert "earlier turns" not in docs["messages[1]"] and "▸ assistant (messages[1]), weight 1:" in docs["messages[1]"]
+
+
+def _reference_lines(turns: np.ndarray, first_row: int, roles: list[str]) -> list[str]:
+    """The turns file's lines, row by row: each run of one non-zero code is a [start, length, role, message] span."""
+    from weightprep.batches import split_turn_code
+
+    lines = []
+    for r, row in enumerate(turns.tolist()):
+        spans, start = [], 0
+        for j in range(1, len(row) + 1):
+            if j == len(row) or row[j] != row[start]:
+                if row[start]:
+                    role, message = split_turn_code(row[start])  # the codes' own decoder (batches)
+                    spans.append([start, j - start, roles[role], message])
+                start = j
+        if spans:
+            lines.append(json.dumps({"row": first_row + r, "turns": spans}, ensure_ascii=False) + "\n")
+    return lines
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    runs=st.lists(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 2), st.integers(1, 5)), max_size=6), max_size=5),
+    first_row=st.integers(0, 10**6),
+)
+def test_the_turn_lines_of_a_chunk_are_its_rows_runs(runs, first_row):
+    """``write.turn_lines`` finds every row's runs at once; the reference walks each row (and json.dumps each line)."""
+    from weightprep.batches import turn_code
+    from weightprep.stages.write import turn_lines
+
+    roles = ["user", "assistant", 'tö"ol\\']  # escaped as JSON, non-ASCII kept
+    seq_len = max([sum(n for *_, n in row) for row in runs] + [1])
+    turns = np.zeros((len(runs), seq_len), dtype=np.int32)
+    for r, row in enumerate(runs):
+        at = 0
+        for role, message, n in row:  # role 0: template text (code 0), else roles[role - 1]
+            turns[r, at : at + n] = turn_code(list(roles), roles[role - 1], message) if role else 0
+            at += n
+    assert turn_lines(turns, first_row, roles) == _reference_lines(turns, first_row, roles)
+    assert turn_lines(turns[:, :0], first_row, roles) == []

@@ -44,7 +44,7 @@ from weightprep.constants import (
 )
 from weightprep.redact import redact_record
 
-__all__ = ["features", "arrow_schema", "ShardWriter", "empty_shard", "loadable_files",
+__all__ = ["features", "arrow_schema", "ShardWriter", "empty_shard", "loadable_files", "turn_lines",
            "shard_name"]
 
 _DTYPES = {INPUT_IDS: "int32", LABELS: "int32", WEIGHTS: "float32", POSITION_IDS: "int32", ATTENTION_MASK: "int8"}
@@ -194,19 +194,8 @@ class ShardWriter:
         self._rows[split] += len(rows)
 
     def _write_turns(self, turns: np.ndarray, split: str | None) -> None:
-        """One line per row holding conversation tokens: its turns as [start, length, role, message index]."""
-        lines = []
-        for r in np.flatnonzero(turns.any(axis=1)).tolist():
-            t = turns[r]
-            starts = np.concatenate([[0], np.flatnonzero(np.diff(t)) + 1])
-            lengths = np.diff(np.append(starts, len(t)))
-            spans = [
-                [int(a), int(n), self.turn_roles[role], message]
-                for a, n, code in zip(starts.tolist(), lengths.tolist(), t[starts].tolist(), strict=True)
-                if code
-                for role, message in (split_turn_code(code),)
-            ]
-            lines.append(json.dumps({"row": self._rows[split] + r, "turns": spans}, ensure_ascii=False) + "\n")
+        """One line per row holding conversation tokens: its turns as [start, length, role, message]."""
+        lines = turn_lines(turns, self._rows[split], self.turn_roles)
         if lines:
             if split not in self._turns:
                 self._turns[split] = open(self._sets[split].directory / TURNS_NAME, "w", encoding="utf-8")  # noqa: SIM115
@@ -230,6 +219,36 @@ class ShardWriter:
             f.close()
         for shard_set in self._sets.values():
             shard_set.abort()
+
+
+def turn_lines(turns: np.ndarray, first_row: int, roles: list[str]) -> list[str]:
+    """The turns file's lines of a chunk of rows (``turns``: rows x seq_len turn codes, ``batches.turn_code``): for
+    each row holding a non-zero code, ``{"row": first_row + r, "turns": [[start, length, role, message], ...]}``, one
+    span per run of one non-zero code, as ``json.dumps(..., ensure_ascii=False)`` writes it. The runs of all the rows
+    are found at once (a run starts where a code differs from the one before it in its row)."""
+    n_rows, seq_len = turns.shape
+    if not n_rows or not seq_len:
+        return []
+    starts_run = np.empty(turns.shape, dtype=bool)
+    starts_run[:, 0] = True
+    np.not_equal(turns[:, 1:], turns[:, :-1], out=starts_run[:, 1:])
+    rows, starts = np.nonzero(starts_run)  # row by row, in order
+    ends = np.empty_like(starts)
+    ends[:-1] = starts[1:]
+    row_ends = np.append(rows[1:] != rows[:-1], True)
+    ends[row_ends] = seq_len
+    codes = turns[rows, starts].astype(np.int64)
+    spans = codes != 0
+    rows, starts, lengths, codes = rows[spans], starts[spans], (ends - starts)[spans], codes[spans]
+    role, message = split_turn_code(codes)  # type: ignore[arg-type]
+    names = [json.dumps(name, ensure_ascii=False) for name in roles]
+    texts = [f"[{a}, {b}, {names[c]}, {m}]"
+             for a, b, c, m in zip(starts.tolist(), lengths.tolist(), role.tolist(), message.tolist(), strict=True)]  # fmt: skip
+    if not len(rows):
+        return []
+    cuts = np.flatnonzero(np.append(True, rows[1:] != rows[:-1])).tolist() + [len(rows)]
+    return [f'{{"row": {first_row + int(rows[a])}, "turns": [{", ".join(texts[a:b])}]}}\n'
+            for a, b in zip(cuts[:-1], cuts[1:], strict=True)]  # fmt: skip
 
 
 def shard_name(i: int, n: int) -> str:
