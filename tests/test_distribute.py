@@ -135,6 +135,8 @@ def test_a_file_of_conversations_is_cut_into_equal_parts_finer_than_part_bytes(t
         for j, p in enumerate(plan[:-1], start=1):  # each cut: the first record start at or past j/K of the size
             target = -(-j * size // k)
             assert p.end == min(s for s in record_starts if s >= target)
+        guessed = plan_parts([str(path)], part_bytes, exact=False)  # a build's plan (an array's cuts may be guessed)
+        assert [(p.start, p.end) for p in guessed] == [(p.start, p.end) for p in plan]
         # --part-bytes at the floor or under it: conversations are cut at that size too (into equal parts)
         assert len(plan_parts([str(path)], 1000)) == -(-size // 1000)
 
