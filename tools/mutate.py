@@ -182,6 +182,11 @@ _STEP = ("the size of the reads only: the blocks do not depend on it (tests/test
 _SCRATCH = "a work array's size: grown when smaller than the chunk and used as its first len(data) items, so a larger one gives the same"
 #: mutant id (``--list`` prints them) -> why no test can tell it from the original (an equivalent mutant)
 EQUIVALENT: dict[str, str] = {
+    # eleventh session: the turns file's lines of a chunk at once
+    "stages/write.py:turn_lines:bool:texts = [f'[{a}, {b}, {names[c]}, {m}]' for a, b, c, m in zip(starts.tolist(), lengths.tolist(), ...":
+        "strict=False: the four lists are one array each of the same spans, equal lengths by construction",
+    'stages/write.py:turn_lines:bool:return [f"""{{"row": {first_row + int(rows[a])}, "turns": [{\', \'.join(texts[a:b])}]}}\\n""" for a,...':
+        "strict=False: cuts[:-1] and cuts[1:] are one list less its last and its first item, of equal lengths",
     "stages/spans.py:TokenSpans.__init__:int-1:size = max(vocab.values(), default=-1) + 1":
         "an empty vocabulary then has one id without bytes (length -1): every id is still unknown, so the same None",
     "distribute/merge.py:merge_results:bool:for (part, result) in zip(parts, results, strict=True):":

@@ -245,9 +245,8 @@ def first_record(path: str) -> dict | None:
     try:
         with storage.open_input(path) as f:
             while True:
-                more = f.read(want - len(head))
-                head += more
-                record = _first_object(head, kind, complete=not more or len(head) < want)
+                head += f.read(want - len(head))
+                record = _first_object(head, kind, complete=len(head) < want)  # a short read: the end
                 if record is not _CUT or len(head) >= FIRST_RECORD_BYTES:
                     return None if record is _CUT else record
                 want = min(4 * want, FIRST_RECORD_BYTES)
