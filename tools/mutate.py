@@ -182,6 +182,11 @@ _STEP = ("the size of the reads only: the blocks do not depend on it (tests/test
 _SCRATCH = "a work array's size: grown when smaller than the chunk and used as its first len(data) items, so a larger one gives the same"
 #: mutant id (``--list`` prints them) -> why no test can tell it from the original (an equivalent mutant)
 EQUIVALENT: dict[str, str] = {
+    # eleventh session: a file's first record (the plan cuts a file of conversations finer)
+    "stages/read.py:first_record:int+1:want = min(4 * want, FIRST_RECORD_BYTES)":
+        "reads growing x5 instead of x4 up to the same limit: fewer reads, the same record found or not",
+    "stages/read.py:first_record:int-1:want = min(4 * want, FIRST_RECORD_BYTES)":
+        "reads growing x3 instead of x4 up to the same limit: more reads, the same record found or not",
     # eleventh session: the turns file's lines of a chunk at once
     "stages/write.py:turn_lines:bool:texts = [f'[{a}, {b}, {names[c]}, {m}]' for a, b, c, m in zip(starts.tolist(), lengths.tolist(), ...":
         "strict=False: the four lists are one array each of the same spans, equal lengths by construction",
