@@ -187,6 +187,14 @@ EQUIVALENT: dict[str, str] = {
         "reads growing x5 instead of x4 up to the same limit: fewer reads, the same record found or not",
     "stages/read.py:first_record:int-1:want = min(4 * want, FIRST_RECORD_BYTES)":
         "reads growing x3 instead of x4 up to the same limit: more reads, the same record found or not",
+    # eleventh session: the plan's cut of a file of conversations
+    "distribute/plan.py:_file_plan:compare0:if size <= chat_part_bytes(part_bytes) or is_whole(path, text_sample_by):":
+        "a file of exactly chat_part_bytes has no target below its size either way (one part): the early return "
+        "only spares the read of its first record",
+    "distribute/plan.py:_file_plan:binop:return (cuts, [None] * (len(cuts) - 1))#1":
+        "plan_parts reads one check per part (checks[number]): two more never read",
+    "distribute/plan.py:_file_plan:int-1:return (cuts, [None] * (len(cuts) - 1))":
+        "plan_parts reads one check per part (checks[number]): one more never read",
     # eleventh session: the turns file's lines of a chunk at once
     "stages/write.py:turn_lines:bool:texts = [f'[{a}, {b}, {names[c]}, {m}]' for a, b, c, m in zip(starts.tolist(), lengths.tolist(), ...":
         "strict=False: the four lists are one array each of the same spans, equal lengths by construction",
