@@ -927,3 +927,25 @@ def test_the_mixed_plan_cuts_each_source_near_k_over_k_of_its_size(sources, part
     assert [seg.index for p in plan for seg in p.segments] == list(range(sum(len(p.segments) for p in plan)))
     flat = [seg for p in plan for seg in p.segments]
     assert all(seg.whole == (sum(1 for other in flat if other.file == seg.file) == 1) for seg in flat)
+
+
+def test_the_mixed_plan_of_a_source_of_conversations_counts_parts_of_chat_part_bytes(tmp_path, monkeypatch):
+    """As for one file (``plan.chat_part_bytes``): where a source's first file holds conversations (named by that
+    source's own columns), K counts parts 16 times smaller; sources of pieces alone keep ``part_bytes``."""
+    from weightprep.distribute import plan as plan_module
+    from weightprep.distribute.plan import chat_part_bytes
+    from weightprep.stages.columns import parse_columns
+
+    monkeypatch.setattr(plan_module, "CHAT_PART_FLOOR", 1000)
+    turns = [{"role": "user", "content": "question " * 20}, {"role": "assistant", "content": "answer " * 40}]
+    chats, pieces = tmp_path / "chats.jsonl", tmp_path / "pieces.jsonl"
+    chats.write_text("".join(json.dumps({"dialog": turns}) + "\n" for _ in range(60)))
+    pieces.write_text("".join(json.dumps({"pieces": [{"text": "x " * 200, "weight": 1}]}) + "\n" for _ in range(60)))
+    total = chats.stat().st_size + pieces.stat().st_size
+    part_bytes = 4 * total  # one part as pieces
+    named = [parse_columns("messages=dialog"), None]
+    fine = plan_mixed([[str(chats)], [str(pieces)]], part_bytes, columns=named)
+    assert len(fine) == -(-total // chat_part_bytes(part_bytes)) > 1  # every part holds a slice of both sources
+    assert all(set(part.sources) == {0, 1} for part in fine)
+    assert len(plan_mixed([[str(chats)], [str(pieces)]], part_bytes)) == 1  # "dialog" unnamed: no conversation
+    assert len(plan_mixed([[str(pieces)]], part_bytes)) == 1

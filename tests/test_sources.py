@@ -611,3 +611,23 @@ def test_a_killed_build_with_sources_resumes_to_the_same_bytes(tmp_path, three, 
     manifest = build([], tmp_path / "out", _three_cfg(), tokenizer=sample_tok, sources=three, executor=resumed, resume=True)
     assert resumed.reused == [0, 1]
     assert _digests(tmp_path / "out") == _digests(tmp_path / "ref") and manifest["sources"] == reference["sources"]
+
+
+def test_a_build_of_sources_is_cut_finer_where_one_holds_conversations_named_by_its_own_columns(tmp_path, monkeypatch):
+    """The build plans its mixed parts with each source's columns (``plan.plan_mixed(columns=...)``): a source of
+    conversations under another field name makes K count parts of ``chat_part_bytes``."""
+    from chat_support import chat_tokenizer
+
+    from weightprep.distribute import plan as plan_module
+
+    monkeypatch.setattr(plan_module, "CHAT_PART_FLOOR", 1000)
+    tok = chat_tokenizer("chatml")
+    turns = [{"role": "user", "content": "question " * 10}, {"role": "assistant", "content": "answer " * 20}]
+    chats = _write(tmp_path / "chats.jsonl", [{"dialog": turns}] * 40)
+    pieces = _write(tmp_path / "pieces.jsonl", [{"pieces": [{"text": "some text " * 30, "weight": 1.0}]}] * 40)
+    total = chats.stat().st_size + pieces.stat().st_size
+    cfg = config_from_dict({"pack": {"seq_len": 256}, "read": {"part_bytes": 16 * (total // 3 + 1)}})  # K = 3
+    sources = [Source("c", (str(chats),), columns="messages=dialog"), Source("p", (str(pieces),))]
+    manifest = build([], tmp_path / "out", cfg, tokenizer=tok, sources=sources)
+    assert [len(i["parts"]) for i in manifest["inputs"]] == [3, 3]  # each of the 3 parts holds a slice of both
+    assert manifest["counts"]["chat_documents"] == 40 and manifest["counts"]["documents_written"] == 80

@@ -148,7 +148,8 @@ def _build(
     if sources is None:  # the fields of a file's first record tell a file of conversations (--columns names them)
         parts: list[Any] = plan_parts(inputs, cfg.read.part_bytes, by, exact=exact, columns=parse_columns(cfg.read.columns))
     else:
-        parts = plan_mixed(by_source, cfg.read.part_bytes, by, exact=exact)
+        names = [parse_columns(s.columns if s.columns is not None else cfg.read.columns) for s in sources]
+        parts = plan_mixed(by_source, cfg.read.part_bytes, by, exact=exact, columns=names)
     in_process = executor.in_process(len(parts))
     prefetch = None
     if tokenizer is None:

@@ -24,7 +24,8 @@ where its head's layout says records start, and its parts' readers check it (``p
 With several sources (``weightprep.sources``) the plan is ``K`` mixed parts (``plan_mixed``), ``K`` from the
 total input size and ``part_bytes`` alone: each source's files, taken as one stream of bytes, are cut near
 ``k / K`` of its size for k = 1 .. K-1 (just after a newline, as above), and mixed part ``k`` reads the k-th of
-these ranges of every source, so every part holds a ``1/K`` slice of each source and the job interleaves them
+these ranges of every source (K counts parts of ``chat_part_bytes`` where a source's first plain file holds
+conversations), so every part holds a ``1/K`` slice of each source and the job interleaves them
 (``weightprep.distribute.job``). A compressed or columnar file is not cut: it goes whole to the part where it
 starts. Its pieces (``InputPart``s, numbered over the whole plan) are its segments.
 """
@@ -44,7 +45,7 @@ from weightprep.stages.columns import Columns
 
 __all__ = [
     "InputPart", "MixedPart", "is_whole", "plan_parts", "plan_mixed", "line_bases", "segment_line_bases",
-    "chat_part_bytes",
+    "chat_part_bytes", "holds_conversations",
 ]
 
 #: Bytes read at a time looking for a cut's newline: 4 KiB first, doubled up to _SCAN (in a store each read is a
@@ -168,14 +169,19 @@ def _targets(path: str, size: int, part_bytes: int, columns: Columns | None) -> 
     """Where the cuts of a file of ``size`` bytes are sought: every multiple of ``part_bytes``; for a file of
     conversations, the ``k / K`` of its size for K parts of at most ``chat_part_bytes`` (parts of equal size: they are
     the work that the workers share)."""
+    if holds_conversations(path, columns):
+        k_parts = math.ceil(size / chat_part_bytes(part_bytes))
+        return [-(-k * size // k_parts) for k in range(1, k_parts)]  # ceil(k * size / K)
+    return list(range(part_bytes, size, part_bytes))
+
+
+def holds_conversations(path: str, columns: Columns | None) -> bool:
+    """Whether ``path``'s first record is a conversation (``read.first_record``, ``shapes.is_conversation``)."""
     from weightprep.stages.read import first_record
     from weightprep.stages.shapes import is_conversation
 
     record = first_record(path)
-    if record is not None and is_conversation(record, columns):
-        k_parts = math.ceil(size / chat_part_bytes(part_bytes))
-        return [-(-k * size // k_parts) for k in range(1, k_parts)]  # ceil(k * size / K)
-    return list(range(part_bytes, size, part_bytes))
+    return record is not None and is_conversation(record, columns)
 
 
 def plan_parts(
@@ -239,13 +245,21 @@ def _cuts_at(path: str, size: int, targets: list[int], exact: bool) -> tuple[lis
 
 
 def plan_mixed(
-    sources: list[list[str]], part_bytes: int, text_sample_by: str = "line", *, exact: bool = True
-) -> list[MixedPart]:
+    sources: list[list[str]], part_bytes: int, text_sample_by: str = "line", *, exact: bool = True,
+    columns: Sequence[Columns | None] | None = None,
+) -> list[MixedPart]:  # fmt: skip
     """The mixed parts of the sources' files (``sources[s]``: source ``s``'s files, in order); see the module
     docstring (``exact``: as ``plan_parts``'s). Parts left with no segment (only whole files elsewhere) are not
-    planned."""
+    planned. Where a source's first plain file holds conversations (its ``columns[s]`` naming their fields), K counts
+    parts of ``chat_part_bytes``, as for one file."""
     sizes = [[storage.size(p) for p in paths] for paths in sources]
-    k_parts = max(1, math.ceil(sum(map(sum, sizes)) / part_bytes))
+    names = columns if columns is not None else [None] * len(sources)
+    chat = any(
+        holds_conversations(next(p for p in paths if not is_whole(p, text_sample_by)), names[s])
+        for s, paths in enumerate(sources) if any(not is_whole(p, text_sample_by) for p in paths)
+    )  # fmt: skip
+    unit = chat_part_bytes(part_bytes) if chat else part_bytes
+    k_parts = max(1, math.ceil(sum(map(sum, sizes)) / unit))
     ranges: list[list[tuple[int, InputPart]]] = [[] for _ in range(k_parts)]
     file_index = 0
     for s, (paths, file_sizes) in enumerate(zip(sources, sizes, strict=True)):
