@@ -19,6 +19,9 @@ Every tool's Python code is byte-compiled first (``compile_code``: the package's
 wheel install leaves it: a checkout installed in editable mode on a machine that sets ``PYTHONDONTWRITEBYTECODE``
 (this project's) would otherwise compile weightprep's ~50 modules from source in every run, ~0.07 s of the build's
 start that no installed copy pays.
+weightprep's rounds are also given split by what ran just before them, its own run or another tool's
+(``after_own``): on a virtual machine that hands freed memory back to its host, that decides much of a round
+(docs/performance.md).
 The load average before and after is printed: on a shared machine, compare ratios and medians of one run,
 never seconds across runs. ``weightprep-hf`` (tokenizers backend) must write
 the same shard bytes as ``weightprep`` (fastokens under ``auto``): the SHA-256 of their shards is compared.
@@ -82,10 +85,12 @@ def compare(args: argparse.Namespace) -> dict:
     data, tokenizer = ensure_data(args.records), ensure_tokenizer()
     tools = args.tools
     runs: dict[str, list[dict]] = {t: [] for t in tools}
+    before = None  # the tool that ran just before (``after_own``)
     for r in range(args.repeat):
         order = tools if r % 2 == 0 else list(reversed(tools))
         for tool in order:
-            runs[tool].append(run_tool(tool, data, tokenizer, args.seq_len))
+            runs[tool].append({**run_tool(tool, data, tokenizer, args.seq_len), "after": before})
+            before = tool
             rep = runs[tool][-1]
             print(f"  round {r + 1}/{args.repeat} {tool:16s} {rep['wall']:7.2f} s whole, {rep['seconds']:7.2f} s work",
                   file=sys.stderr)
@@ -120,6 +125,7 @@ def compare(args: argparse.Namespace) -> dict:
               f"| {row['peak_rss_mib']:,.0f} | {out_b} | {fill} | {ratio}{target} |")
     if wp:
         print(f"\nweightprep peak RSS {wp['peak_rss_mib']:,.0f} MiB (target <= {RSS_TARGET_MIB} MiB)")
+        after_own(runs["weightprep"], rows.get("limit-fastokens"))
     if wp and "weightprep-ray" in rows:
         ray_row = rows["weightprep-ray"]
         same = ray_row["shards_sha256"] == wp["shards_sha256"]
@@ -132,6 +138,19 @@ def compare(args: argparse.Namespace) -> dict:
     if args.rss_at:
         result["peak_rss_mib"] = rss_at([int(n) for n in args.rss_at.split(",")], args.seq_len)
     return result
+
+
+def after_own(runs: list[dict], limit: dict | None) -> None:
+    """weightprep's rounds split by what ran just before: its own run (whose shards the harness had just deleted:
+    the pages it reuses are warm) or another tool's (on a virtual machine that hands freed memory back to its
+    host, first writes to the pages taken back cost a host fault each: docs/performance.md)."""
+    own = [r["wall"] for r in runs if r["after"] == "weightprep"]
+    other = [r["wall"] for r in runs if r["after"] not in (None, "weightprep")]
+    for what, walls in (("right after its own run", own), ("after another tool's", other)):
+        if walls:
+            median = statistics.median(walls)
+            vs = f" ({limit['wall_seconds'] / median:.2f}x the fastokens limit)" if limit else ""
+            print(f"weightprep's rounds {what}: {', '.join(f'{w:.2f}' for w in walls)} s, median {median:.2f} s{vs}")
 
 
 def rss_at(sizes: list[int], seq_len: int) -> dict[int, float]:
