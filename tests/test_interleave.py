@@ -949,3 +949,13 @@ def test_the_mixed_plan_of_a_source_of_conversations_counts_parts_of_chat_part_b
     assert all(set(part.sources) == {0, 1} for part in fine)
     assert len(plan_mixed([[str(chats)], [str(pieces)]], part_bytes)) == 1  # "dialog" unnamed: no conversation
     assert len(plan_mixed([[str(pieces)]], part_bytes)) == 1
+
+
+def test_the_mixed_plan_of_empty_sources_is_one_part(tmp_path):
+    """No bytes at all still make one mixed part (its segments empty): the build then says the input holds no
+    records, rather than the plan failing."""
+    empty = [tmp_path / "a.jsonl", tmp_path / "b.jsonl"]
+    for path in empty:
+        path.write_bytes(b"")
+    (part,) = plan_mixed([[str(p)] for p in empty], 1000)
+    assert [(s.start, s.end) for s in part.segments] == [(0, 0), (0, 0)] and part.sources == (0, 1)
