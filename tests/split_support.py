@@ -87,7 +87,24 @@ class RecordingJob:
         return RecordingJob({**self.options, **changes}, self.cwd)
 
     def __call__(self, part: Any, progress: Any = None) -> dict[str, Any]:
-        return {"index": part.index, "options": self.options, "pid": os.getpid(), "task": None}
+        return {"index": part.index, "options": self.options, "pid": os.getpid(), "task": None,
+                "warmed": os.environ.get(WARMED)}  # fmt: skip
+
+
+#: what ``MarkingWarmup`` sets in a worker's environment: the threads it was given
+WARMED = "WEIGHTPREP_TEST_WARMED"
+
+
+class MarkingWarmup:
+    """A stand-in ``job.Warmup``: notes the threads it was given in the worker's environment and as a file
+    ``warm-<pid>`` in ``marks``."""
+
+    def __init__(self, marks: str) -> None:
+        self.marks = marks
+
+    def __call__(self, threads: int | None) -> None:
+        os.environ[WARMED] = str(threads)
+        Path(self.marks, f"warm-{os.getpid()}").write_text(str(threads))
 
 
 def index_task(job: RecordingJob, part: Any) -> dict[str, Any]:

@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import REPO, SAMPLE_RAW
@@ -876,3 +877,76 @@ def test_the_cli_runs_the_parts_on_worker_processes(tmp_path):
     assert _digests(out) == _digests(tmp_path / "serial")
     bad = CliRunner().invoke(main, [*args, "--executor", "spark", "--overwrite"])
     assert bad.exit_code == 2 and "spark" in bad.output
+
+
+class _Watched(LocalExecutor):
+    """A LocalExecutor that notes the warm-up it was given, the processes ``warm`` started and the job's key."""
+
+    warmup: Any = None
+    key: str | None = None
+    warmed: set[int] = set()
+
+    def warm(self, warmup: Any, n_parts: int) -> None:
+        super().warm(warmup, n_parts)
+        self.warmup, self.warmed = warmup, set(self._pool._processes)
+
+    def start(self, job: Any, n_parts: int) -> LocalExecutor:
+        self.key = job.worker_key
+        return super().start(job, n_parts)
+
+
+def test_a_build_warms_its_workers_for_its_job(tmp_path, reference):
+    """The pool starts before the driver loads its tokenizer, its processes making their state (``Warmup``) under
+    the key of the job that reaches them later; the bytes are the serial build's."""
+    from weightprep.distribute.job import Warmup
+
+    executor = _Watched(2)
+    build([str(SAMPLE_RAW)], tmp_path / "out", _cfg(), executor=executor)
+    assert isinstance(executor.warmup, Warmup) and len(executor.warmed) == 2
+    assert executor.warmup.key == executor.key and executor.warmup.cfg == _cfg()
+    assert _digests(tmp_path / "out") == reference
+
+
+def test_a_build_that_ends_before_its_parts_stops_the_warm_workers(tmp_path, monkeypatch):
+    import weightprep.pipeline as pipeline
+    from weightprep.errors import UsageError
+
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise UsageError("no output today")
+
+    monkeypatch.setattr(pipeline, "open_output", refuse)
+    executor = _Watched(2)
+    with pytest.raises(UsageError, match="no output today"):
+        build([str(SAMPLE_RAW)], tmp_path / "out", _cfg(), executor=executor)
+    assert len(executor.warmed) == 2 and executor._pool is None
+    for pid in executor.warmed:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
+def test_a_warm_state_is_the_one_its_job_uses(tmp_path, monkeypatch):
+    """``Warmup`` makes the worker state under its key: the job with that key runs on it without loading the
+    tokenizer again; a warm-up whose load fails leaves no state (the part's own load reports why)."""
+    from weightprep.distribute import job as job_module
+
+    monkeypatch.delenv("TOKENIZERS_PARALLELISM", raising=False)  # restored after: the warm-up sets it
+    cfg = _cfg(read={"part_bytes": 1 << 30})
+    job_module.Warmup(cfg, "warm-test")(None)
+    state = job_module._WORKERS["warm-test"]
+    try:
+        def no_second_load(*args: Any, **kwargs: Any) -> None:
+            raise AssertionError("the job loaded a tokenizer of its own")
+
+        monkeypatch.setattr(job_module, "load_tokenizer", no_second_load)
+        job = job_module.PartJob(cfg, None, tmp_path, worker_key="warm-test")
+        assert job.worker() is state and job.with_options(cut=None).worker() is state
+        part = plan_parts([str(SAMPLE_RAW)], 1 << 30, "line")[0]
+        result = job(part)
+        assert result["error"] is None and result["counts"][""]["accepted"] > 0
+    finally:
+        job_module._WORKERS.pop("warm-test").close()
+    monkeypatch.undo()
+    monkeypatch.delenv("TOKENIZERS_PARALLELISM", raising=False)
+    bad = config_from_dict({"tokenizer": {"name": str(tmp_path / "no-such-tokenizer")}})
+    job_module.Warmup(bad, "warm-bad")(None)
+    assert "warm-bad" not in job_module._WORKERS

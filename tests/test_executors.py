@@ -5,9 +5,10 @@ how many workers and threads, the context that stops the pool) and the code that
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
-from split_support import DyingJob, RecordingJob, index_task
+from split_support import DyingJob, MarkingWarmup, RecordingJob, index_task
 
 from weightprep.distribute import executors
 from weightprep.distribute.executors import RETRIES, Executor, LocalExecutor, RayExecutor, SerialExecutor
@@ -94,12 +95,62 @@ def test_a_serial_map_runs_the_job_or_the_task_with_the_options():
 @pytest.mark.parametrize("task", [None, index_task])
 @pytest.mark.parametrize("options", [{}, {"cut": 5}])
 def test_a_pool_worker_runs_the_job_or_the_task_with_the_options(task, options):
-    """``_run_local``, what a pool process runs on each part, called here."""
-    executors._init_local(RecordingJob({"threads": 2}))
-    result = executors._run_local(_parts(3)[2], task, options)
-    assert result["index"] == 2
-    assert result["options"] == {"threads": 2, **options}
-    assert result["task"] == (None if task is None else "index_task")
+    """``_run_local``, what a pool process runs on each part, called here: the job read from the pool's queue at
+    the first part, and kept for the next ones."""
+    import queue
+
+    jobs: queue.Queue = queue.Queue()
+    jobs.put(RecordingJob({"threads": 2}))
+    executors._init_local(jobs, None, 2)
+    for index in (2, 0):
+        result = executors._run_local(_parts(3)[index], task, options)
+        assert result["index"] == index
+        assert result["options"] == {"threads": 2, **options}
+        assert result["task"] == (None if task is None else "index_task")
+    assert jobs.empty()  # read once
+
+
+def _marks(directory, n: int) -> dict[int, str]:
+    """The ``MarkingWarmup`` files of ``directory`` once there are ``n`` of them: pid -> threads."""
+    deadline = time.monotonic() + 60
+    while len(found := list(directory.glob("warm-*"))) < n and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return {int(p.name.split("-")[1]): p.read_text() for p in found}
+
+
+def test_warm_starts_the_workers_before_the_job_and_start_keeps_them(tmp_path, monkeypatch):
+    """``warm`` starts every process of the pool now, each running the warm-up (with its threads) before any job
+    exists; ``start`` for as many parts keeps them, and the job reaches each of them."""
+    monkeypatch.setattr(executors, "_cpus", lambda: 4)
+    executor = LocalExecutor(2)
+    executor.warm(MarkingWarmup(str(tmp_path)), 3)
+    warmed = _marks(tmp_path, 2)
+    assert sorted(warmed.values()) == ["2", "2"]  # 4 cores, 2 processes
+    with executor.start(RecordingJob({"a": 1}), 3):
+        results = list(executor.map(_parts(3)))
+        again = list(executor.map(_parts(3), task=index_task))
+    assert sorted(r["index"] for r in results) == [0, 1, 2]
+    assert {r["pid"] for r in results + again} <= set(warmed)  # no process besides the warmed ones
+    assert all(r["options"] == {"a": 1, "threads": 2} and r["warmed"] == "2" for r in results)
+    assert len(_marks(tmp_path, 2)) == 2  # each warmed once
+    assert executor._pool is None
+    for pid in warmed:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
+def test_a_start_that_cannot_use_the_warm_pool_stops_it(tmp_path):
+    """Started for a single part (in this process), the executor stops the processes ``warm`` started."""
+    executor = LocalExecutor(2)
+    executor.warm(MarkingWarmup(str(tmp_path)), 2)
+    warmed = _marks(tmp_path, 2)
+    with executor.start(RecordingJob(), 1):
+        assert executor._pool is None
+        assert [r["pid"] for r in executor.map(_parts(1))] == [os.getpid()]
+    for pid in warmed:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    assert LocalExecutor(2).warm(MarkingWarmup(str(tmp_path)), 1) is None  # one part: nothing to start
 
 
 @pytest.mark.parametrize("task", [None, index_task])

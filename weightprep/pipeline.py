@@ -29,8 +29,9 @@ import json
 import math
 import re
 import shutil
+import uuid
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
@@ -41,7 +42,7 @@ from weightprep.accounting import check_accounting, final_counts
 from weightprep.config import BuildConfig, config_to_dict
 from weightprep.constants import FORMAT_NAME, FORMAT_VERSION, PACKED_COLUMNS, UNPACKED_COLUMNS
 from weightprep.distribute.executors import Executor, SerialExecutor, run_parts
-from weightprep.distribute.job import ADD_BOS, EpochPass, KeyPass, PartJob, ProgressFn
+from weightprep.distribute.job import ADD_BOS, EpochPass, KeyPass, PartJob, ProgressFn, Warmup
 from weightprep.distribute.merge import merge_results
 from weightprep.distribute.mixed import epoch_cuts_from, split_names
 from weightprep.distribute.plan import InputPart, MixedPart, plan_mixed, plan_parts
@@ -118,6 +119,16 @@ def build(
             return _build(inputs, out, cfg, exact=True, **options)
 
 
+@contextlib.contextmanager
+def _closed_on_error(executor: Executor) -> Iterator[None]:
+    """Close ``executor`` (the workers that ``warm`` started) where the step inside fails before it is started."""
+    try:
+        yield
+    except BaseException:
+        executor.close()
+        raise
+
+
 def _build(
     inputs: list[str],
     out: str | Path,
@@ -161,25 +172,31 @@ def _build(
             prefetch = started  # else the workers load their own, and a load begun here ends unused
     from weightprep import __version__  # read at each build (a test sets another)
 
-    with step(f"loading the tokenizer {cfg.tokenizer.name or ''}".rstrip()):
-        tok = tokenizer if tokenizer is not None else load_tokenizer(
-            cfg.tokenizer.name, trust_remote_code=cfg.tokenizer.trust_remote_code, direct=True
-        )
-    # the file fastokens read is what the tokenizer runs only where the build read it directly (TokenizerFiles)
-    if prefetch is not None and not isinstance(tok, TokenizerFiles):
-        prefetch.close()  # loaded through AutoTokenizer: the file need not be what runs, so it is not used
-        prefetch = None
-    summary = tokenizer_summary(tok)
-    specials = special_tokens(tok, add_bos=ADD_BOS[cfg.tokenizer.add_bos])
-    # the output's work directory: here, once (a part makes only its own directory in it); a prefix in a store for
-    # a URL --out, which every worker writes its parts to (weightprep.stages.publish)
-    with step("opening the output"):
-        key = resume_key(cfg, inputs, tok, summary, __version__, sources, parts)
-        output = open_output(out_path, key, resume=resume)
-    if resume:
-        _note(notify, _resume_note(_finished_parts(output.work_dir), len(parts), leftovers))
-    # workers load the tokenizer themselves if None; they open the input objects with the metadata listed here
-    job = PartJob(cfg, tokenizer, output.work_dir, sources=sources, known=storage.known_metadata(inputs))
+    warmup = None
+    if tokenizer is None and not in_process:  # the workers start loading the tokenizer while this process does
+        warmup = Warmup(cfg, uuid.uuid4().hex)
+        executor.warm(warmup, len(parts))
+    with _closed_on_error(executor):  # the workers that warm started, where the build ends before it starts them
+        with step(f"loading the tokenizer {cfg.tokenizer.name or ''}".rstrip()):
+            tok = tokenizer if tokenizer is not None else load_tokenizer(
+                cfg.tokenizer.name, trust_remote_code=cfg.tokenizer.trust_remote_code, direct=True
+            )
+        # the file fastokens read is what the tokenizer runs only where the build read it directly (TokenizerFiles)
+        if prefetch is not None and not isinstance(tok, TokenizerFiles):
+            prefetch.close()  # loaded through AutoTokenizer: the file need not be what runs, so it is not used
+            prefetch = None
+        summary = tokenizer_summary(tok)
+        specials = special_tokens(tok, add_bos=ADD_BOS[cfg.tokenizer.add_bos])
+        # the output's work directory: here, once (a part makes only its own directory in it); a prefix in a store for
+        # a URL --out, which every worker writes its parts to (weightprep.stages.publish)
+        with step("opening the output"):
+            key = resume_key(cfg, inputs, tok, summary, __version__, sources, parts)
+            output = open_output(out_path, key, resume=resume)
+        if resume:
+            _note(notify, _resume_note(_finished_parts(output.work_dir), len(parts), leftovers))
+        # workers load the tokenizer themselves if None; they open the input objects with the metadata listed here
+        job = PartJob(cfg, tokenizer, output.work_dir, sources=sources, known=storage.known_metadata(inputs),
+                      worker_key=warmup.key if warmup is not None else None)
     if in_process:  # this process is the worker: it keeps the tokenizer it loaded (and the early fastokens load)
         job.adopt(tok, prefetch)
     try:

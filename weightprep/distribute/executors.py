@@ -55,6 +55,11 @@ class Executor:
         """Whether ``n_parts`` parts run in this process (then the build hands its own tokenizer to the job)."""
         return False
 
+    def warm(self, warmup: Callable[[int | None], None], n_parts: int) -> None:
+        """Start the workers for up to ``n_parts`` parts before their job is known, each calling ``warmup(threads)``
+        first (``job.Warmup``: the tokenizer loaded while the driver loads its own and opens the output); the next
+        ``start``, for ``n_parts`` parts, keeps them. The default starts nothing: ``start`` does."""
+
     def start(self, job: Any, n_parts: int) -> Executor:
         """Get ready to run ``job`` on up to ``n_parts`` parts (start the pool, the actors); returns ``self``."""
         self.job = job
@@ -102,28 +107,52 @@ def _cpus() -> int:
 
 class LocalExecutor(Executor):
     """A process pool of ``workers`` processes (default: one per core, at most one per part), started at the
-    build's first map and kept for its later ones."""
+    build's first map (or by ``warm``, while the driver loads its tokenizer) and kept for its later ones. The
+    job reaches each process through a queue, read at its first part: a pool that ``warm`` started before the
+    job was known runs it as one started with it."""
 
     def __init__(self, workers: int | None = None) -> None:
         self.workers = workers
         self._serial: SerialExecutor | None = None
         self._pool: Any = None
+        self._jobs: Any = None  # the running pool's queue of the job, one copy per process
         self._processes = 1
+        self._warmup: Callable[[int | None], None] | None = None
 
     def _size(self, n_parts: int) -> int:
         return max(1, min(self.workers or _cpus(), n_parts))
 
+    def _threads(self) -> int:
+        return max(1, _cpus() // self._processes)
+
     def in_process(self, n_parts: int) -> bool:
         return self._size(n_parts) == 1
 
-    def start(self, job: Any, n_parts: int) -> LocalExecutor:
+    def warm(self, warmup: Callable[[int | None], None], n_parts: int) -> None:
         self.close()
+        if self.in_process(n_parts):
+            return
+        self._processes, self._warmup = self._size(n_parts), warmup
+        pool = self._running_pool()
+        for _ in range(self._processes):  # a process per call while none is idle: all of them, now
+            pool.submit(os.getpid)
+
+    def start(self, job: Any, n_parts: int) -> LocalExecutor:
+        warmed = self._pool is not None and self._warmup is not None and self._processes == self._size(n_parts)
+        if not warmed:
+            self.close()
         if self.in_process(n_parts):
             self._serial = SerialExecutor().start(job, n_parts)
             return self
         self._processes = self._size(n_parts)
-        self.job = job.with_options(threads=max(1, _cpus() // self._processes))
+        self.job = job.with_options(threads=self._threads())
+        if warmed:
+            self._send_job()
         return self
+
+    def _send_job(self) -> None:
+        for _ in range(self._processes):
+            self._jobs.put(self.job)
 
     def _running_pool(self) -> Any:
         """The build's pool, started at its first use (and again after a worker died or a map was left)."""
@@ -131,15 +160,19 @@ class LocalExecutor(Executor):
             import multiprocessing
             from concurrent.futures import ProcessPoolExecutor
 
+            context = multiprocessing.get_context("spawn")
+            self._jobs = context.Queue()
             self._pool = ProcessPoolExecutor(
-                self._processes, mp_context=multiprocessing.get_context("spawn"), initializer=_init_local,
-                initargs=(self.job,),
-            )
+                self._processes, mp_context=context, initializer=_init_local,
+                initargs=(self._jobs, self._warmup, self._threads()),
+            )  # fmt: skip
+            if self.job is not None:
+                self._send_job()
         return self._pool
 
     def _stop(self, *, terminate: bool = False) -> None:
         """Shut the pool down; with ``terminate``, kill its processes first instead of waiting for their parts."""
-        pool, self._pool = self._pool, None
+        pool, jobs, self._pool, self._jobs = self._pool, self._jobs, None, None
         if pool is None:
             return
         if terminate:
@@ -149,6 +182,8 @@ class LocalExecutor(Executor):
                 for process in list((getattr(pool, "_processes", None) or {}).values()):
                     process.terminate()
         pool.shutdown(wait=True, cancel_futures=True)
+        jobs.cancel_join_thread()  # copies of the job that no process read (it ran no part) are dropped
+        jobs.close()
 
     def map(
         self, parts: list[InputPart], progress: PartProgress | None = None, task: Task | None = None, **options: Any
@@ -188,17 +223,24 @@ class LocalExecutor(Executor):
     def close(self) -> None:
         self._stop()
         self._serial = None
+        self.job = self._warmup = None
 
 
 _LOCAL_JOB: Any = None
+_LOCAL_JOBS: Any = None  # where this pool process reads the job, at its first part
 
 
-def _init_local(job: Any) -> None:
-    global _LOCAL_JOB
-    _LOCAL_JOB = job
+def _init_local(jobs: Any, warmup: Callable[[int | None], None] | None, threads: int) -> None:
+    global _LOCAL_JOB, _LOCAL_JOBS
+    _LOCAL_JOB, _LOCAL_JOBS = None, jobs
+    if warmup is not None:
+        warmup(threads)
 
 
 def _run_local(part: InputPart, task: Task | None, options: dict[str, Any]) -> dict[str, Any]:
+    global _LOCAL_JOB
+    if _LOCAL_JOB is None:
+        _LOCAL_JOB = _LOCAL_JOBS.get()
     job = _LOCAL_JOB.with_options(**options) if options else _LOCAL_JOB
     return task(job, part) if task is not None else job(part)  # type: ignore[no-any-return]
 

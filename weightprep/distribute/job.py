@@ -47,7 +47,7 @@ from weightprep.stages.tokenize import PieceTokenizer
 from weightprep.stages.write import ShardWriter
 from weightprep.tokenizer import load_tokenizer, set_tokenizer_threads, special_tokens
 
-__all__ = ["PartJob", "KeyPass", "EpochPass", "Worker", "ProgressFn", "ADD_BOS", "bound_heap"]
+__all__ = ["PartJob", "KeyPass", "EpochPass", "Warmup", "Worker", "ProgressFn", "ADD_BOS", "bound_heap"]
 
 #: Called after each block with (bytes of input consumed so far, counts so far: records ``accepted``, ``tokens``).
 ProgressFn = Callable[[int, Counter], None]
@@ -121,6 +121,25 @@ class Worker:
 _WORKERS: dict[str, Worker] = {}  # per process, by PartJob.worker_key
 
 
+@dataclass(frozen=True)
+class Warmup:
+    """What a worker process does before the build's job reaches it (``Executor.warm``): load the tokenizer of
+    ``cfg`` and make its state, under the ``key`` that the build's job will have (``PartJob(worker_key=...)``), so
+    that its first part finds it. A load that fails here leaves no state: the part loads again, and reports why."""
+
+    cfg: BuildConfig
+    key: str
+
+    def __call__(self, threads: int | None) -> None:
+        if threads is not None:
+            set_tokenizer_threads(threads)
+        try:
+            tok = load_tokenizer(self.cfg.tokenizer.name, trust_remote_code=self.cfg.tokenizer.trust_remote_code, direct=True)
+            _WORKERS[self.key] = Worker(tok, self.cfg)
+        except Exception:  # noqa: BLE001 (the same load, made by the part, raises it where it is reported)
+            _WORKERS.pop(self.key, None)
+
+
 def _located_error(exc: InputError | BackendMismatch) -> dict[str, Any]:
     """An error at a line of the part, as its result carries it (``run_parts`` raises it, renumbered)."""
     where = {"path": exc.path, "line": exc.line, "field": exc.field, "problem": exc.problem}
@@ -144,7 +163,7 @@ class PartJob:
     def __init__(
         self, cfg: BuildConfig, tokenizer: Any, work_dir: Path | str, cut: Any = None, *,
         threads: int | None = None, storage_options: dict[str, Any] | None = None, sources: list[Any] | None = None,
-        known: dict[str, dict[str, Any]] | None = None,
+        known: dict[str, dict[str, Any]] | None = None, worker_key: str | None = None,
     ) -> None:
         self.cfg, self.tokenizer, self.work_dir, self.cut, self.threads = cfg, tokenizer, work_dir, cut, threads
         #: the build's storage options (its session's: build(storage_options=...) or --storage-options), which the
@@ -156,7 +175,8 @@ class PartJob:
         self.epoch_cuts: list[int | None] | None = None
         #: the driver's metadata of the input objects (their listing's): a worker opens them without asking again
         self.known = known or {}
-        self.worker_key = uuid.uuid4().hex  # its variants (with_options) share the worker state
+        #: its variants (with_options) share the worker state; a ``Warmup``'s key where one made it
+        self.worker_key = worker_key if worker_key is not None else uuid.uuid4().hex
         #: the driver's working directory: relative input paths are relative to it on every worker too
         self.cwd = os.getcwd()
 
