@@ -91,14 +91,14 @@ def _chat_documents(chats: Records, counts: Counter[str]) -> Documents:
     lengths = np.concatenate(parts).astype(np.int64)
     offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
-    for c in rendered:
-        if c.offsets is not None:  # type: ignore[union-attr]
-            counts["chat_history_conversations"] += 1
-            counts["chat_history_documents"] += len(c.offsets) - 1  # type: ignore[union-attr]
-            counts["chat_history_extra_tokens"] += int(c.offsets[-2])  # type: ignore[union-attr]
-        counts["chat_training_template_turns"] += c.training  # type: ignore[union-attr]
-        counts["chat_sanitized_control_tokens"] += c.sanitized  # type: ignore[union-attr]
-        counts["chat_straddling_tokens"] += c.straddling  # type: ignore[union-attr]
+    history = [c.offsets for c in rendered if c.offsets is not None]  # type: ignore[union-attr]
+    if history:
+        counts["chat_history_conversations"] += len(history)
+        counts["chat_history_documents"] += sum(len(o) - 1 for o in history)
+        counts["chat_history_extra_tokens"] += sum(int(o[-2]) for o in history)
+    counts["chat_training_template_turns"] += sum(c.training for c in rendered)  # type: ignore[union-attr]
+    counts["chat_sanitized_control_tokens"] += sum(c.sanitized for c in rendered)  # type: ignore[union-attr]
+    counts["chat_straddling_tokens"] += sum(c.straddling for c in rendered)  # type: ignore[union-attr]
     ids = np.concatenate([c.ids for c in rendered])  # type: ignore[union-attr]
     weights = np.concatenate([c.weights for c in rendered])  # type: ignore[union-attr]
     turns = np.concatenate([c.turns for c in rendered])  # type: ignore[union-attr]

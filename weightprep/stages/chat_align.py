@@ -59,10 +59,9 @@ def align_tokens(
     (int64[D + 1]) cut ``char_w``/``char_turns`` and ``ids``/``starts``/``ends`` into documents."""
     n_docs = len(char_base) - 1
     counts = np.diff(tok_base)
-    doc = np.repeat(np.arange(n_docs, dtype=np.int64), counts)  # each token's document
-    shift = char_base[:-1][doc]
+    shift = np.repeat(char_base[:-1], counts)  # each token's document's first character
     g_starts = np.asarray(starts, dtype=np.int64) + shift
-    g_ends = np.minimum(np.asarray(ends, dtype=np.int64) + shift, char_base[1:][doc])  # within its document
+    g_ends = np.minimum(np.asarray(ends, dtype=np.int64) + shift, np.repeat(char_base[1:], counts))  # within its document
     double_bos = np.zeros(n_docs, dtype=bool)
     if bos is not None:
         two = np.flatnonzero(counts > 1)
@@ -71,8 +70,8 @@ def align_tokens(
     # each token's first character; one past a document's last (an empty document, or a token with no characters
     # at its end) reads the padding: weight 0, turn 0, as a token with no characters gets anyway
     length = np.diff(char_base)
-    safe = np.minimum(g_starts, np.maximum(char_base[1:] - 1, char_base[:-1])[doc])
-    safe = np.where(length[doc] > 0, safe, len(char_w))
+    safe = np.minimum(g_starts, np.repeat(np.maximum(char_base[1:] - 1, char_base[:-1]), counts))
+    safe = np.where(np.repeat(length > 0, counts), safe, len(char_w))
     padded_w = np.concatenate([np.asarray(char_w, dtype=np.float32), np.zeros(1, np.float32)])
     padded_t = np.concatenate([np.asarray(char_turns, dtype=np.int32), np.zeros(1, np.int32)])
     has_chars = g_ends > g_starts
@@ -80,7 +79,7 @@ def align_tokens(
     turns = padded_t[safe].astype(np.int32, copy=False)
     straddling = np.zeros(n_docs, dtype=np.int64)
     # first character of each new weight (a document's first character may count as one: no token crosses it)
-    changes = np.flatnonzero(np.diff(char_w)) + 1
+    changes = np.flatnonzero(char_w[1:] != char_w[:-1]) + 1  # (weights are finite: as np.diff(char_w) != 0)
     if len(changes) and len(ids):
         k = np.minimum(np.searchsorted(g_ends, changes, side="right"), len(ids) - 1)
         if ((g_starts[k] < changes) & (g_ends[k] > changes)).any():
@@ -90,7 +89,8 @@ def align_tokens(
                 > np.searchsorted(changes, g_starts, side="right")
             )
             top, turn = _heaviest(padded_w, padded_t, g_starts[across], g_ends[across])
-            straddling = np.bincount(doc[across[top > weights[across]]], minlength=n_docs).astype(np.int64)
+            doc = np.searchsorted(tok_base, across[top > weights[across]], side="right") - 1  # their documents
+            straddling = np.bincount(doc, minlength=n_docs).astype(np.int64)
             weights[across], turns[across] = top, turn
     return Aligned(weights, turns, straddling, double_bos)
 

@@ -116,48 +116,71 @@ class TokenSpans:
         return found
 
     def _run(self, texts: list[str], ids: np.ndarray, offsets: np.ndarray) -> list[tuple[np.ndarray, np.ndarray] | None]:
-        """``spans`` of documents whose tokens are all of ``ids`` (``offsets`` from 0)."""
-        ids = ids.astype(np.int64, copy=False)
+        """``spans`` of documents whose tokens are all of ``ids`` (``offsets`` from 0).
+
+        Every token's bytes are placed at the running sum of the bytes before it (``before``); where every
+        document's tokens have as many bytes as its text (the usual case), that is where they are in the texts put
+        end to end, and a text of ASCII characters only has a character per byte: its tokens' spans need no other
+        arithmetic."""
         encoded = [t.encode("utf-8") for t in texts]
-        known = (ids >= 0) & (ids < len(self._lengths))
-        lengths = np.full(len(ids), -1, dtype=np.int64)  # -1: an id with no bytes (unknown, or none in the vocabulary)
-        lengths[known] = self._lengths[ids[known]]
         counts = np.diff(offsets)
-        doc = np.repeat(np.arange(len(texts)), counts)
-        size = np.maximum(lengths, 0)
-        per_doc = np.bincount(doc, weights=size, minlength=len(texts)).astype(np.int64)
-        unknown = np.bincount(doc, weights=lengths < 0, minlength=len(texts)) > 0
+        if len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= len(self._lengths)):
+            known = (ids >= 0) & (ids < len(self._lengths))
+            lengths = np.full(len(ids), -1, dtype=np.int64)  # -1: an id with no bytes (unknown, or none in the vocabulary)
+            lengths[known] = self._lengths[ids[known]]
+        else:
+            lengths = self._lengths[ids]
+        holes = len(lengths) > 0 and int(lengths.min()) < 0
+        size = np.maximum(lengths, 0) if holes else lengths
+        before = np.zeros(len(ids) + 1, dtype=np.int64)
+        np.cumsum(size, out=before[1:])
+        per_doc = before[offsets[1:]] - before[offsets[:-1]]
         sizes = np.fromiter(map(len, encoded), dtype=np.int64, count=len(texts))
-        ok = (per_doc == sizes) & ~unknown
+        aligned = per_doc == sizes
+        ok = aligned.copy()
+        if holes:
+            hole_count = np.zeros(len(ids) + 1, dtype=np.int64)
+            np.cumsum(lengths < 0, out=hole_count[1:])
+            ok &= hole_count[offsets[1:]] == hole_count[offsets[:-1]]
+        raw = np.frombuffer(b"".join(encoded), dtype=np.uint8)
         if ok.any():  # the tokens' bytes of the documents whose byte counts match, against their text bytes
-            take = ok[doc]
-            lens = lengths[take]
-            gather = np.repeat(self._starts[ids[take]] - np.cumsum(lens) + lens, lens) + np.arange(int(lens.sum()))
-            spelled = self._bytes[gather]
-            text_bytes = np.frombuffer(b"".join(e for e, good in zip(encoded, ok, strict=True) if good), dtype=np.uint8)
+            if ok.all():
+                lens, first, text_bytes = size, before[:-1], raw
+                starts_of = self._starts[ids]
+            else:
+                take = np.repeat(ok, counts)
+                lens = size[take]
+                first = np.cumsum(lens) - lens
+                starts_of = self._starts[ids[take]]
+                text_bytes = np.frombuffer(b"".join(e for e, good in zip(encoded, ok, strict=True) if good), dtype=np.uint8)
+            spelled = self._bytes[np.repeat(starts_of - first, lens) + np.arange(len(text_bytes))]
             wrong = np.flatnonzero(spelled != text_bytes)
             if len(wrong):
                 bounds = np.cumsum(sizes[ok])
                 ok[np.flatnonzero(ok)[np.unique(np.searchsorted(bounds, wrong, side="right"))]] = False
         # every token's bytes, then characters, placed in the documents' text bytes put end to end
-        token_base = np.zeros(len(texts), dtype=np.int64)
-        np.cumsum(per_doc[:-1], out=token_base[1:])
-        text_base = np.zeros(len(texts), dtype=np.int64)
-        np.cumsum(sizes[:-1], out=text_base[1:])
-        byte_start = np.cumsum(size) - size - token_base[doc] + text_base[doc]
-        raw = np.frombuffer(b"".join(encoded), dtype=np.uint8)
-        char_base = np.zeros(len(texts), dtype=np.int64)
-        np.cumsum(np.fromiter(map(len, texts), dtype=np.int64, count=len(texts))[:-1], out=char_base[1:])
-        byte_start = np.minimum(np.maximum(byte_start, 0), len(raw))  # a mismatched document's positions are not used
-        last = np.minimum(np.maximum(byte_start + size - 1, 0), len(raw))
-        # the character of a byte (len(raw): one past the last character): its position less the UTF-8 continuation
-        # bytes up to it; these are few (or none: ASCII text), so counted by a search rather than over every byte
-        continuation = np.flatnonzero((raw & 0xC0) == 0x80)
-        if len(continuation):
-            byte_start -= np.searchsorted(continuation, byte_start, side="right")
-            last -= np.searchsorted(continuation, last, side="right")
-        starts = byte_start - char_base[doc]
-        ends = np.where(size > 0, last + 1 - char_base[doc], starts)
+        byte_start = before[:-1]
+        if not aligned.all():  # a document of other byte counts: the ones after it start where their text does
+            text_base = np.zeros(len(texts), dtype=np.int64)
+            np.cumsum(sizes[:-1], out=text_base[1:])
+            byte_start = np.minimum(np.maximum(byte_start + np.repeat(text_base - before[offsets[:-1]], counts), 0), len(raw))
+        if all(map(str.isascii, texts)) and aligned.all():  # a character per byte
+            starts = byte_start - np.repeat(before[offsets[:-1]], counts)
+            ends = starts + size
+        else:
+            char_base = np.zeros(len(texts), dtype=np.int64)
+            np.cumsum(np.fromiter(map(len, texts), dtype=np.int64, count=len(texts))[:-1], out=char_base[1:])
+            last = np.minimum(np.maximum(byte_start + size - 1, 0), len(raw))
+            # the character of a byte (len(raw): one past the last character): its position less the UTF-8
+            # continuation bytes up to it; these are few (or none: ASCII text), so counted by a search rather than
+            # over every byte
+            continuation = np.flatnonzero((raw & 0xC0) == 0x80)
+            if len(continuation):
+                byte_start = byte_start - np.searchsorted(continuation, byte_start, side="right")
+                last = last - np.searchsorted(continuation, last, side="right")
+            base = np.repeat(char_base, counts)
+            starts = byte_start - base
+            ends = np.where(size > 0, last + 1 - base, starts)
         return [
             (starts[offsets[d] : offsets[d + 1]], ends[offsets[d] : offsets[d + 1]]) if good else None
             for d, good in enumerate(ok.tolist())
