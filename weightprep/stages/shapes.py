@@ -326,10 +326,11 @@ def _sharegpt(obj: dict, key: str) -> dict | Invalid:
 
 
 def _needs_work(m: Any) -> bool:
-    return isinstance(m, dict) and (
-        isinstance(m.get("content"), list) or any(_weight_key(k) for k in m.keys() - _PLAIN_KEYS)
-        or m.get("weight", 0) is None
-    )  # fmt: skip
+    if not isinstance(m, dict):
+        return False
+    if isinstance(m.get("content"), list) or m.get("weight", 0) is None:
+        return True
+    return any(k not in _PLAIN_KEYS and _weight_key(k) for k in m)  # (no set made: a message has few keys)
 
 
 #: a message's keys that are not weight-like, or the canonical weight itself (``_needs_work`` asks about the others)
