@@ -215,6 +215,23 @@ def test_zero_length_tokens_span_nothing_where_they_stand():
     assert _one(spans, ["", ""], [[0], []]) == [[(0, 0)], []]
 
 
+@pytest.mark.parametrize("text", ["ab", "a東"])  # ASCII only (a character per byte), or not
+def test_one_run_of_holes_empty_tokens_and_wrong_byte_counts_keeps_each_document_its_own(text):
+    """One run of documents of every kind (``_run``): a hole (id 3) and an id past the vocabulary (None), a token
+    of no bytes (an empty span), ids of more and of fewer bytes than the text (None), ids of as many bytes that
+    spell another text (None), and plain ones before and after each, which keep exact spans wherever they stand."""
+    spans = TokenSpans(_word_level({"": 0, "a": 1, "b": 2, "æĿ±": 4, "bb": 5}))
+    second = 2 if text == "ab" else 4
+    plain = [1, second]
+    exact = [(0, 1), (1, 2)]
+    texts = [text, text, text, text, text, text, text, text, text, text, text]
+    docs = [plain, [1, 3, second], plain, [1, 0, second], [1, 9, second], plain, [1, 5], [1], plain,
+            [2, 1] if text == "ab" else [1, 1, 1, 1], plain]  # fmt: skip
+    found = _one(spans, texts, docs)
+    assert found == [exact, None, exact, [(0, 1), (1, 1), (1, 2)], None, exact, None, None, exact, None, exact]
+    assert _one(spans, texts[:1] + [text + "!"] + texts[:1], [plain, plain, plain]) == [exact, None, exact]
+
+
 def test_a_byte_fallback_lookalike_is_its_own_text_without_byte_fallback():
     """"<0x41>" is the byte "A" only where the model falls back to bytes; a WordLevel model has no byte_fallback."""
     spans = TokenSpans(_word_level({"<0x41>": 0, "▁x": 1}, decoder="sentencepiece"))

@@ -241,6 +241,17 @@ EQUIVALENT: dict[str, str] = {
         'every use of a length is `< 0` or np.maximum(., 0): -2 and -1 agree',
     "stages/spans.py:TokenSpans._run:int+1:lengths = np.full(len(ids), -1, dtype=np.int64)":
         'every use of a length is `< 0` or np.maximum(., 0): -2 and -1 agree',
+    "stages/spans.py:TokenSpans._run:compare0:if len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= len(self._lengths)):":
+        "the masked lookup then runs for id 0 too: with every id in the vocabulary it gives the plain lookup's lengths",
+    "stages/spans.py:TokenSpans._run:int+1:if len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= len(self._lengths)):":
+        "the masked lookup then runs for id 0 too: with every id in the vocabulary it gives the plain lookup's lengths",
+    "stages/spans.py:TokenSpans._run:int+1:holes = len(lengths) > 0 and int(lengths.min()) < 0":
+        "a single token without bytes: its document's byte sum is -1, never a text's size, so it is None either way; "
+        "the others have no token",
+    "stages/spans.py:TokenSpans._run:compare0:holes = len(lengths) > 0 and int(lengths.min()) < 0#1":
+        "a zero-length token then counts as a possible hole: np.maximum(lengths, 0) is lengths, and no length is < 0",
+    "stages/spans.py:TokenSpans._run:int+1:holes = len(lengths) > 0 and int(lengths.min()) < 0#1":
+        "a zero-length token then counts as a possible hole: np.maximum(lengths, 0) is lengths, and no length is < 0",
     "stages/spans.py:TokenSpans._run:bool:text_bytes = np.frombuffer(b''.join((e for e, good in zip(encoded, ok, strict=True) if good)), dt...":
         'encoded and ok both have len(texts) entries: strict never raises',
     "distribute/merge.py:_ranges:bool:out.extend(zip(part.segments, result['inputs'], index, result['rejects_files'], strict=True))":
