@@ -950,3 +950,26 @@ def test_a_warm_state_is_the_one_its_job_uses(tmp_path, monkeypatch):
     bad = config_from_dict({"tokenizer": {"name": str(tmp_path / "no-such-tokenizer")}})
     job_module.Warmup(bad, "warm-bad")(None)
     assert "warm-bad" not in job_module._WORKERS
+
+
+def test_a_build_whose_driver_is_a_worker_runs_parts_with_its_own_tokenizer(tmp_path, reference, monkeypatch):
+    """``LocalExecutor(driver=True)`` (the command line's): one process fewer; the parts run here use the tokenizer
+    the build loaded (a second load in this process would fail), and the bytes are the serial build's."""
+    from weightprep.distribute import job as job_module
+
+    ran_here: list[int] = []
+    call = job_module.PartJob._call
+
+    def noted(self: Any, part: Any, progress: Any) -> Any:
+        ran_here.append(part.index)
+        return call(self, part, progress)
+
+    def no_second_load(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("the job loaded a tokenizer of its own")
+
+    monkeypatch.setattr(job_module.PartJob, "_call", noted)
+    monkeypatch.setattr(job_module, "load_tokenizer", no_second_load)  # in this process: the pool's loads its own
+    executor = _Watched(2, driver=True)
+    build([str(SAMPLE_RAW)], tmp_path / "out", _cfg(), executor=executor)
+    assert _digests(tmp_path / "out") == reference
+    assert len(executor.warmed) == 1 and ran_here and len(ran_here) < 6

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import time
+from collections import Counter
+from pathlib import Path
 
 import pytest
 from split_support import DyingJob, MarkingWarmup, RecordingJob, index_task
@@ -421,3 +423,77 @@ def test_each_executor_name_makes_its_executor_and_an_unknown_one_is_refused():
     assert type(executors.make_executor("serial")) is SerialExecutor
     with pytest.raises(UsageError, match="unknown executor 'dask'"):
         executors.make_executor("dask")
+
+
+class _Slow(RecordingJob):
+    """A RecordingJob whose part ``index`` runs until its progress call raises (a part of many blocks), noting in
+    ``marks`` that it started and how it ended; ``fail``: raises ValueError instead."""
+
+    def __init__(self, marks: str, index: int, fail: bool = False, options: dict | None = None) -> None:
+        super().__init__(options)
+        self.marks, self.index, self.fail = marks, index, fail
+
+    def with_options(self, **changes):
+        return _Slow(self.marks, self.index, self.fail, {**self.options, **changes})
+
+    def __call__(self, part, progress=None):
+        if part.index == self.index:
+            if self.fail:
+                raise ValueError(f"part {part.index} cannot be read")
+            Path(self.marks, "started").touch()
+            try:
+                for _ in range(6000):
+                    progress(0, Counter())
+                    time.sleep(0.01)
+            except BaseException as exc:
+                Path(self.marks, "stopped").write_text(type(exc).__name__)
+                raise
+        return super().__call__(part, progress)
+
+
+def test_with_driver_this_process_is_one_of_the_workers(monkeypatch):
+    """``driver=True``: a pool of one process fewer, the threads shared by all the workers, and parts run here
+    too, each once, with the map's options."""
+    monkeypatch.setattr(executors, "_cpus", lambda: 4)
+    executor = LocalExecutor(2, driver=True)
+    assert executor.in_driver(5) and not executor.in_process(5) and not LocalExecutor(2).in_driver(5)
+    with executor.start(RecordingJob(), 5):
+        assert (executor._processes, executor.job.options) == (1, {"threads": 2})
+        results = list(executor.map(_parts(5), cut=4))
+        tasks = list(executor.map(_parts(3), task=index_task))
+    assert sorted(r["index"] for r in results) == [0, 1, 2, 3, 4]
+    pids = {r["pid"] for r in results}
+    assert os.getpid() in pids and len(pids) == 2  # here and in the pool's one process
+    assert all(r["options"] == {"threads": 2, "cut": 4} for r in results)
+    assert sorted(r["index"] for r in tasks) == [0, 1, 2] and os.getpid() not in {r["pid"] for r in tasks}
+
+
+def test_a_map_left_early_stops_the_part_running_here_at_its_next_block(tmp_path):
+    """The pool's part finishes first; leaving the map then kills the pool and stops the part running here at its
+    next progress call, waited for: no part keeps running once the map is closed."""
+    import threading
+
+    executor = LocalExecutor(2, driver=True)
+    with executor.start(_Slow(str(tmp_path), 1), 2):
+        stream = executor.map(_parts(2))
+        first = next(stream)
+        assert first["index"] == 0 and first["pid"] != os.getpid()
+        assert (tmp_path / "started").exists()
+        started = time.monotonic()
+        stream.close()
+        assert time.monotonic() - started < 30
+        assert (tmp_path / "stopped").read_text() == "_Stopped"
+        assert not [t for t in threading.enumerate() if t.name.startswith("weightprep-part")]
+        assert executor._pool is None
+
+
+def test_a_part_that_fails_here_fails_the_map():
+    executor = LocalExecutor(2, driver=True)
+    with executor.start(_Slow("", 1, fail=True), 2), pytest.raises(ValueError, match="part 1 cannot be read"):
+        list(executor.map(_parts(2)))
+    assert executor._pool is None
+
+
+def test_the_command_lines_local_executor_runs_parts_in_the_driver_too():
+    executor = executors.make_executor("local", 3)
+    assert isinstance(executor, LocalExecutor) and executor.driver and executor.workers == 3

@@ -322,3 +322,22 @@ def test_a_conversation_is_a_record_built_through_the_chat_template(record, colu
     from weightprep.stages.shapes import is_conversation
 
     assert is_conversation(record, parse_columns(columns)) is conversation
+
+
+@pytest.mark.parametrize(
+    "message",
+    [{"role": "user", "content": "hi", "name": "ann", "tool_call_id": "7"}, {"role": "user", "content": "hi", "weight": 1},
+     "not a message", None],
+)  # fmt: skip
+def test_messages_with_nothing_to_convert_are_the_records_own(message):
+    """A conversation whose messages hold no content parts and no other tool's weight key is the record's own list,
+    not a copy (other keys such as ``name`` are no weights); a message that is not an object is left to validation
+    to refuse."""
+    from weightprep.stages.shapes import to_canonical
+
+    messages = [message, {"role": "assistant", "content": "yes", "weight": 2.0}]
+    record = to_canonical({"messages": messages})
+    assert record["messages"] is messages
+    if not isinstance(message, dict):
+        _, problem = check_line(json.dumps({"messages": messages}).encode())
+        assert (problem.field, problem.reason) == ("messages[0]", "wrong_type")

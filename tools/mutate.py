@@ -241,6 +241,10 @@ EQUIVALENT: dict[str, str] = {
         'every use of a length is `< 0` or np.maximum(., 0): -2 and -1 agree',
     "stages/spans.py:TokenSpans._run:int+1:lengths = np.full(len(ids), -1, dtype=np.int64)":
         'every use of a length is `< 0` or np.maximum(., 0): -2 and -1 agree',
+    "stages/shapes.py:_needs_work:return_none:return False":
+        "None is as false as False for every caller (`any`, `not`)",
+    "stages/shapes.py:_needs_work:int+1:if isinstance(m.get('content'), list) or m.get('weight', 0) is None:":
+        "the default only stands in for a missing weight: 0 and 1 are both not None",
     "stages/spans.py:TokenSpans._run:compare0:if len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= len(self._lengths)):":
         "the masked lookup then runs for id 0 too: with every id in the vocabulary it gives the plain lookup's lengths",
     "stages/spans.py:TokenSpans._run:int+1:if len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= len(self._lengths)):":

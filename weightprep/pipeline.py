@@ -162,11 +162,12 @@ def _build(
         names = [parse_columns(s.columns if s.columns is not None else cfg.read.columns) for s in sources]
         parts = plan_mixed(by_source, cfg.read.part_bytes, by, exact=exact, columns=names)
     in_process = executor.in_process(len(parts))
+    here = executor.in_driver(len(parts))  # this process runs parts too (all of them where in_process)
     prefetch = None
     if tokenizer is None:
         tok_file = Path(tokenizer_location(cfg.tokenizer.name)) / "tokenizer.json"
         started = early.take(tok_file)  # the command line's, begun before the build's imports
-        if in_process and cfg.tokenizer.backend != "hf" and not cfg.tokenizer.trust_remote_code:
+        if here and cfg.tokenizer.backend != "hf" and not cfg.tokenizer.trust_remote_code:
             if started is None and tok_file.is_file():  # fastokens loads while the tokenizer itself does
                 started = early.FastokensPrefetch(tok_file)
             prefetch = started  # else the workers load their own, and a load begun here ends unused
@@ -197,7 +198,7 @@ def _build(
         # workers load the tokenizer themselves if None; they open the input objects with the metadata listed here
         job = PartJob(cfg, tokenizer, output.work_dir, sources=sources, known=storage.known_metadata(inputs),
                       worker_key=warmup.key if warmup is not None else None)
-    if in_process:  # this process is the worker: it keeps the tokenizer it loaded (and the early fastokens load)
+    if here:  # this process is a worker: it keeps the tokenizer it loaded (and the early fastokens load)
         job.adopt(tok, prefetch)
     try:
         with executor.start(job, len(parts)):  # one pool (or Ray cluster) for both passes
@@ -271,7 +272,7 @@ def _build(
         job.discard_unfinished()
         raise
     finally:
-        if in_process:
+        if here:
             job.release()
 
 

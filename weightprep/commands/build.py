@@ -247,10 +247,10 @@ def _sources(inputs: tuple[str, ...], specs: tuple[str, ...], pipeline_file: str
     type=click.Choice(["local", "ray", "serial"]),
     default="local",
     show_default=True,
-    help="Who runs the input parts: local worker processes, Ray actors (pip install 'weightprep[ray]'), or this "
-    "process alone. The output does not depend on it.",
+    help="Who runs the input parts: local workers (this process and worker processes), Ray actors (pip install "
+    "'weightprep[ray]'), or this process alone. The output does not depend on it.",
 )
-@click.option("--workers", type=click.IntRange(min=1), help="Worker processes / Ray actors (default: one per core).")
+@click.option("--workers", type=click.IntRange(min=1), help="Local workers, this process one of them, or Ray actors (default: one per core).")
 @click.option("--ray-address", help="Ray cluster to run on (default: RAY_ADDRESS; none: a local Ray cluster).")
 @click.option("--part-bytes", type=click.IntRange(min=1), help="Cut plain JSONL files into parts of about this size [read.part_bytes, 256 MiB].")
 @click.option("--split-bytes", type=click.IntRange(min=1), hidden=True, help="Deprecated: --part-bytes.")

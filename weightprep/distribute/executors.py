@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -52,8 +53,13 @@ class Executor:
     job: Any = None
 
     def in_process(self, n_parts: int) -> bool:
-        """Whether ``n_parts`` parts run in this process (then the build hands its own tokenizer to the job)."""
+        """Whether all ``n_parts`` parts run in this process."""
         return False
+
+    def in_driver(self, n_parts: int) -> bool:
+        """Whether some of ``n_parts`` parts run in this process (then the build hands its own tokenizer to the
+        job)."""
+        return self.in_process(n_parts)
 
     def warm(self, warmup: Callable[[int | None], None], n_parts: int) -> None:
         """Start the workers for up to ``n_parts`` parts before their job is known, each calling ``warmup(threads)``
@@ -109,42 +115,55 @@ class LocalExecutor(Executor):
     """A process pool of ``workers`` processes (default: one per core, at most one per part), started at the
     build's first map (or by ``warm``, while the driver loads its tokenizer) and kept for its later ones. The
     job reaches each process through a queue, read at its first part: a pool that ``warm`` started before the
-    job was known runs it as one started with it."""
+    job was known runs it as one started with it.
 
-    def __init__(self, workers: int | None = None) -> None:
+    ``driver=True`` (the command line's): this process is one of the workers, running parts in a thread beside
+    a pool of one process fewer, with the tokenizer it loaded (``in_driver``; the build adopts it into the job):
+    no process started, no tokenizer loaded for that worker. Parts are handed out one at a time, in order, to
+    whichever worker is free; a map left before its end stops the part running here at its next block (its
+    progress call raises ``_Stopped``) and waits for that. Other tasks (``KeyPass``) run on the pool only."""
+
+    def __init__(self, workers: int | None = None, *, driver: bool = False) -> None:
         self.workers = workers
+        self.driver = driver
         self._serial: SerialExecutor | None = None
         self._pool: Any = None
         self._jobs: Any = None  # the running pool's queue of the job, one copy per process
-        self._processes = 1
+        self._generation = 0  # counts the pools stopped: a part's pool is the running one while it is the same
+        self._processes = 1  # the pool's processes
         self._warmup: Callable[[int | None], None] | None = None
 
     def _size(self, n_parts: int) -> int:
+        """Workers (this process among them with ``driver``)."""
         return max(1, min(self.workers or _cpus(), n_parts))
 
     def _threads(self) -> int:
-        return max(1, _cpus() // self._processes)
+        return max(1, _cpus() // (self._processes + self.driver))
 
     def in_process(self, n_parts: int) -> bool:
         return self._size(n_parts) == 1
+
+    def in_driver(self, n_parts: int) -> bool:
+        return self.driver or self.in_process(n_parts)
 
     def warm(self, warmup: Callable[[int | None], None], n_parts: int) -> None:
         self.close()
         if self.in_process(n_parts):
             return
-        self._processes, self._warmup = self._size(n_parts), warmup
+        self._processes, self._warmup = self._size(n_parts) - self.driver, warmup
         pool = self._running_pool()
         for _ in range(self._processes):  # a process per call while none is idle: all of them, now
             pool.submit(os.getpid)
 
     def start(self, job: Any, n_parts: int) -> LocalExecutor:
-        warmed = self._pool is not None and self._warmup is not None and self._processes == self._size(n_parts)
+        processes = self._size(n_parts) - self.driver
+        warmed = self._pool is not None and self._warmup is not None and self._processes == processes
         if not warmed:
             self.close()
         if self.in_process(n_parts):
             self._serial = SerialExecutor().start(job, n_parts)
             return self
-        self._processes = self._size(n_parts)
+        self._processes = processes
         self.job = job.with_options(threads=self._threads())
         if warmed:
             self._send_job()
@@ -175,6 +194,7 @@ class LocalExecutor(Executor):
         pool, jobs, self._pool, self._jobs = self._pool, self._jobs, None, None
         if pool is None:
             return
+        self._generation += 1
         if terminate:
             if hasattr(pool, "terminate_workers"):  # Python 3.14
                 pool.terminate_workers()
@@ -191,39 +211,80 @@ class LocalExecutor(Executor):
         if self._serial is not None:
             yield from self._serial.map(parts, progress, task, **options)
             return
+        from collections import deque
         from concurrent.futures import FIRST_COMPLETED, wait
         from concurrent.futures.process import BrokenProcessPool
 
-        todo = {s.index: s for s in parts}
+        waiting = deque(parts)
+        here = self.driver and task is None
+        running: dict[Any, tuple[InputPart, int | None]] = {}  # future -> its part and its pool (None: here)
+        stop = threading.Event()
+        breaks = 0
         try:
-            for attempt in range(RETRIES + 1):
-                futures = {self._running_pool().submit(_run_local, s, task, options): s.index for s in todo.values()}
-                while futures:
-                    done, _ = wait(futures, return_when=FIRST_COMPLETED)
-                    for f in done:
-                        index = futures.pop(f)
-                        try:
-                            result = f.result()
-                        except BrokenProcessPool:
-                            if attempt == RETRIES:
+            while waiting or running:
+                in_pool = sum(1 for _, pool in running.values() if pool is not None)
+                while waiting and in_pool < self._processes:
+                    part = waiting.popleft()
+                    future = self._running_pool().submit(_run_local, part, task, options)
+                    running[future] = (part, self._generation)
+                    in_pool += 1
+                if here and waiting and all(pool is not None for _, pool in running.values()):
+                    part = waiting.popleft()
+                    running[_run_here(self.job.with_options(**options) if options else self.job, part, stop)] = (part, None)
+                done, _ = wait(running, return_when=FIRST_COMPLETED)
+                for future in sorted(done, key=lambda f: running[f][0].index):
+                    part, pool = running.pop(future)
+                    try:
+                        result = future.result()
+                    except BrokenProcessPool:  # its process died: the part runs again, on a new pool
+                        waiting.appendleft(part)
+                        if pool == self._generation:  # the first of this pool's parts to tell
+                            breaks += 1
+                            if breaks > RETRIES:
                                 raise UsageError(
                                     f"a worker process died {RETRIES + 1} times running the parts; see its error above, "
                                     "or lower --workers if it ran out of memory"
                                 ) from None
-                            continue
-                        del todo[index]
-                        yield result
-                if not todo:
-                    return
-                self._stop()  # a worker died and broke the pool: the parts it did not finish run on a new one
+                            self._stop()
+                        continue
+                    yield result
         finally:
-            if todo:  # left before its end: the parts still running are not waited for
+            if running:  # left before its end: the parts still running are not waited for, but the one here
+                stop.set()
                 self._stop(terminate=True)
+                wait([f for f, (_, pool) in running.items() if pool is None])
 
     def close(self) -> None:
         self._stop()
         self._serial = None
         self.job = self._warmup = None
+
+
+class _Stopped(BaseException):
+    """Raised in the part that runs in the driver's thread, at its next block, when its map was left."""
+
+
+def _run_here(job: Any, part: InputPart, stop: threading.Event) -> Any:
+    """``job(part)`` in a thread of this process (``LocalExecutor(driver=True)``): its future."""
+    from concurrent.futures import Future
+
+    future: Future = Future()
+    future.set_running_or_notify_cancel()
+
+    def check(consumed: int, counts: Counter) -> None:
+        if stop.is_set():
+            raise _Stopped
+
+    def run() -> None:
+        try:
+            result = job(part, check)
+        except BaseException as exc:  # noqa: BLE001 (the map raises it, or has been left)
+            future.set_exception(exc)
+        else:
+            future.set_result(result)
+
+    threading.Thread(target=run, name=f"weightprep-part-{part.index:05d}", daemon=True).start()
+    return future
 
 
 _LOCAL_JOB: Any = None
@@ -357,7 +418,7 @@ def make_executor(name: str, workers: int | None = None, ray_address: str | None
     if name == "serial":
         return SerialExecutor()
     if name == "local":
-        return LocalExecutor(workers)
+        return LocalExecutor(workers, driver=True)
     if name == "ray":
         return RayExecutor(workers, ray_address)
     raise UsageError(f"unknown executor {name!r}: expected local, ray or serial")
