@@ -671,6 +671,37 @@ def test_conversations_rejected_while_rendering_leave_no_trace_in_the_rows(tmp_p
     assert written(tmp_path / "a") == written(tmp_path / "b")
 
 
+@pytest.mark.parametrize("render_bytes", [1, 150, 1 << 30])
+def test_conversations_rendered_in_batches_write_the_same_files(tmp_path, monkeypatch, render_bytes):
+    """``render_chats`` renders a block's conversations in batches of about ``RENDER_BYTES`` of input: one at a
+    time, a few, or the whole block at once write the same shards, turns and rejects (their lines included)."""
+    from weightprep.stages import chat as chat_stage
+
+    tok_dir = _save(chat_tokenizer("chatml"), tmp_path / "tok")
+    good = [{"messages": [{"role": "user", "content": f"Hi {i}"}, {"role": "assistant", "content": "Yo " * i, "weight": i % 3}]}
+            for i in range(1, 9)]  # fmt: skip
+    bad = {"messages": [{"role": "user", "content": "<|im_start|>x"}, {"role": "assistant", "content": "y"}]}
+    lines = [good[0], {"pieces": [{"text": "some text", "weight": 1}]}, *good[1:4], bad, *good[4:7], bad, good[7]]
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    cfg = config_from_dict({"tokenizer": {"name": str(tok_dir)}, "pack": {"seq_len": 256}, "validate": {"on_invalid": "skip"}})
+    build([str(tmp_path / "in.jsonl")], tmp_path / "whole", cfg)
+    calls: list[int] = []
+    batch = chat_stage.ChatRenderer.tokens_batch
+
+    def counted(self, chats, where=None):
+        calls.append(len(chats))
+        return batch(self, chats, where)
+
+    monkeypatch.setattr(chat_stage.ChatRenderer, "tokens_batch", counted)
+    monkeypatch.setattr(chat_stage, "RENDER_BYTES", render_bytes)
+    build([str(tmp_path / "in.jsonl")], tmp_path / "batched", cfg)
+    assert sum(calls) == 10
+    assert len(calls) == {1: 10, 150: 5, 1 << 30: 1}[render_bytes]
+    files = sorted(p.name for p in (tmp_path / "whole").iterdir() if p.name != MANIFEST_NAME and p.name != "state.json")
+    assert "rejects.jsonl" in files and "chat_turns.jsonl" in files
+    assert all((tmp_path / "whole" / f).read_bytes() == (tmp_path / "batched" / f).read_bytes() for f in files)
+
+
 @pytest.mark.parametrize("where", ["first", "middle", "last"])
 def test_a_conversation_rendered_as_nothing_is_an_empty_document_counted_and_dropped(tmp_path, where):
     """A template may render a conversation as no text at all (here: only assistant contents, and an empty one). Its

@@ -497,3 +497,29 @@ def test_a_part_that_fails_here_fails_the_map():
 def test_the_command_lines_local_executor_runs_parts_in_the_driver_too():
     executor = executors.make_executor("local", 3)
     assert isinstance(executor, LocalExecutor) and executor.driver and executor.workers == 3
+
+
+class _SlowElsewhere(RecordingJob):
+    """A RecordingJob that takes a second in any process but ``here``'s."""
+
+    def __init__(self, here: int, options: dict | None = None) -> None:
+        super().__init__(options)
+        self.here = here
+
+    def with_options(self, **changes):
+        return _SlowElsewhere(self.here, {**self.options, **changes})
+
+    def __call__(self, part, progress=None):
+        if os.getpid() != self.here:
+            time.sleep(1.0)
+        return super().__call__(part, progress)
+
+
+def test_parts_wait_for_a_free_worker_rather_than_behind_a_busy_process():
+    """Parts are handed out one at a time: while the pool's one process is busy with its part, this process, free,
+    runs every other part (none is queued behind the busy one)."""
+    executor = LocalExecutor(2, driver=True)
+    with executor.start(_SlowElsewhere(os.getpid()), 5):
+        results = list(executor.map(_parts(5)))
+    where = {r["index"]: r["pid"] == os.getpid() for r in results}
+    assert where == {0: False, 1: True, 2: True, 3: True, 4: True}

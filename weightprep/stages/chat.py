@@ -113,6 +113,10 @@ _MARKS = re.compile("[\U000f0000\U000f0001]")
 _GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%\}")
 #: characters per run of documents that ``_align_exact`` aligns in one call
 _ALIGN_CHARS = 1 << 16
+#: input bytes of the conversations that ``render_chats`` renders in one ``tokens_batch`` call: a rendered
+#: conversation holds ~10 bytes a character until its tokens are aligned (its text, a float32 weight and an int32
+#: turn per character), ~60 MB for a block of 8 MiB rendered at once
+RENDER_BYTES = 2 << 20
 _PROBES = ("\ue000weightprep-probe-a\ue000", "\ue001weightprep-probe-b\ue001")
 
 
@@ -930,11 +934,20 @@ def render_chats(records: Records, render: ChatRenderer, rejects: list[Reject]) 
     if records.chats is None:
         return records
     todo = [r for r, chat in enumerate(records.chats) if isinstance(chat, Chat)]
-    located = render.tokens_batch(
-        [records.chats[r] for r in todo],  # type: ignore[misc]
-        lambda c: (records.path, int(records.lines[todo[c]])),
-    )
-    results = dict(zip(todo, located, strict=True))
+    results: dict[int, ChatTokens | ChatError] = {}
+    a = 0
+    while a < len(todo):  # in batches of about RENDER_BYTES of input, each aligned before the next is rendered
+        b, held = a, 0
+        while b < len(todo) and (b == a or held < RENDER_BYTES):
+            held += len(records.chats[todo[b]].raw) or 1  # type: ignore[union-attr]
+            b += 1
+        batch = todo[a:b]
+        located = render.tokens_batch(
+            [records.chats[r] for r in batch],  # type: ignore[misc]
+            lambda c, batch=batch: (records.path, int(records.lines[batch[c]])),  # type: ignore[misc]
+        )
+        results.update(zip(batch, located, strict=True))
+        a = b
     chats: list[Any] = []
     keep = np.ones(len(records), dtype=bool)
     for r, chat in enumerate(records.chats):
