@@ -255,6 +255,31 @@ def test_the_guard_samples_every_block_deterministically():
     assert {"w0", "w999"} <= {t for s in first for t in s}  # both ends of the block
 
 
+@pytest.mark.parametrize("n", [5, 16, 300])
+def test_the_guard_samples_every_call_of_documents_deterministically(n):
+    """Rendered conversations (``documents``): ``GUARD_DOCUMENTS`` a call, evenly spaced, both ends included, all of
+    them where there are fewer; the same ones again for the same call."""
+    from weightprep.stages import tokenize as stage
+
+    tok = PieceTokenizer(sentencepiece_legacy(), backend="fastokens")
+    assert tok.backend == "fastokens"
+    seen: list[list[str]] = []
+    ref_start = tok.reference[0]
+
+    def spy(texts):
+        seen.append(list(texts))
+        return ref_start(texts)
+
+    tok.reference = (spy, tok.reference[1])
+    texts = [f"document {i} " * 3 for i in range(n)]
+    ids, offsets = tok.documents(texts, lambda d: ("x", d, "messages"))
+    assert len(offsets) == n + 1
+    first = [list(s) for s in seen]
+    tok.documents(texts, lambda d: ("x", d, "messages"))
+    assert seen == first + first and len(first) == 1
+    assert len(first[0]) == min(n, stage.GUARD_DOCUMENTS) and {texts[0], texts[-1]} <= set(first[0])
+
+
 @settings(max_examples=100, deadline=None)
 @given(lengths=st.lists(st.integers(0, 4), max_size=30), data=st.data())
 def test_interleave_puts_pieces_back_in_order(lengths, data):

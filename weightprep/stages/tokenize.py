@@ -43,7 +43,7 @@ from weightprep.errors import BackendMismatch, UsageError
 from weightprep.prefetch import FastokensPrefetch
 
 __all__ = [
-    "AGREEMENT_PROBES", "BACKENDS", "GUARD_PIECES", "PieceTokenizer", "continuation_spec",
+    "AGREEMENT_PROBES", "BACKENDS", "GUARD_DOCUMENTS", "GUARD_PIECES", "PieceTokenizer", "continuation_spec",
     "document_starts",
 ]
 
@@ -135,6 +135,10 @@ AGREEMENT_PROBES: tuple[str, ...] = (
 )
 #: Pieces per block that the guard re-encodes with tokenizers when fastokens runs.
 GUARD_PIECES = 64
+#: Documents (rendered conversations, hundreds of tokens each) per ``documents`` call that the guard re-encodes:
+#: the chat stage's calls are batches of ~2 MiB of input (``chat.RENDER_BYTES``), so 16 a call is about the
+#: pieces' 64 per 8 MiB block.
+GUARD_DOCUMENTS = 16
 BACKENDS = ("auto", "fastokens", "hf")
 
 
@@ -347,7 +351,7 @@ class PieceTokenizer:
         start = self.encoders[0]
         ids, offsets = start(texts)
         if self.encoders is not self.reference:
-            self._compare(texts, _sample(len(texts)), self.reference[0], ids, offsets, where)
+            self._compare(texts, _sample(len(texts), GUARD_DOCUMENTS), self.reference[0], ids, offsets, where)
         return ids, offsets
 
     def _guard(self, records: Records, ids: np.ndarray, offsets: np.ndarray, is_start: np.ndarray | None) -> None:
@@ -382,9 +386,9 @@ class PieceTokenizer:
                 )  # fmt: skip
 
 
-def _sample(n: int) -> np.ndarray:
-    """The guard's deterministic sample of ``n`` texts: ``GUARD_PIECES`` evenly spaced (all of them if fewer)."""
-    return np.unique(np.linspace(0, n - 1, num=min(n, GUARD_PIECES)).astype(np.int64)) if n else np.zeros(0, np.int64)
+def _sample(n: int, k: int = GUARD_PIECES) -> np.ndarray:
+    """The guard's deterministic sample of ``n`` texts: ``k`` evenly spaced (all of them if fewer)."""
+    return np.unique(np.linspace(0, n - 1, num=min(n, k)).astype(np.int64)) if n else np.zeros(0, np.int64)
 
 
 def _split(ids: np.ndarray, offsets: np.ndarray) -> list[np.ndarray]:
