@@ -260,6 +260,9 @@ EQUIVALENT: dict[str, str] = {
         'encoded and ok both have len(texts) entries: strict never raises',
     "distribute/merge.py:_ranges:bool:out.extend(zip(part.segments, result['inputs'], index, result['rejects_files'], strict=True))":
         "a mixed part's job returns one input record and one rejects entry per segment: strict changes nothing",
+    "distribute/executors.py:_run_here:bool:threading.Thread(target=run, name=f'weightprep-part-{part.index:05d}', daemon=True).start()":
+        "daemon decides only whether the interpreter may exit while the part still runs (the map's final wait cut "
+        "short by a second Ctrl-C): no in-process test ends its interpreter",
     "distribute/executors.py:LocalExecutor._stop:drop:pool.terminate_workers()":
         "Python 3.14's branch (hasattr(pool, 'terminate_workers')): never run on the 3.11 that CI and this machine run",
     "distribute/executors.py:LocalExecutor._stop:bool:pool.shutdown(wait=True, cancel_futures=True)#1":

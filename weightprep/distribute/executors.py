@@ -268,8 +268,7 @@ def _run_here(job: Any, part: InputPart, stop: threading.Event) -> Any:
     """``job(part)`` in a thread of this process (``LocalExecutor(driver=True)``): its future."""
     from concurrent.futures import Future
 
-    future: Future = Future()
-    future.set_running_or_notify_cancel()
+    future: Future = Future()  # (nothing cancels it: the map waits for it, or stops its part)
 
     def check(consumed: int, counts: Counter) -> None:
         if stop.is_set():
