@@ -524,3 +524,21 @@ def test_parts_wait_for_a_free_worker_rather_than_behind_a_busy_process(workers)
         results = list(executor.map(_parts(6)))
     here = {r["index"] for r in results if r["pid"] == os.getpid()}
     assert here == set(range(workers - 1, 6))  # the pool's processes took the first ones, one each
+
+
+def test_warm_stops_the_pool_of_an_earlier_build(tmp_path):
+    """An executor used again (the Python API): ``warm`` stops the last build's processes and warms new ones."""
+    executor = LocalExecutor(2)
+    with executor.start(RecordingJob(), 2):
+        first = {r["pid"] for r in executor.map(_parts(2))}
+    executor.start(RecordingJob(), 2)
+    assert {r["pid"] for r in executor.map(_parts(2))}  # a running pool, then warm
+    running = set(executor._pool._processes)
+    executor.warm(MarkingWarmup(str(tmp_path)), 2)
+    warmed = _marks(tmp_path, 2)
+    assert len(warmed) == 2 and not set(warmed) & (first | running)
+    for pid in running:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    with executor.start(RecordingJob(), 2):
+        assert {r["pid"] for r in executor.map(_parts(2))} <= set(warmed)

@@ -2,8 +2,9 @@
 
 - ``SerialExecutor``: every part in this process, one after the other (the tokenizer and fastokens still use
   every core).
-- ``LocalExecutor`` (the default): a pool of worker processes on this machine, one part at a time each; a
-  single part, or ``--workers 1``, runs in this process like ``SerialExecutor``. A worker that dies (killed,
+- ``LocalExecutor`` (the default): a pool of worker processes on this machine, one part at a time each, and on
+  the command line this process too (``driver=True``); a single part, or ``--workers 1``, runs in this process
+  like ``SerialExecutor``. The pool is started while the build loads its tokenizer (``warm``). A worker that dies (killed,
   out of memory) breaks the pool: it is started again and the unfinished parts are run again, up to
   ``RETRIES`` times.
 - ``RayExecutor``: one Ray actor per worker on a Ray cluster (``--ray-address`` / ``RAY_ADDRESS``; without one, a
