@@ -542,3 +542,18 @@ def test_warm_stops_the_pool_of_an_earlier_build(tmp_path):
             os.kill(pid, 0)
     with executor.start(RecordingJob(), 2):
         assert {r["pid"] for r in executor.map(_parts(2))} <= set(warmed)
+
+
+def test_a_pool_process_runs_the_warm_up_with_its_threads_before_any_part(tmp_path, monkeypatch):
+    """``_init_local``, what a pool process runs first, called here: the warm-up gets the threads; the job is read
+    only at the first part."""
+    import queue
+
+    from split_support import WARMED
+
+    monkeypatch.delenv(WARMED, raising=False)  # restored after: the warm-up sets it in this process
+    jobs: queue.Queue = queue.Queue()
+    executors._init_local(jobs, MarkingWarmup(str(tmp_path)), 3)
+    assert (tmp_path / f"warm-{os.getpid()}").read_text() == "3" and os.environ[WARMED] == "3"
+    jobs.put(RecordingJob({"threads": 3}))
+    assert executors._run_local(_parts(1)[0], None, {})["warmed"] == "3"
