@@ -112,6 +112,13 @@ def index_task(job: RecordingJob, part: Any) -> dict[str, Any]:
     return {"index": part.index, "options": job.options, "pid": os.getpid(), "task": "index_task"}
 
 
+def slow_elsewhere_task(job: RecordingJob, part: Any) -> dict[str, Any]:
+    """``index_task`` that first takes a second in any process but the one of the job's option ``here``."""
+    if os.getpid() != job.options.get("here"):
+        time.sleep(1.0)
+    return index_task(job, part)
+
+
 class DyingJob(RecordingJob):
     """A RecordingJob whose process kills itself (SIGKILL) when it starts part ``index``, the first ``deaths`` times
     (counted by files in ``marks``, which every process sees)."""

@@ -10,7 +10,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from split_support import DyingJob, MarkingWarmup, RecordingJob, index_task
+from split_support import DyingJob, MarkingWarmup, RecordingJob, index_task, slow_elsewhere_task
 
 from weightprep.distribute import executors
 from weightprep.distribute.executors import RETRIES, Executor, LocalExecutor, RayExecutor, SerialExecutor
@@ -453,7 +453,7 @@ class _Slow(RecordingJob):
 
 def test_with_driver_this_process_is_one_of_the_workers(monkeypatch):
     """``driver=True``: a pool of one process fewer, the threads shared by all the workers, and parts run here
-    too, each once, with the map's options."""
+    too, each once, with the map's options; other tasks too."""
     monkeypatch.setattr(executors, "_cpus", lambda: 4)
     executor = LocalExecutor(2, driver=True)
     assert executor.in_driver(5) and not executor.in_process(5) and not LocalExecutor(2).in_driver(5)
@@ -465,7 +465,8 @@ def test_with_driver_this_process_is_one_of_the_workers(monkeypatch):
     pids = {r["pid"] for r in results}
     assert os.getpid() in pids and len(pids) == 2  # here and in the pool's one process
     assert all(r["options"] == {"threads": 2, "cut": 4} for r in results)
-    assert sorted(r["index"] for r in tasks) == [0, 1, 2] and os.getpid() not in {r["pid"] for r in tasks}
+    assert sorted(r["index"] for r in tasks) == [0, 1, 2] and all(r["task"] == "index_task" for r in tasks)
+    assert all(r["options"] == {"threads": 2} for r in tasks)
 
 
 def test_a_map_left_early_stops_the_part_running_here_at_its_next_block(tmp_path):
@@ -557,3 +558,13 @@ def test_a_pool_process_runs_the_warm_up_with_its_threads_before_any_part(tmp_pa
     assert (tmp_path / f"warm-{os.getpid()}").read_text() == "3" and os.environ[WARMED] == "3"
     jobs.put(RecordingJob({"threads": 3}))
     assert executors._run_local(_parts(1)[0], None, {})["warmed"] == "3"
+
+
+def test_tasks_too_run_here_while_the_pool_is_busy():
+    """Another task (``KeyPass``'s read of the parts) is handed out as parts are: this process runs every part
+    that comes while the pool's process is busy."""
+    executor = LocalExecutor(2, driver=True)
+    with executor.start(RecordingJob({"here": os.getpid()}), 4):
+        results = list(executor.map(_parts(4), task=slow_elsewhere_task))
+    assert {r["index"] for r in results if r["pid"] == os.getpid()} == {1, 2, 3}
+    assert all(r["task"] == "index_task" for r in results)

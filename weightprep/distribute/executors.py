@@ -122,7 +122,8 @@ class LocalExecutor(Executor):
     a pool of one process fewer, with the tokenizer it loaded (``in_driver``; the build adopts it into the job):
     no process started, no tokenizer loaded for that worker. Parts are handed out one at a time, in order, to
     whichever worker is free; a map left before its end stops the part running here at its next block (its
-    progress call raises ``_Stopped``) and waits for that. Other tasks (``KeyPass``) run on the pool only."""
+    progress call raises ``_Stopped``) and waits for that. Another task run here (``KeyPass``: a read of its part,
+    without progress calls) is waited for to its end."""
 
     def __init__(self, workers: int | None = None, *, driver: bool = False) -> None:
         self.workers = workers
@@ -217,7 +218,7 @@ class LocalExecutor(Executor):
         from concurrent.futures.process import BrokenProcessPool
 
         waiting = deque(parts)
-        here = self.driver and task is None
+        here = self.driver
         running: dict[Any, tuple[InputPart, int | None]] = {}  # future -> its part and its pool (None: here)
         stop = threading.Event()
         breaks = 0
@@ -231,7 +232,8 @@ class LocalExecutor(Executor):
                     in_pool += 1
                 if here and waiting and all(pool is not None for _, pool in running.values()):
                     part = waiting.popleft()
-                    running[_run_here(self.job.with_options(**options) if options else self.job, part, stop)] = (part, None)
+                    job = self.job.with_options(**options) if options else self.job
+                    running[_run_here(job, part, stop, task)] = (part, None)
                 done, _ = wait(running, return_when=FIRST_COMPLETED)
                 for future in sorted(done, key=lambda f: running[f][0].index):
                     part, pool = running.pop(future)
@@ -265,8 +267,9 @@ class _Stopped(BaseException):
     """Raised in the part that runs in the driver's thread, at its next block, when its map was left."""
 
 
-def _run_here(job: Any, part: InputPart, stop: threading.Event) -> Any:
-    """``job(part)`` in a thread of this process (``LocalExecutor(driver=True)``): its future."""
+def _run_here(job: Any, part: InputPart, stop: threading.Event, task: Task | None = None) -> Any:
+    """``job(part)`` (or ``task(job, part)``) in a thread of this process (``LocalExecutor(driver=True)``): its
+    future."""
     from concurrent.futures import Future
 
     future: Future = Future()  # (nothing cancels it: the map waits for it, or stops its part)
@@ -277,7 +280,7 @@ def _run_here(job: Any, part: InputPart, stop: threading.Event) -> Any:
 
     def run() -> None:
         try:
-            result = job(part, check)
+            result = task(job, part) if task is not None else job(part, check)
         except BaseException as exc:  # noqa: BLE001 (the map raises it, or has been left)
             future.set_exception(exc)
         else:
