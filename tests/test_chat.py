@@ -671,7 +671,7 @@ def test_conversations_rejected_while_rendering_leave_no_trace_in_the_rows(tmp_p
     assert written(tmp_path / "a") == written(tmp_path / "b")
 
 
-@pytest.mark.parametrize("render_bytes", [1, 150, "two and a byte", 1 << 30])
+@pytest.mark.parametrize("render_bytes", [1, 150, "two and a byte", "two exactly", 1 << 30])
 def test_conversations_rendered_in_batches_write_the_same_files(tmp_path, monkeypatch, render_bytes):
     """``render_chats`` renders a block's conversations in batches of about ``RENDER_BYTES`` of input: one at a
     time, a few, or the whole block at once write the same shards, turns and rejects (their lines included)."""
@@ -693,18 +693,51 @@ def test_conversations_rendered_in_batches_write_the_same_files(tmp_path, monkey
         return batch(self, chats, where)
 
     monkeypatch.setattr(chat_stage.ChatRenderer, "tokens_batch", counted)
+    two = len(json.dumps(good[0])) + len(json.dumps(good[1]))
+    expected_first = {"two and a byte": 3, "two exactly": 2}.get(render_bytes)  # type: ignore[call-overload]
     if render_bytes == "two and a byte":  # one byte short after two conversations: a third joins them
-        render_bytes = len(json.dumps(good[0])) + len(json.dumps(good[1])) + 1
+        render_bytes = two + 1
+    elif render_bytes == "two exactly":  # full after two conversations
+        render_bytes = two
     monkeypatch.setattr(chat_stage, "RENDER_BYTES", render_bytes)
     build([str(tmp_path / "in.jsonl")], tmp_path / "batched", cfg)
     assert sum(calls) == 10
-    if render_bytes in (1, 150, 1 << 30):
+    if expected_first is None:
         assert len(calls) == {1: 10, 150: 5, 1 << 30: 1}[render_bytes]
     else:
-        assert calls[0] == 3
+        assert calls[0] == expected_first
     files = sorted(p.name for p in (tmp_path / "whole").iterdir() if p.name != MANIFEST_NAME and p.name != "state.json")
     assert "rejects.jsonl" in files and "chat_turns.jsonl" in files
     assert all((tmp_path / "whole" / f).read_bytes() == (tmp_path / "batched" / f).read_bytes() for f in files)
+
+
+def test_conversations_without_their_line_count_a_byte_each_in_a_render_batch(monkeypatch):
+    """A conversation made without its input line (``raw`` empty) counts as one byte of a batch: with
+    ``RENDER_BYTES`` 2, batches of two; the results stay with their conversations."""
+    from weightprep.batches import Block, Records
+    from weightprep.stages import chat as chat_stage
+    from weightprep.stages.columns import parse_columns
+    from weightprep.stages.validate import parse_block
+
+    messages = [[{"role": "user", "content": f"Q{i}"}, {"role": "assistant", "content": "A" * (i + 1)}] for i in range(5)]
+    data = "".join(json.dumps({"messages": m}) + "\n" for m in messages).encode()
+    parsed = parse_block(Block("x.jsonl", 1, 5, data), [], parse_columns(None))
+    records = Records(parsed.path, parsed.lines, parsed.texts, parsed.piece_weights, parsed.piece_offsets,
+                      [c._replace(raw=b"") for c in parsed.chats])  # fmt: skip
+    renderer = ChatRenderer(chat_tokenizer("chatml"))
+    calls: list[int] = []
+    batch = chat_stage.ChatRenderer.tokens_batch
+
+    def counted(self, chats, where=None):
+        calls.append(len(chats))
+        return batch(self, chats, where)
+
+    monkeypatch.setattr(chat_stage.ChatRenderer, "tokens_batch", counted)
+    monkeypatch.setattr(chat_stage, "RENDER_BYTES", 2)
+    out = chat_stage.render_chats(records, renderer, [])
+    assert calls == [2, 2, 1]
+    alone = [ChatRenderer(chat_tokenizer("chatml")).tokens(chat_record(m)) for m in messages]
+    assert [c.ids.tolist() for c in out.chats] == [a.ids.tolist() for a in alone]
 
 
 @pytest.mark.parametrize("where", ["first", "middle", "last"])

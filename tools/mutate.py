@@ -260,6 +260,8 @@ EQUIVALENT: dict[str, str] = {
         'encoded and ok both have len(texts) entries: strict never raises',
     "distribute/merge.py:_ranges:bool:out.extend(zip(part.segments, result['inputs'], index, result['rejects_files'], strict=True))":
         "a mixed part's job returns one input record and one rejects entry per segment: strict changes nothing",
+    "stages/chat.py:render_chats:bool:results.update(zip(batch, located, strict=True))":
+        "tokens_batch returns one result per conversation it is given: strict never raises",
     "distribute/executors.py:_run_here:bool:threading.Thread(target=run, name=f'weightprep-part-{part.index:05d}', daemon=True).start()":
         "daemon decides only whether the interpreter may exit while the part still runs (the map's final wait cut "
         "short by a second Ctrl-C): no in-process test ends its interpreter",
@@ -277,8 +279,6 @@ EQUIVALENT: dict[str, str] = {
     "sources.py:copies:int+1:if cut == 0:":
         "a cut of 1 adds a copy only to the record whose epoch key is 0: one split key in 2**64 (SplitMix64 is a "
         "bijection)",
-    "distribute/executors.py:LocalExecutor.map:int+1:for attempt in range(RETRIES + 1):":
-        "attempt == RETRIES raises before a further attempt: one more in the range is never reached",
     "distribute/executors.py:LocalExecutor.__init__:int+1:self._processes = 1":
         "never read before start: the pool is used only after start set it (to the pool's size)",
     "distribute/executors.py:LocalExecutor.__init__:int-1:self._processes = 1":
@@ -400,8 +400,6 @@ EQUIVALENT: dict[str, str] = {
         '_token_spans returns one result per text: strict changes nothing on equal lengths',
     'stages/chat.py:render_chats:return_none:return records':
         'Chats calls render_chats only for records that hold conversations (it returns the others itself)',
-    'stages/chat.py:render_chats:bool:results = dict(zip(todo, located, strict=True))':
-        'tokens_batch returns one result per conversation given: strict changes nothing on equal lengths',
     "stages/read.py:_RangeReader.readinto:compare0:if self._left <= 0:":
         "at _left == 0 the read goes on into an empty view: the file gives 0 bytes, _left stays 0, 0 is returned",
     "stages/read.py:_RangeReader.readinto:return_none:return 0":

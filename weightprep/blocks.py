@@ -93,12 +93,15 @@ def _chat_documents(chats: Records, counts: Counter[str]) -> Documents:
     np.cumsum(lengths, out=offsets[1:])
     history = [c.offsets for c in rendered if c.offsets is not None]  # type: ignore[union-attr]
     if history:
-        counts["chat_history_conversations"] += len(history)
-        counts["chat_history_documents"] += sum(len(o) - 1 for o in history)
-        counts["chat_history_extra_tokens"] += sum(int(o[-2]) for o in history)
-    counts["chat_training_template_turns"] += sum(c.training for c in rendered)  # type: ignore[union-attr]
-    counts["chat_sanitized_control_tokens"] += sum(c.sanitized for c in rendered)  # type: ignore[union-attr]
-    counts["chat_straddling_tokens"] += sum(c.straddling for c in rendered)  # type: ignore[union-attr]
+        counts.update(
+            chat_history_conversations=len(history), chat_history_documents=sum(len(o) - 1 for o in history),
+            chat_history_extra_tokens=sum(int(o[-2]) for o in history),
+        )  # fmt: skip
+    counts.update(
+        chat_training_template_turns=sum(c.training for c in rendered),  # type: ignore[union-attr]
+        chat_sanitized_control_tokens=sum(c.sanitized for c in rendered),  # type: ignore[union-attr]
+        chat_straddling_tokens=sum(c.straddling for c in rendered),  # type: ignore[union-attr]
+    )
     ids = np.concatenate([c.ids for c in rendered])  # type: ignore[union-attr]
     weights = np.concatenate([c.weights for c in rendered])  # type: ignore[union-attr]
     turns = np.concatenate([c.turns for c in rendered])  # type: ignore[union-attr]
