@@ -84,7 +84,7 @@ def _leftovers(name: str) -> list[str]:
     return storage.glob(f"s3://{BUCKET}/.{name}.tmp-*")
 
 
-@pytest.mark.parametrize("kind", ["serial", "local", "ray"])
+@pytest.mark.parametrize("kind", ["serial", "local", "local-driver", "ray"])
 def test_s3_to_s3_is_byte_identical_to_the_local_disk_build(kind, s3, reference, request):
     out = f"s3://{BUCKET}/out-{kind}"
     if kind == "serial":
@@ -94,7 +94,9 @@ def test_s3_to_s3_is_byte_identical_to_the_local_disk_build(kind, s3, reference,
             request.getfixturevalue("ray_session")
         storage.configure(None)
         try:
-            executor = LocalExecutor(2) if kind == "local" else RayExecutor(2)
+            # local-driver: the command line's, a part run in this process's thread with the session's options
+            executors = {"local": lambda: LocalExecutor(2), "local-driver": lambda: LocalExecutor(2, driver=True)}
+            executor = executors.get(kind, lambda: RayExecutor(2))()
             build([INPUT], out, _cfg(), executor=executor, storage_options=s3_options(s3[0].url))
         finally:
             storage.configure(s3_options(s3[0].url))
