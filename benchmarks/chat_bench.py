@@ -6,7 +6,8 @@
 Both inputs hold the same conversations: ``chat.jsonl`` as ``{"messages": [...]}`` records (weightprep renders each
 with the ChatML template of TRL's qwen2_5.jinja), ``pieces.jsonl`` as the rendered text already cut where the
 weight changes. Each build runs as its own ``weightprep build`` subprocess, rounds interleaved; the figure is the
-median wall time of the whole process. Goal: chat within 1.5x of pieces.
+median wall time of the whole process, and beside it its CPU (user + system of the build and its worker processes),
+which moves less with the memory the build before it left. Goal: chat within 1.5x of pieces.
 """
 
 from __future__ import annotations
