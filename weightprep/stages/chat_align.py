@@ -8,7 +8,7 @@ ERNIE's ``Assistant: `` prompt and an answer's ``It`` as `` It``) is a token of 
 render comparison counts it. ``straddling`` counts, per document, the tokens that took a larger weight than their
 first character's, so that the build can say so. Two BOS at a document's start mean the template wrote one more
 than the model sees at inference (``double_bos``): ``ChatRenderer.align`` turns that into an error;
-``ChatRenderer.tokens_batch`` aligns a whole block's documents in one call and asks ``align`` only about the
+``ChatRenderer.tokens_batch`` aligns a whole batch's documents in one call and asks ``align`` only about the
 documents found wrong.
 
 The documents come end to end: characters ``[char_base[d], char_base[d + 1])`` and tokens ``[tok_base[d],
