@@ -50,8 +50,9 @@ in rejects.jsonl.
 
 History (``chat.history``: ``full``, ``per-turn``, ``auto``): which documents a conversation becomes, in
 ``chat_history``. The modules of this stage, by step: ``chat_common`` (reasons, ``ChatError``), this one (steps
-1-5: rendering, character weights, tokenizing; a block's conversations in batches of ``RENDER_BYTES``), ``chat_align`` (step 5's weights on tokens, a batch's documents at
-once), ``chat_prefixes`` (prefixes cut from one render),
+1-5: rendering, character weights, tokenizing; a block's conversations in batches of ``RENDER_BYTES``),
+``chat_align`` (step 5's weights on tokens, a batch's documents at once), ``chat_prefixes`` (prefixes cut from one
+render),
 ``chat_spans`` (step 3 where the renders part), ``chat_control`` (step 6), ``chat_history`` (history modes),
 ``chat_templates`` (which template: the tokenizer's, a file, TRL's training one).
 
