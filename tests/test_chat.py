@@ -671,6 +671,21 @@ def test_conversations_rejected_while_rendering_leave_no_trace_in_the_rows(tmp_p
     assert written(tmp_path / "a") == written(tmp_path / "b")
 
 
+def _render_batches(monkeypatch) -> list[int]:
+    """The sizes of the batches ``render_chats`` hands ``tokens_batch`` from now on (a list it fills)."""
+    from weightprep.stages import chat as chat_stage
+
+    calls: list[int] = []
+    batch = chat_stage.ChatRenderer.tokens_batch
+
+    def counted(self, chats, where=None):
+        calls.append(len(chats))
+        return batch(self, chats, where)
+
+    monkeypatch.setattr(chat_stage.ChatRenderer, "tokens_batch", counted)
+    return calls
+
+
 @pytest.mark.parametrize("render_bytes", [1, 150, "two and a byte", "two exactly", 1 << 30])
 def test_conversations_rendered_in_batches_write_the_same_files(tmp_path, monkeypatch, render_bytes):
     """``render_chats`` renders a block's conversations in batches of about ``RENDER_BYTES`` of input: one at a
@@ -685,14 +700,7 @@ def test_conversations_rendered_in_batches_write_the_same_files(tmp_path, monkey
     (tmp_path / "in.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
     cfg = config_from_dict({"tokenizer": {"name": str(tok_dir)}, "pack": {"seq_len": 256}, "validate": {"on_invalid": "skip"}})
     build([str(tmp_path / "in.jsonl")], tmp_path / "whole", cfg)
-    calls: list[int] = []
-    batch = chat_stage.ChatRenderer.tokens_batch
-
-    def counted(self, chats, where=None):
-        calls.append(len(chats))
-        return batch(self, chats, where)
-
-    monkeypatch.setattr(chat_stage.ChatRenderer, "tokens_batch", counted)
+    calls = _render_batches(monkeypatch)
     two = len(json.dumps(good[0])) + len(json.dumps(good[1]))
     expected_first = {"two and a byte": 3, "two exactly": 2}.get(render_bytes)  # type: ignore[call-overload]
     if render_bytes == "two and a byte":  # one byte short after two conversations: a third joins them
@@ -725,14 +733,7 @@ def test_conversations_without_their_line_count_a_byte_each_in_a_render_batch(mo
     records = Records(parsed.path, parsed.lines, parsed.texts, parsed.piece_weights, parsed.piece_offsets,
                       [c._replace(raw=b"") for c in parsed.chats])  # fmt: skip
     renderer = ChatRenderer(chat_tokenizer("chatml"))
-    calls: list[int] = []
-    batch = chat_stage.ChatRenderer.tokens_batch
-
-    def counted(self, chats, where=None):
-        calls.append(len(chats))
-        return batch(self, chats, where)
-
-    monkeypatch.setattr(chat_stage.ChatRenderer, "tokens_batch", counted)
+    calls = _render_batches(monkeypatch)
     monkeypatch.setattr(chat_stage, "RENDER_BYTES", 2)
     out = chat_stage.render_chats(records, renderer, [])
     assert calls == [2, 2, 1]
