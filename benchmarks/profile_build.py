@@ -77,7 +77,7 @@ def profile_build(data: Path, tokenizer: Path, seq_len: int = 2048) -> dict[str,
 
     import weightprep.blocks as blocks_mod
     from weightprep.config import config_from_dict
-    from weightprep.distribute.job import bound_heap
+    from weightprep.heap import bound_heap
     from weightprep.stages import assemble as assemble_mod
     from weightprep.stages import filter as filter_mod
     from weightprep.stages import mask as mask_mod

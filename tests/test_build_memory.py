@@ -82,7 +82,7 @@ _HEAP_SCRIPT = """
 import sys, threading
 import numpy as np
 import pytest
-from weightprep.distribute.job import MMAP_THRESHOLD, bound_heap
+from weightprep.heap import MMAP_THRESHOLD, bound_heap
 
 if sys.argv[1] == "bound":
     assert bound_heap()
@@ -117,3 +117,32 @@ def test_bound_heap_gives_freed_arrays_back():
 
     unbounded, bounded = resident("plain"), resident("bound")
     assert unbounded - bounded > 150 << 20, (unbounded >> 20, bounded >> 20)
+
+
+_ARENAS_SCRIPT = """
+import ctypes, sys
+from weightprep.cli import main
+try:
+    main(sys.argv[1:], standalone_mode=False)
+finally:
+    sys.stderr.flush()
+    ctypes.CDLL("libc.so.6").malloc_stats()  # a block per heap ("Arena N:") on stderr
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc", reason="glibc only")
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_build_process_allocates_from_the_bounded_heaps_only(tmp_path, workers):
+    """``weightprep build`` bounds its heap before fastokens' load starts its threads, each of which would otherwise
+    keep a heap of its own for good (glibc fixes a thread's heap at its first allocation): the command's process
+    ends with at most ``ARENAS`` heaps, whether it runs the part itself or beside a worker process."""
+    from weightprep.heap import ARENAS
+
+    raw = Path(__file__).resolve().parent.parent / "sample_data" / "raw.jsonl"
+    out = subprocess.run(
+        [sys.executable, "-c", _ARENAS_SCRIPT, "build", str(raw), "--out", str(tmp_path / "out"), "--workers",
+         str(workers), "--part-bytes", "4096"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    heaps = [line for line in out.stderr.splitlines() if line.startswith("Arena ")]
+    assert 1 <= len(heaps) <= ARENAS, out.stderr[-2000:]

@@ -168,6 +168,8 @@ def test_the_hubs_prompt_beside_messages_builds_from_messages(tmp_path, chatml):
         ({"messages": [{"role": "user", "content": [{"text": "no type"}]}]}, "messages[0].content[0]", "wrong_type"),
         ({"conversations": [{"from": "human", "value": "a"}, {"from": "robot", "value": "b"}]}, "conversations[1].from",
          "wrong_type"),
+        ({"conversations": [{"from": ["human"], "value": "a"}]}, "conversations[0].from", "wrong_type"),  # unhashable
+        ({"messages": [{"from": {"a": 1}, "content": "a"}]}, "messages[0].from", "wrong_type"),
         ({"conversations": [{"from": "human", "value": "a"}, {"from": "function_call", "value": "not json"}]},
          "conversations[1].value", "wrong_type"),
         ({"conversations": [{"from": "human", "value": "a"}, {"from": "gpt"}]}, "conversations[1].value",

@@ -17,6 +17,7 @@ from weightprep.commands._rerun import KeepsArguments, rerun_command
 from weightprep.commands._storage import storage_options
 from weightprep.config import load_config, load_sources
 from weightprep.errors import BuildInterrupted, LeftoverParts, UsageError
+from weightprep.heap import bound_heap
 from weightprep.progress import Steps, build_progress
 from weightprep.tokenizer import SAMPLE_TOKENIZER_DIR, set_tokenizer_threads, tokenizer_location
 
@@ -283,6 +284,7 @@ def build(
     each also .gz or .zst, .parquet files, datasets.save_to_disk directories, directories (their JSON and
     .parquet files, sorted) or quoted globs; local paths or URLs (s3://, gs://, az://, hf://datasets/...,
     https://). Records in the shapes of other tools (Alpaca, ShareGPT, ...) are read as they are: docs/inputs.md."""
+    bound_heap()  # before any thread starts (fastokens' load, below): weightprep.heap
     set_tokenizer_threads(num_proc)
     # a build does no linear algebra: numpy's OpenBLAS need not start a spinning thread per core at its import
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")

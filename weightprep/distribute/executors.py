@@ -33,6 +33,7 @@ from typing import Any
 
 from weightprep.distribute.plan import InputPart, line_bases, segment_line_bases
 from weightprep.errors import BackendMismatch, InputError, UsageError
+from weightprep.heap import bound_heap
 
 __all__ = ["Executor", "SerialExecutor", "LocalExecutor", "RayExecutor", "make_executor", "run_parts", "RETRIES"]
 
@@ -296,6 +297,7 @@ _LOCAL_JOBS: Any = None  # where this pool process reads the job, at its first p
 
 def _init_local(jobs: Any, warmup: Callable[[int | None], None] | None, threads: int) -> None:
     global _LOCAL_JOB, _LOCAL_JOBS
+    bound_heap()  # first in the process, before the tokenizer's threads (weightprep.heap)
     _LOCAL_JOB, _LOCAL_JOBS = None, jobs
     if warmup is not None:
         warmup(threads)

@@ -17,7 +17,6 @@ A build with sources (``weightprep.sources``) runs ``MixedPart``s instead: their
 from __future__ import annotations
 
 import copy
-import ctypes
 import gc
 import json
 import os
@@ -37,6 +36,7 @@ from weightprep.config import BuildConfig
 from weightprep.distribute.mixed import mixed_keys, part_epoch_keys, run_mixed, segment_of
 from weightprep.distribute.plan import InputPart, MixedPart
 from weightprep.errors import BackendMismatch, InputError
+from weightprep.heap import bound_heap
 from weightprep.overlap import BackgroundSink, background
 from weightprep.prefetch import FastokensPrefetch
 from weightprep.stages.pack import Packer
@@ -47,43 +47,13 @@ from weightprep.stages.tokenize import PieceTokenizer
 from weightprep.stages.write import ShardWriter
 from weightprep.tokenizer import load_tokenizer, set_tokenizer_threads, special_tokens
 
-__all__ = ["PartJob", "KeyPass", "EpochPass", "Warmup", "Worker", "ProgressFn", "ADD_BOS", "bound_heap"]
+__all__ = ["PartJob", "KeyPass", "EpochPass", "Warmup", "Worker", "ProgressFn", "ADD_BOS"]
 
 #: Called after each block with (bytes of input consumed so far, counts so far: records ``accepted``, ``tokens``).
 ProgressFn = Callable[[int, Counter], None]
 
 #: ``tokenizer.add_bos`` as ``special_tokens`` takes it.
 ADD_BOS = {"auto": None, "always": True, "never": False}
-
-
-#: glibc's ``mallopt`` parameters (malloc.h): the size from which an allocation is its own mapping, and the
-#: most heaps (arenas) that threads allocate from.
-_M_MMAP_THRESHOLD, _M_ARENA_MAX = -3, -8
-#: Allocations of this size and more get their own mapping, returned to the system when freed. A block's arrays
-#: below it (a fastokens block's ids, a document batch's columns) are reused from the heaps rather than mapped,
-#: zeroed by the kernel and unmapped again for every block: at 1 MiB the kernel's share of a build was 30-40% of its
-#: CPU (docs/performance.md, "Memory").
-MMAP_THRESHOLD = 16 << 20
-
-
-def bound_heap() -> bool:
-    """Keep a worker's resident memory at what it holds, not at what it once held (glibc only; False elsewhere).
-
-    A part's arrays are megabytes each and short-lived, made and freed by three threads (read, tokenize, pack and
-    write) and the tokenizer's own. glibc raises its mapping threshold each time such an array is freed (up to
-    32 MiB), so the next ones come from the threads' heaps, which are returned to the system only from their top:
-    a build's resident memory then grows with the input to well above what it holds at any time (653 MiB peak for
-    30k records, 801 MiB for 300k). A fixed threshold (``MMAP_THRESHOLD``: larger arrays, the window and the rows,
-    are their own mappings, unmapped when freed) and two heaps for all threads keep it near the working set and
-    flat (docs/performance.md).
-    Arrow's own pool (mimalloc, the JSON parse's buffers) is left as it is: moved to this heap it saved ~60 MiB of
-    peak but made the parse 1.5-2x slower (the reader thread's work)."""
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):  # not glibc (macOS, musl): its allocator is left as it is
-        return False
-    return bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(mallopt(_M_ARENA_MAX, 2))
 
 
 class Worker:

@@ -196,7 +196,7 @@ def escaped(chunk: bytes, data: np.ndarray, quotes: np.ndarray, carried: int) ->
 
 class Scratch:
     """Work arrays for a chunk's byte masks, kept from chunk to chunk: in a worker every array of a megabyte or more
-    is a fresh mapping (``weightprep.distribute.job.bound_heap``), and a fresh 8 MiB mask costs more in page faults
+    is a fresh mapping (``weightprep.heap.bound_heap``), and a fresh 8 MiB mask costs more in page faults
     than the comparison that fills it. One per thread."""
 
     def __init__(self) -> None:

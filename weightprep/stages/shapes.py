@@ -284,7 +284,7 @@ def _sharegpt(obj: dict, key: str) -> dict | Invalid:
         # ShareGPT's from/value, or role/content under its list's name (some Hub sets write "conversations" so)
         role_key, value_key = ("from", "value") if "from" in m or "role" not in m else ("role", "content")
         speaker = m.get(role_key)
-        if speaker not in _SHAREGPT_ROLES:
+        if not isinstance(speaker, str) or speaker not in _SHAREGPT_ROLES:  # (a list is no key: unhashable)
             found = "missing" if speaker is None else f"unknown role {_kind(speaker)}"
             return Invalid(f"{where}.{role_key}", f"{found}; expected one of {', '.join(_SHAREGPT_ROLES)}",
                            "missing_field" if speaker is None else "wrong_type")  # fmt: skip

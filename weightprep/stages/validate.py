@@ -354,6 +354,10 @@ def check_line(
         return None, Invalid("<json>", f"malformed JSON: {exc.msg} {where}", "malformed_json")
     except RecursionError:
         return _check_deep(raw)
+    if not columns:
+        chat = _plain_chat(obj)
+        if chat is not None:
+            return chat._replace(raw=raw), None
     if isinstance(obj, dict):
         from weightprep.stages.shapes import to_canonical  # (shapes builds on this module's checks)
 
@@ -365,6 +369,37 @@ def check_line(
         return None, problem._replace(field=obj.original_field(problem.field)) if hasattr(obj, "original_field") else problem
     content = record_content(obj)
     return (content._replace(raw=raw) if isinstance(content, Chat) else content), None
+
+
+def _plain_chat(obj: Any) -> Chat | None:
+    """The conversation of a record that is ``{"messages": [...]}`` alone, each message ``{"role", "content"}`` of
+    two strings or those and a ``weight`` number, each key once, all valid; None for any other record, which the
+    general path (``to_canonical``, ``validate_record``, ``record_content``) then takes. For such a record that path
+    converts nothing and finds no problem, so this is its answer, in one pass over the messages (the usual chat
+    record: ~20 µs of its ~30 µs of checks)."""
+    if type(obj) is not _Object or len(obj) != 1 or obj.duplicates:
+        return None
+    messages = obj.get("messages")
+    if type(messages) is not list or not messages:
+        return None
+    for m in messages:
+        if type(m) is not _Object or m.duplicates:
+            return None
+        role, content = m.get("role"), m.get("content")
+        if type(role) is not str or not role or type(content) is not str:
+            return None
+        if len(m) != 2:
+            weight = m.get("weight")
+            if len(m) != 3 or (type(weight) is not float and type(weight) is not int):
+                return None
+            try:
+                if not is_valid_weight(float(weight)):
+                    return None
+            except OverflowError:
+                return None
+        if not content.isascii() and _text_problem("", content) is not None:
+            return None
+    return Chat(messages, None, None, b"")
 
 
 def _check_deep(raw: bytes) -> tuple[list[tuple[str, float]] | None, Invalid | None]:
