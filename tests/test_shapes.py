@@ -144,6 +144,42 @@ def test_content_parts_and_other_tools_weights_are_ours(tmp_path, chatml):
     _same_shards(tmp_path, chatml, theirs, canonical, name="theirs.jsonl.json")
 
 
+#: ChatML that writes an answer's reasoning and tool calls (as Qwen3's does), so that both reach the shards
+_REASONING_CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{% if m.reasoning_content %}<think>{{ m.reasoning_content }}"
+    "</think>{% endif %}{{ m.content or '' }}{% for c in m.tool_calls or [] %}<tool_call>{{ c.function | tojson }}"
+    "</tool_call>{% endfor %}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def test_llamafactory_v1_reasoning_and_tool_call_parts_are_the_messages_fields(tmp_path):
+    """LLaMA-Factory v1's ``reasoning`` parts are ``reasoning_content`` and its ``tool_call`` parts ``tool_calls``
+    (its ``_to_hf_messages``), as its ``reason_tool_use_demo_50.jsonl`` writes them."""
+    from chat_support import chat_tokenizer
+
+    tok = chat_tokenizer("chatml", template=_REASONING_CHATML)
+    call = {"name": "get_time", "arguments": {"city": "Paris"}}
+    theirs = [{"messages": [
+        {"role": "user", "content": [{"type": "text", "value": "Time in Paris?"}]},
+        {"role": "assistant", "content": [{"type": "reasoning", "value": "Ask the "}, {"type": "reasoning", "value": "tool."},
+                                          {"type": "tool_call", "value": json.dumps(call)}]},
+        {"role": "tool", "content": [{"type": "text", "value": "10:00"}]},
+        {"role": "assistant", "content": [{"type": "reasoning", "value": "Say it."}, {"type": "text", "value": "10:00."}],
+         "loss_weight": 2.0},
+    ], "tools": json.dumps([TOOL])}]  # fmt: skip
+    canonical = [{"messages": [
+        _user("Time in Paris?"),
+        {"role": "assistant", "content": "", "reasoning_content": "Ask the tool.", "tool_calls": [{"type": "function", "function": call}]},
+        {"role": "tool", "content": "10:00"},
+        {**_assistant("10:00."), "reasoning_content": "Say it.", "weight": 2.0},
+    ], "tools": [{"type": "function", "function": TOOL}]}]  # fmt: skip
+    out = _same_shards(tmp_path, tok, theirs, canonical)
+    runs = _weighted_text(out, tok, "Paris")
+    assert [w for w, _ in runs] == [0.0, 1.0, 0.0, 2.0]
+    assert runs[1][1] == '<think>Ask the tool.</think><tool_call>{"name": "get_time", "arguments": {"city": "Paris"}}</tool_call><|im_end|>\n'
+    assert runs[3][1] == "<think>Say it.</think>10:00.<|im_end|>\n"
+
+
 def test_the_hubs_prompt_beside_messages_builds_from_messages(tmp_path, chatml):
     conversation = [_user("Write a haiku."), _assistant("Quiet pond, a frog.")]
     theirs = [{"prompt": "Write a haiku.", "prompt_id": "a1b2", "messages": conversation, "category": "Generation"}]
@@ -166,6 +202,14 @@ def test_the_hubs_prompt_beside_messages_builds_from_messages(tmp_path, chatml):
         ({"messages": [{"role": "user", "content": [{"type": "text", "text": "see"}, {"type": "image_url",
           "image_url": {"url": "x.png"}}]}, _assistant("b")]}, "messages[0].content[1].type", "non_text_content"),
         ({"messages": [{"role": "user", "content": [{"text": "no type"}]}]}, "messages[0].content[0]", "wrong_type"),
+        ({"messages": [{"role": "assistant", "content": [{"type": "tool_call", "value": "{not json"}]}]},
+         "messages[0].content[0].value", "wrong_type"),
+        ({"messages": [{"role": "assistant", "content": [{"type": "tool_call", "value": '{"arguments": {}}'}]}]},
+         "messages[0].content[0].value", "wrong_type"),
+        ({"messages": [{"role": "assistant", "content": [{"type": "reasoning", "value": "r"}], "reasoning_content": "r"}]},
+         "messages[0].reasoning_content", "ambiguous_shape"),
+        ({"messages": [{"role": "assistant", "content": [{"type": "reasoning", "value": 3}]}]},
+         "messages[0].content[0].value", "wrong_type"),
         ({"conversations": [{"from": "human", "value": "a"}, {"from": "robot", "value": "b"}]}, "conversations[1].from",
          "wrong_type"),
         ({"conversations": [{"from": ["human"], "value": "a"}]}, "conversations[0].from", "wrong_type"),  # unhashable

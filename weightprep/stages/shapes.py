@@ -23,7 +23,9 @@ The canonical records are weightprep's own (``pieces``, ``messages``, ``text``, 
 Every message list (of any shape) is normalized by ``_messages``:
 
 - ``content`` as a list of parts (OpenAI and transformers ``{"type": "text", "text": ...}``, LLaMA-Factory v1
-  ``{"type": "text", "value": ...}``) is the concatenation of their texts. Any other part (an image, audio) is
+  ``{"type": "text", "value": ...}``) is the concatenation of their texts; LLaMA-Factory v1's ``reasoning`` parts
+  are the message's ``reasoning_content`` (concatenated) and its ``tool_call`` parts (JSON ``{"name",
+  "arguments"}``) its ``tool_calls``, as its ``_to_hf_messages`` makes them. Any other part (an image, audio) is
   refused (``non_text_content``): this builds text, and a dropped part would silently change the conversation.
 - The weight of a message, as the tools write it: ``weight`` (ours, axolotl: a number), ``loss_weight``
   (LLaMA-Factory v1: a number), ``train`` (axolotl: true/false), ``loss`` (ms-swift: true/false); true is 1 and
@@ -357,9 +359,17 @@ def _messages(messages: list, name: str) -> list | Invalid:
         where = f"{name}[{i}]"
         m = _copy(m, m)
         if isinstance(m.get("content"), list):
-            text = _parts(m["content"], f"{where}.content")
-            if isinstance(text, Invalid):
-                return text
+            parts = _parts(m["content"], f"{where}.content")
+            if isinstance(parts, Invalid):
+                return parts
+            text, reasoning, calls = parts
+            for key, value in (("reasoning_content", reasoning), ("tool_calls", calls)):
+                if value and m.get(key) is not None:
+                    return Invalid(f"{where}.{key}", f"given both as the message's key and as content parts of type "
+                                   f"{'reasoning' if key == 'reasoning_content' else 'tool_call'}; keep one",
+                                   "ambiguous_shape")  # fmt: skip
+                if value:
+                    m[key] = value
             m["content"] = text
         given = [k for k in m if _weight_key(k)]
         unknown = [k for k in given if k not in WEIGHT_KEYS]
@@ -391,18 +401,25 @@ def _messages(messages: list, name: str) -> list | Invalid:
     return out
 
 
-def _parts(parts: list, where: str) -> str | Invalid:
-    """The text of a content given as a list of parts: their texts, concatenated."""
-    texts = []
+def _parts(parts: list, where: str) -> tuple[str, str, list[dict[str, Any]]] | Invalid:
+    """A content given as a list of parts: the texts of its ``text`` parts, of its ``reasoning`` parts (each
+    concatenated), and the calls of its ``tool_call`` parts, in order (LLaMA-Factory v1's ``_to_hf_messages``)."""
+    texts, reasoning, calls = [], [], []
     for j, part in enumerate(parts):
         at = f"{where}[{j}]"
         if not isinstance(part, dict) or not isinstance(part.get("type"), str):
             return Invalid(at, f'expected a part {{"type": "text", "text": ...}}, found {_kind(part)}', "wrong_type")
-        if part["type"] != "text":
+        if part["type"] not in ("text", "reasoning", "tool_call"):
             return Invalid(f"{at}.type", f"a {part['type']!r} part: weightprep builds text only, and would not drop it "
                            "silently; remove the part (or the record)", "non_text_content")  # fmt: skip
         key = "text" if "text" in part else "value"
         if not isinstance(part.get(key), str):
             return Invalid(f"{at}.{key}", f"expected a string, found {_kind(part.get(key))}", "wrong_type")
-        texts.append(part[key])
-    return "".join(texts)
+        if part["type"] == "tool_call":
+            call = _tool_calls(part[key], f"{at}.{key}")
+            if isinstance(call, Invalid):
+                return call
+            calls.extend(call)
+        else:
+            (texts if part["type"] == "text" else reasoning).append(part[key])
+    return "".join(texts), "".join(reasoning), calls
