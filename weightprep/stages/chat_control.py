@@ -101,7 +101,10 @@ def string_values(value: Any, out: list[str]) -> None:
         out.append(value)
     elif isinstance(value, dict):
         for v in value.values():
-            string_values(v, out)
+            if type(v) is str:  # a message's role and content: no call each
+                out.append(v)
+            else:
+                string_values(v, out)
     elif isinstance(value, (list, tuple)):
         for v in value:
             string_values(v, out)
