@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from weightprep.batches import Block
@@ -205,3 +205,67 @@ def test_a_crlf_conversation_keeps_its_line_without_the_carriage_return():
     pieces = b'{"pieces": [{"text": "x", "weight": 1}]}'
     records, _ = _parse_exact(Block("raw.jsonl", 1, 3, pieces + b"\n" + line + b"\n" + pieces + b"\n"))
     assert records.lines.tolist() == [1, 2, 3] and [c is None for c in records.chats] == [True, False, True]
+
+
+# what a message's values may be: the plain ones (strings, numbers that are weights) and those that are not
+_VALUES = st.one_of(
+    st.text(max_size=6), st.sampled_from(["", "user", "é", "\ud800", "a\udcff"]), st.none(), st.booleans(),
+    st.integers(-3, 3), st.sampled_from([10**400, 1e39, 3.5e38, -0.0, 0.5, 2.0]), st.lists(st.integers(), max_size=2),
+)
+_PLAIN = {"role": st.one_of(st.sampled_from(["user", "assistant", ""]), _VALUES), "content": st.one_of(st.text(max_size=5), _VALUES)}
+_MESSAGE_KEYS = st.sampled_from(["role", "content", "weight", "name", "train", "loss_weight", "from", "value"])
+
+
+@st.composite
+def _chat_lines(draw) -> bytes:
+    """A JSON line near the plain chat record: its messages' keys drawn from role/content/weight and others, each
+    key possibly twice, values of every kind; the record's keys ``messages`` and sometimes another."""
+    def obj(pairs):  # JSON text of an object whose keys may repeat
+        return "{" + ", ".join(f"{json.dumps(k)}: {v}" for k, v in pairs) + "}"
+
+    def value(v):
+        return json.dumps(v) if not isinstance(v, int) or abs(v) < 10**300 else str(v)
+
+    messages = []
+    for _ in range(draw(st.integers(0, 3))):
+        plain = draw(st.booleans())
+        keys = ["role", "content"] + (["weight"] if draw(st.booleans()) else []) if plain else draw(st.lists(_MESSAGE_KEYS, max_size=4))
+        pairs = [(k, value(draw(_PLAIN.get(k, _VALUES) if plain else _VALUES))) for k in keys]
+        if draw(st.integers(0, 9)) == 0 and pairs:
+            pairs.append(pairs[0])  # a key twice
+        messages.append(obj(pairs))
+    record = [("messages", "[" + ", ".join(messages) + "]")]
+    extra = draw(st.sampled_from([None, "tools", "id", "pieces", "messages"]))
+    if extra is not None:
+        record.append((extra, value(draw(_VALUES))))
+    return obj(record).encode()
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(line=_chat_lines())
+def test_plain_chat_records_take_the_general_paths_answer(line, monkeypatch):
+    """``validate._plain_chat`` answers for the plain chat record only, and as the general path does
+    (``to_canonical``, ``validate_record``, ``record_content``): conversation, problem, or neither."""
+    from weightprep.stages import validate
+
+    fast = check_line(line)
+    with monkeypatch.context() as m:  # (undone after each example)
+        m.setattr(validate, "_plain_chat", lambda obj: None)
+        general = check_line(line)
+    assert fast == general
+
+
+def test_the_plain_chat_record_is_answered_in_one_pass():
+    from weightprep.stages.validate import _DECODER, _plain_chat
+
+    line = '{"messages": [{"role": "user", "content": "é"}, {"role": "assistant", "content": "b", "weight": 2}]}'
+    chat = _plain_chat(_DECODER.decode(line))
+    assert chat is not None and chat.messages == json.loads(line)["messages"]
+    for other in ('{"messages": [{"role": "user", "content": "a", "weight": true}]}',
+                  '{"messages": [{"role": "user", "content": "a", "weight": 1e39}]}',
+                  '{"messages": [{"role": "user", "content": "a", "role": "user"}]}',
+                  '{"messages": [{"role": "user", "content": "\\ud800"}]}',
+                  '{"messages": [{"role": "user", "content": "a", "train": false}]}',
+                  '{"messages": [{"role": "", "content": "a"}]}',
+                  '{"messages": [{"role": "user", "content": "a"}], "id": 1}'):  # fmt: skip
+        assert _plain_chat(_DECODER.decode(other)) is None, other
