@@ -269,3 +269,15 @@ def test_the_plain_chat_record_is_answered_in_one_pass():
                   '{"messages": [{"role": "", "content": "a"}]}',
                   '{"messages": [{"role": "user", "content": "a"}], "id": 1}'):  # fmt: skip
         assert _plain_chat(_DECODER.decode(other)) is None, other
+
+
+def test_a_plain_looking_chat_record_still_takes_the_columns_names():
+    """With ``--columns`` a record that looks canonical is renamed first: ``role.user=human`` makes its ``human``
+    messages user ones (the one-pass check answers only where no columns are given)."""
+    from weightprep.stages.columns import parse_columns
+
+    line = b'{"messages": [{"role": "human", "content": "a"}, {"role": "assistant", "content": "b"}]}'
+    chat, problem = check_line(line, parse_columns("role.user=human"))
+    assert problem is None and [m["role"] for m in chat.messages] == ["user", "assistant"]
+    chat, problem = check_line(line)
+    assert problem is None and [m["role"] for m in chat.messages] == ["human", "assistant"]
