@@ -230,11 +230,10 @@ def turn_lines(turns: np.ndarray, first_row: int, roles: list[str]) -> list[str]
     n_rows, seq_len = turns.shape
     if not n_rows or not seq_len:
         return []
-    flat = turns.reshape(-1)
+    flat = turns.ravel()
     starts_run = np.empty(flat.shape, dtype=bool)
-    starts_run[0] = True
     np.not_equal(flat[1:], flat[:-1], out=starts_run[1:])
-    starts_run[::seq_len] = True
+    starts_run[::seq_len] = True  # the first position of every row, the chunk's first among them
     at = np.flatnonzero(starts_run)  # row by row, in order
     lengths = np.diff(at, append=flat.size)  # a run ends where the next starts: in its row, or at the row's end
     codes = flat[at].astype(np.int64)
