@@ -213,6 +213,15 @@ def test_the_hubs_prompt_beside_messages_builds_from_messages(tmp_path, chatml):
         ({"conversations": [{"from": "human", "value": "a"}, {"from": "robot", "value": "b"}]}, "conversations[1].from",
          "wrong_type"),
         ({"conversations": [{"from": ["human"], "value": "a"}]}, "conversations[0].from", "wrong_type"),  # unhashable
+        ({"conversations": "hi"}, "conversations", "wrong_type"),
+        ({"conversations": ["hi"]}, "conversations[0]", "wrong_type"),
+        ({"conversations": [{"from": "human", "role": "user", "value": "a"}]}, "conversations[0]", "ambiguous_shape"),
+        ({"conversations": [{"value": "a"}]}, "conversations[0].from", "missing_field"),  # neither from nor role
+        ({"conversations": [{"from": "human", "value": [{"type": "text", "text": "a"}]}]}, "conversations[0].value",
+         "wrong_type"),  # parts under role/content only
+        ({"conversations": [{"from": "human", "value": "a"}], "system": 3}, "system", "wrong_type"),
+        ({"conversations": [{"from": "human", "value": "a", "loss_weight": -1}, {"from": "gpt", "value": "b"}],
+          "system": "S"}, "conversations[0].loss_weight", "bad_weight"),
         ({"messages": [{"from": {"a": 1}, "content": "a"}]}, "messages[0].from", "wrong_type"),
         ({"conversations": [{"from": "human", "value": "a"}, {"from": "function_call", "value": "not json"}]},
          "conversations[1].value", "wrong_type"),
@@ -315,16 +324,39 @@ def test_a_source_maps_its_own_json_names(tmp_path, chatml):
 
 
 def test_role_content_under_conversations_and_tools_as_a_string_beside_messages(tmp_path, chatml):
+    call = [{"type": "function", "function": {"name": "get_time", "arguments": {"city": "Paris"}}}]
     theirs = [
         {"conversations": [_user("Hi"), {"role": "assistant", "content": [{"type": "text", "text": "Hey"}]}]},
         {"messages": [_user("Time in Paris?"), _assistant("Let me check.")], "tools": json.dumps([TOOL])},
+        # OpenAI tool-call messages: content null (or text beside the calls), the calls kept
+        {"conversations": [_user("Time?"), {"role": "assistant", "content": None, "tool_calls": call},
+                           {"from": "gpt", "value": "Checking.", "tool_calls": call}], "tools": [TOOL]},
     ]
     ours = [
         {"messages": [_user("Hi"), _assistant("Hey")]},
         {"messages": [_user("Time in Paris?"), _assistant("Let me check.")],
          "tools": [{"type": "function", "function": TOOL}]},
+        {"messages": [_user("Time?"), {"role": "assistant", "tool_calls": call},
+                      {"role": "assistant", "content": "Checking.", "tool_calls": call}],
+         "tools": [{"type": "function", "function": TOOL}]},
     ]  # fmt: skip
     _same_shards(tmp_path, chatml, theirs, ours)
+
+
+@pytest.mark.parametrize(
+    ("record", "problem"),
+    [
+        ({"conversations": [{"value": "a"}]}, "missing; expected one of"),
+        ({"conversations": [{"from": "robot", "value": "a"}]}, "unknown role string 'robot'; expected one of"),
+        ({"conversations": [{"from": "human"}]}, "expected a string; missing"),
+        ({"conversations": [{"from": "human", "value": 3}]}, "expected a string; found number 3"),
+        ({"messages": [{"role": "user", "content": "a", "train_detail": []}]}, "weight by character spans"),
+        ({"messages": [{"role": "user", "content": "a", "loss_mask": 1}]}, "use one of weight, loss_weight"),
+    ],
+)  # fmt: skip
+def test_a_refused_shape_says_what_it_found(record, problem):
+    _, found = check_line(json.dumps(record).encode())
+    assert found is not None and problem in found.problem, found
 
 
 def test_the_columns_mapping_parses_each_part_and_refuses_a_source_mapped_twice():

@@ -283,6 +283,8 @@ def _sharegpt(obj: dict, key: str) -> dict | Invalid:
         where = f"{key}[{i}]"
         if not isinstance(m, dict):
             return Invalid(where, f'expected an object {{"from": ..., "value": ...}}, found {_kind(m)}', "wrong_type")
+        if "from" in m and "role" in m:  # two speakers: which one is meant cannot be told
+            return Invalid(where, 'holds both "from" (ShareGPT) and "role"; keep one', "ambiguous_shape")
         # ShareGPT's from/value, or role/content under its list's name (some Hub sets write "conversations" so)
         role_key, value_key = ("from", "value") if "from" in m or "role" not in m else ("role", "content")
         speaker = m.get(role_key)
