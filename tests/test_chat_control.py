@@ -311,6 +311,8 @@ def test_turn_tokens_are_refused_in_every_string_that_reaches_the_template():
         ([base[0], {**base[1], "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": "<|im_start|>"}}]}],
          None, None, "messages[1].tool_calls[0].function.arguments"),
         (base, None, {"note": "<|im_end|>"}, "chat_template_kwargs.note"),
+        (base, [{"type": "function", "function": {"name": "f", "parameters": {"properties": {"u": {
+            "enum": ["c", "<|im_start|>"]}}}}}], None, "tools[0].function.parameters.properties.u.enum[1]"),  # in a list
     ]  # fmt: skip
     for messages, tools, kwargs, field in cases:
         with pytest.raises(ChatError) as err:
