@@ -690,20 +690,25 @@ def _replace(tree: ast.AST, path: tuple[int, ...], new: ast.AST) -> ast.AST:
     return ast.fix_missing_locations(tree)
 
 
-def mutants(module: str) -> list[tuple[Mutant, ast.AST]]:
-    """Every mutant of ``module`` with the mutated module tree, each shown as the statement it changes."""
+def mutants(module: str, *, trees: bool = True) -> list[tuple[Mutant, ast.AST | None]]:
+    """Every mutant of ``module`` with the mutated module tree, each shown as the statement it changes
+    (``trees=False``: the mutants alone, each statement mutated in a copy of itself rather than of the module)."""
     source = (ROOT / "weightprep" / module).read_text()
     tree = ast.parse(source)
-    out: list[tuple[Mutant, ast.AST]] = []
+    out: list[tuple[Mutant, ast.AST | None]] = []
     seen: dict[tuple[str, str, str], int] = {}
     for path, kind, function in _points(tree):
         node = _get(tree, path)
         new = _apply(node, kind)
         if ast.unparse(node) == ast.unparse(new):
             continue
-        mutated = _replace(tree, path, new)
         at = _statement(tree, path)
-        before, after = _header(_get(tree, at)), _header(_get(mutated, at))
+        mutated = _replace(tree, path, new) if trees else None
+        if mutated is not None:
+            changed = _get(mutated, at)
+        else:  # the statement alone: the same header, without a copy of the whole module per mutant
+            changed = new if at == path else _replace(_get(tree, at), path[len(at) :], new)
+        before, after = _header(_get(tree, at)), _header(changed)
         line, col = getattr(node, "lineno", 0), getattr(node, "col_offset", 0)
         key = (function, kind, _short(before))
         seen[key] = seen.get(key, -1) + 1
@@ -1012,7 +1017,7 @@ def main() -> None:
         lines = (int(lo or 0), int(hi) if hi else sys.maxsize)
     if args.list:
         for module in modules:
-            for m, _ in mutants(module):
+            for m, _ in mutants(module, trees=False):
                 if not _wanted(m, lines, args.function):
                     continue
                 print(f"{m.line}\t{m.id}\t-> {m.after}")
