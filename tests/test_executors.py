@@ -546,15 +546,19 @@ def test_warm_stops_the_pool_of_an_earlier_build(tmp_path):
 
 
 def test_a_pool_process_runs_the_warm_up_with_its_threads_before_any_part(tmp_path, monkeypatch):
-    """``_init_local``, what a pool process runs first, called here: the warm-up gets the threads; the job is read
-    only at the first part."""
+    """``_init_local``, what a pool process runs first, called here: the heap bounded first (``weightprep.heap``),
+    then the warm-up, which gets the threads; the job is read only at the first part."""
     import queue
 
     from split_support import WARMED
 
     monkeypatch.delenv(WARMED, raising=False)  # restored after: the warm-up sets it in this process
+    calls: list[str] = []
+    monkeypatch.setattr(executors, "bound_heap", lambda: calls.append("heap") or True)
     jobs: queue.Queue = queue.Queue()
-    executors._init_local(jobs, MarkingWarmup(str(tmp_path)), 3)
+    warm = MarkingWarmup(str(tmp_path))
+    executors._init_local(jobs, lambda threads: (calls.append("warm"), warm(threads)), 3)
+    assert calls == ["heap", "warm"]  # the heap bounded before the warm-up starts the tokenizer's threads
     assert (tmp_path / f"warm-{os.getpid()}").read_text() == "3" and os.environ[WARMED] == "3"
     jobs.put(RecordingJob({"threads": 3}))
     assert executors._run_local(_parts(1)[0], None, {})["warmed"] == "3"
