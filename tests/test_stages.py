@@ -439,6 +439,30 @@ def test_packer_reusing_its_rows_writes_what_a_fresh_packer_does():
     assert np.shares_memory(arrays[0], arrays[1]), "the second chunk was not made in the first one's arrays"
 
 
+@pytest.mark.parametrize("seq_len", [512, 2048, 4096, 65536])
+def test_a_chunk_of_rows_holds_1024_rows_or_2m_positions(seq_len, monkeypatch):
+    """A chunk (one ``Rows``, one record batch of a shard) is 1,024 rows, or as many rows as hold 2,048 x 1,024
+    positions where rows are longer: its arrays do not grow with ``seq_len``. The rows are those of chunks of any
+    size, in the same order."""
+    from weightprep.stages import pack
+
+    lengths = [(7919 * i) % (seq_len // 2) + 1 for i in range((20 << 20) // seq_len)]  # ~5M tokens: several chunks
+
+    def rows_of(packer: Packer) -> tuple[list[int], list[list[int]]]:
+        sizes, ids = [], []
+        for rows in [*packer.add(_numbered(0, lengths)), *packer.flush()]:
+            sizes.append(len(rows.input_ids))
+            ids += rows.input_ids.tolist()
+        return sizes, ids
+
+    sizes, ids = rows_of(Packer(seq_len, -1, window=len(lengths)))
+    expected = min(1024, (2048 * 1024) // seq_len)
+    assert len(sizes) > 1 and set(sizes[:-1]) == {expected} and 0 < sizes[-1] <= expected
+    assert pack.chunk_rows(1 << 22) == 1  # a row longer than a chunk's positions: a row a chunk
+    monkeypatch.setattr(pack, "chunk_rows", lambda seq_len: 7)  # another chunk size: the same rows
+    assert rows_of(Packer(seq_len, -1, window=len(lengths)))[1] == ids
+
+
 @settings(max_examples=300, deadline=None)
 @given(
     st.lists(st.lists(st.tuples(st.integers(0, 5), _weights), min_size=0, max_size=4), max_size=8),

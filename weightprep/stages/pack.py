@@ -36,8 +36,16 @@ from weightprep.stages.mask import labels_from_weights
 
 __all__ = ["best_fit_decreasing", "rows_from_bins", "Packer", "RowBuffers"]
 
-#: Rows materialized at a time, to bound memory whatever the window size.
+#: Rows materialized at a time, to bound memory whatever the window size: 1,024, or as many as hold
+#: ``_CHUNK_TOKENS`` positions where rows are longer than 2,048 (a chunk's columns are fresh pages at its first use,
+#: ~20 bytes a position: 42 MB, whatever ``seq_len``)
 _ROWS_PER_CHUNK = 1024
+_CHUNK_TOKENS = _ROWS_PER_CHUNK * 2048
+
+
+def chunk_rows(seq_len: int) -> int:
+    """How many rows of ``seq_len`` a chunk holds."""
+    return max(1, min(_ROWS_PER_CHUNK, _CHUNK_TOKENS // seq_len))
 
 
 def best_fit_decreasing(lengths: np.ndarray, capacity: int) -> list[list[int]]:
@@ -244,8 +252,9 @@ class Packer:
         yield from self._emit(docs, best_fit_decreasing(docs.lengths, self.seq_len))
 
     def _emit(self, docs: Documents, bins: list[list[int]]) -> Iterator[Rows]:
-        for start in range(0, len(bins), _ROWS_PER_CHUNK):
+        rows = chunk_rows(self.seq_len)
+        for start in range(0, len(bins), rows):
             yield rows_from_bins(
-                docs, bins[start : start + _ROWS_PER_CHUNK], self.seq_len, self.pad_id, attention_mask=not self.packed,
+                docs, bins[start : start + rows], self.seq_len, self.pad_id, attention_mask=not self.packed,
                 buffers=self._buffers,
             )  # fmt: skip
