@@ -27,7 +27,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -214,7 +214,6 @@ class LocalExecutor(Executor):
         if self._serial is not None:
             yield from self._serial.map(parts, progress, task, **options)
             return
-        from collections import deque
         from concurrent.futures import FIRST_COMPLETED, wait
         from concurrent.futures.process import BrokenProcessPool
 

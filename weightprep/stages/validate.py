@@ -388,15 +388,8 @@ def _plain_chat(obj: Any) -> Chat | None:
         role, content = m.get("role"), m.get("content")
         if type(role) is not str or not role or type(content) is not str:
             return None
-        if len(m) != 2:
-            weight = m.get("weight")
-            if len(m) != 3 or (type(weight) is not float and type(weight) is not int):
-                return None
-            try:
-                if not is_valid_weight(float(weight)):
-                    return None
-            except OverflowError:
-                return None
+        if len(m) != 2 and (len(m) != 3 or "weight" not in m or _weight_problem("", m["weight"]) is not None):
+            return None
         if not content.isascii() and _text_problem("", content) is not None:
             return None
     return Chat(messages, None, None, b"")
