@@ -107,10 +107,66 @@ def test_the_cli_build_imports_no_torch_pandas_or_transformers_and_writes_what_a
     assert _digests(out) == _digests(tmp_path / "auto")  # shards and manifest alike
 
 
-def test_a_chat_build_from_a_directory_read_directly(tmp_path, write_jsonl):
-    """Chat rendering needs transformers' tokenizer: loaded on the first conversation, same rows as given one."""
+def _chat_view(tok) -> dict:
+    """What the chat stage reads of a tokenizer."""
+    return {
+        "specials": tok.special_tokens_map, "added": tok.added_tokens_encoder, "template": tok.chat_template,
+        "control": getattr(tok, "chat_control_tokens", None), "eos": tok.eos_token, "bos_id": tok.bos_token_id,
+        "decoder": {i: (t.content, t.special, t.lstrip, t.rstrip, t.normalized, t.single_word)
+                    for i, t in tok.added_tokens_decoder.items()},
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("key", ["extra_special_tokens", "additional_special_tokens"])
+def test_special_tokens_beyond_the_named_ones_are_read_directly_where_tokenizer_json_has_them(key, tmp_path):
+    """transformers 5 writes ``extra_special_tokens`` (4: ``additional_special_tokens``): where each is a special added
+    token of tokenizer.json, the directory is read directly into what AutoTokenizer loads; a dict of named extras, a
+    token tokenizer.json lacks, or one it holds as a non-special token are AutoTokenizer's to load."""
     directory = _saved(chat_tokenizer("chatml"), tmp_path / "tok")
-    _edit_config(directory, extra_special_tokens=None, additional_special_tokens=None)
+    _edit_config(directory, extra_special_tokens=None)
+    _edit_config(directory, **{key: ["<|im_start|>", "<|endoftext|>"], "chat_control_tokens": ["<|im_start|>"]})
+    assert direct_load_obstacle(directory) is None
+    mine, auto = load_tokenizer(str(directory), direct=True), _auto(directory)
+    assert isinstance(mine, TokenizerFiles)
+    assert tokenizer_summary(mine) == tokenizer_summary(auto)
+    assert _chat_view(mine) == _chat_view(auto)
+    for wrong in ({"image_token": "<|im_start|>"}, ["<|im_start|>", "<|absent|>"]):
+        _edit_config(directory, **{key: wrong})
+        assert "not special added tokens" in direct_load_obstacle(directory)
+    tokenizer = json.loads((directory / "tokenizer.json").read_text())
+    for token in tokenizer["added_tokens"]:
+        token["special"] = token["special"] and token["content"] != "<|endoftext|>"
+    (directory / "tokenizer.json").write_text(json.dumps(tokenizer))
+    _edit_config(directory, **{key: ["<|endoftext|>"]})
+    assert "not special added tokens" in direct_load_obstacle(directory)
+
+
+def test_chat_templates_are_read_as_transformers_reads_them(tmp_path):
+    """tokenizer_config.json's template, a list of named ones, ``chat_template.jinja`` over it, and the files of
+    ``additional_chat_templates/`` beside it: the same ``chat_template`` as AutoTokenizer's."""
+    directory = _saved(chat_tokenizer("chatml"), tmp_path / "tok")
+    own = (directory / "chat_template.jinja").read_text()
+    (directory / "chat_template.jinja").unlink()
+    steps = [
+        lambda: _edit_config(directory, chat_template="{{ 'config' }}"),
+        lambda: _edit_config(directory, chat_template=[{"name": "default", "template": "a"}, {"name": "tool_use", "template": "b"}]),
+        lambda: (directory / "chat_template.jinja").write_text(own),
+        lambda: (directory / "additional_chat_templates").mkdir(),
+        lambda: (directory / "additional_chat_templates" / "rag.jinja").write_text("{{ 'rag' }}"),
+    ]  # fmt: skip
+    seen = []
+    for step in steps:
+        step()
+        mine, auto = load_tokenizer(str(directory), direct=True), _auto(directory)
+        assert isinstance(mine, TokenizerFiles) and mine.chat_template == auto.chat_template
+        seen.append(json.dumps(auto.chat_template))
+    assert len(set(seen)) == 4  # each step but the empty folder changed the template
+
+
+def test_a_chat_build_from_a_directory_read_directly(tmp_path, write_jsonl):
+    """The chat stage renders with the tokenizer read directly (no transformers tokenizer): same rows as given
+    AutoTokenizer's."""
+    directory = _saved(chat_tokenizer("chatml"), tmp_path / "tok")
     assert direct_load_obstacle(directory) is None
     messages = [{"role": "user", "content": "Hi?"}, {"role": "assistant", "content": "Hello there."}]
     raw = write_jsonl([{"messages": messages}, {"pieces": [{"text": "plain", "weight": 1}]}])
@@ -201,8 +257,9 @@ def test_the_class_auto_tokenizer_chose_is_loaded_again_without_torch(kind, tmp_
 
     cache = tmp_path / "cache"
     monkeypatch.setenv("WEIGHTPREP_CACHE", str(cache))
-    if kind == "extra special tokens":
-        directory = _saved(chat_tokenizer("chatml"), tmp_path / "tok")
+    if kind == "extra special tokens":  # one that tokenizer.json lacks: AutoTokenizer adds it
+        directory = _edit_config(_saved(chat_tokenizer("chatml"), tmp_path / "tok"),
+                                 extra_special_tokens=["<|im_start|>", "<|extra|>"])  # fmt: skip
     elif kind == "model class, byte-level":  # AutoTokenizer loads TokenizersBackend (byte-level tokenizer.json)
         directory = _edit_config(_saved(bos_eos_distinct(), tmp_path / "tok"), tokenizer_class="LlamaTokenizer")
     else:

@@ -31,7 +31,7 @@ from weightprep.stages.mask import first_tokens, mask
 from weightprep.stages.read import InputFile, file_kind, read_blocks
 from weightprep.stages.tokenize import PieceTokenizer
 from weightprep.stages.validate import parse_block
-from weightprep.tokenizer import SpecialTokens, transformers_tokenizer
+from weightprep.tokenizer import SpecialTokens, chat_tokenizer
 from weightprep.weights import parse_role_weights
 
 if TYPE_CHECKING:
@@ -150,7 +150,7 @@ class Chats:
         from weightprep.stages.chat import ChatRenderer, render_chats
 
         if self._renderer is None:
-            tok = transformers_tokenizer(self.tokenizer)
+            tok = chat_tokenizer(self.tokenizer, full=self.cfg.chat.sanitize_control_tokens)
             chosen = resolve_templates(tok, self.cfg.chat.template)
             weights, history = parse_role_weights(self.cfg.chat.role_weights), self.cfg.chat.history
             renderer = ChatRenderer(

@@ -57,11 +57,11 @@ from weightprep.stages.rejects import REJECTS_NAME
 from weightprep.stages.split import TRAIN, VALIDATION, cut_from_keys, fraction_cut
 from weightprep.tokenizer import (
     TokenizerFiles,
+    chat_tokenizer,
     load_tokenizer,
     special_tokens,
     tokenizer_location,
     tokenizer_summary,
-    transformers_tokenizer,
 )
 from weightprep.weights import is_valid_weight
 
@@ -250,7 +250,7 @@ def _build(
         if counts["chat_documents"] or any(reason in CHAT_REASONS for reason in counts["rejected"]):
             turns = counts["chat_training_template_turns"]
             manifest["chat"] = manifest_chat(
-                transformers_tokenizer(tok), cfg.chat.template, cfg.chat.history, turns,
+                chat_tokenizer(tok), cfg.chat.template, cfg.chat.history, turns,
                 counts["chat_history_conversations"],
             )  # fmt: skip
         with step(f"publishing {out}"):

@@ -30,6 +30,7 @@ from typing import Any
 from weightprep.errors import UsageError
 
 __all__ = [
+    "chat_tokenizer",
     "local_path_problem",
     "SAMPLE_TOKENIZER_DIR",
     "SpecialTokens",
@@ -62,8 +63,11 @@ _GENERIC_CLASSES = {"PreTrainedTokenizerFast", "TokenizersBackend"}
 #: tokenizer_config.json keys with which transformers changes the backend at load time.
 _CHANGING_KEYS = (
     "add_bos_token", "add_eos_token", "add_prefix_space", "split_special_tokens", "fix_mistral_regex",
-    "extra_special_tokens", "additional_special_tokens", "auto_map", "tokenizer_file", "legacy", "from_slow",
+    "auto_map", "tokenizer_file", "fast_tokenizer_files", "legacy", "from_slow",
 )
+#: tokenizer_config.json keys listing special tokens beyond the named ones (transformers 5 writes
+#: ``extra_special_tokens``, 4 ``additional_special_tokens``): no change where each is a special added token already
+_EXTRA_KEYS = ("extra_special_tokens", "additional_special_tokens")
 _NAMED_SPECIALS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 
 
@@ -94,6 +98,10 @@ def direct_load_obstacle(directory: Path, backend: Any = None) -> str | None:
     if backend.post_processor is None:
         return "tokenizer.json has no post-processor (transformers writes one)"
     added = {t.content: (i, t) for i, t in backend.get_added_tokens_decoder().items()}
+    for key in _EXTRA_KEYS:
+        extra = config.get(key) or []
+        if not isinstance(extra, list) or any(_content(t) not in added or not added[_content(t)][1].special for t in extra):
+            return f"tokenizer_config.json sets {key} that are not special added tokens of tokenizer.json"
     for index, token in (config.get("added_tokens_decoder") or {}).items():
         mine = added.get(_content(token))
         if mine is None or mine[0] != int(index) or (isinstance(token, dict) and any(
@@ -128,8 +136,9 @@ def _special_config(directory: Path, config: dict[str, Any]) -> dict[str, Any]:
 class TokenizerFiles:
     """A local tokenizer directory read without transformers: what the build needs of a tokenizer.
 
-    ``backend_tokenizer`` is ``tokenizer.json`` loaded by tokenizers; special tokens are resolved as
-    transformers does; ``transformers_tokenizer(self)`` loads the full one where a stage needs it (chat)."""
+    ``backend_tokenizer`` is ``tokenizer.json`` loaded by tokenizers; special tokens, added tokens and chat
+    templates are resolved as transformers does (what the chat stage renders with); ``transformers_tokenizer(self)``
+    loads the full one where a stage needs it (``sanitize_control_tokens``, TRL's training templates)."""
 
     is_fast = True
     class_name = "TokenizersBackend"  # what AutoTokenizer returns for these directories
@@ -138,17 +147,42 @@ class TokenizerFiles:
         self.name_or_path = str(directory)
         self.backend_tokenizer = backend if backend is not None else _load_backend(directory)
         config = _read_json(directory / "tokenizer_config.json")
-        self.chat_template = config.get("chat_template")
-        if self.chat_template is None and (directory / "chat_template.jinja").is_file():
-            self.chat_template = (directory / "chat_template.jinja").read_text(encoding="utf-8")
+        self.chat_template = _chat_templates(directory, config)
+        self.chat_control_tokens = config.get("chat_control_tokens")
+        self.special_tokens_map: dict[str, str] = {}  # as transformers 5's: the named special tokens that are set
         for key, value in _special_config(directory, config).items():
             token = _content(value)
             setattr(self, key, token)
             setattr(self, f"{key}_id", None if token is None else self.backend_tokenizer.token_to_id(token))
+            if token is not None:
+                self.special_tokens_map[key] = token
         self._full: Any = None
 
     def __len__(self) -> int:
         return self.backend_tokenizer.get_vocab_size(with_added_tokens=True)
+
+    @property
+    def added_tokens_decoder(self) -> dict[int, Any]:
+        return self.backend_tokenizer.get_added_tokens_decoder()  # type: ignore[no-any-return]
+
+    @property
+    def added_tokens_encoder(self) -> dict[str, int]:
+        return {t.content: i for i, t in sorted(self.added_tokens_decoder.items())}
+
+
+def _chat_templates(directory: Path, config: dict[str, Any]) -> str | dict[str, str] | None:
+    """The chat template as transformers 5 loads it: ``chat_template.jinja`` (``default``) and the files of
+    ``additional_chat_templates/`` (by name) over tokenizer_config.json's; one ``default`` alone is a string,
+    named templates a dict."""
+    files = {"default": directory / "chat_template.jinja"} if (directory / "chat_template.jinja").is_file() else {}
+    extra = directory / "additional_chat_templates"
+    if extra.is_dir():
+        files.update({p.name.removesuffix(".jinja"): p for p in extra.glob("*.jinja")})
+    if files:
+        found = {name: path.read_text(encoding="utf-8") for name, path in files.items()}
+        return found["default"] if list(found) == ["default"] else found
+    value = config.get("chat_template")
+    return {t["name"]: t["template"] for t in value} if isinstance(value, (list, tuple)) else value
 
 
 def transformers_tokenizer(tok: Any) -> Any:
@@ -158,6 +192,22 @@ def transformers_tokenizer(tok: Any) -> Any:
     if tok._full is None:
         tok._full = load_tokenizer(tok.name_or_path, direct=False)
     return tok._full
+
+
+def chat_tokenizer(tok: Any, *, full: bool = False) -> Any:
+    """The tokenizer the chat stage renders with: ``tok`` itself where it is a ``TokenizerFiles`` and transformers is
+    5 or later (whose ``special_tokens_map``, the template's token arguments, holds the named tokens only, as
+    ``TokenizerFiles``' does), else the transformers one; ``full``: always the transformers one (what
+    ``sanitize_control_tokens`` encodes with)."""
+    if full or not isinstance(tok, TokenizerFiles):
+        return transformers_tokenizer(tok)
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        major = int(version("transformers").split(".")[0])
+    except (PackageNotFoundError, ValueError):
+        major = 0
+    return tok if major >= 5 else transformers_tokenizer(tok)
 
 
 def tokenizer_location(name_or_path: str | None) -> str:

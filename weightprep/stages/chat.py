@@ -89,6 +89,7 @@ from weightprep.stages.chat_control import (
     token_pattern,
     turn_structure,
 )
+from weightprep.stages.chat_jinja import template_utils
 from weightprep.stages.chat_history import HISTORY_MODES, Document, HistoryModes, joined
 from weightprep.stages.chat_spans import answer_start, trailer
 from weightprep.stages.chat_templates import TrlMissing
@@ -135,8 +136,7 @@ class _Template:
     """
 
     def __init__(self, template: str, tagged: bool) -> None:
-        from transformers.utils import chat_template_utils as ctu
-
+        ctu = template_utils()
         self.template, self.tagged = template, tagged
         self._ctu = ctu
         self.direct = all(
@@ -353,9 +353,7 @@ class ChatRenderer(HistoryModes):
         version = tuple(int(p) for p in re.findall(r"\d+", tokenizers.__version__)[:3])
         if version < (0, 20, 1):  # earlier offsets are wrong for Llama-3-style ignore_merges tokenizers
             raise UsageError(f"chat records need tokenizers >= 0.20.1 (correct offsets); found {tokenizers.__version__}")
-        from transformers.utils import chat_template_utils as ctu
-
-        if self.sanitize and not all(hasattr(ctu, f) for f in ("mark_control_tokens", "encode_marked_chat")):
+        if self.sanitize and not all(hasattr(template_utils(), f) for f in ("mark_control_tokens", "encode_marked_chat")):
             import transformers
 
             raise UsageError(
@@ -436,8 +434,7 @@ class ChatRenderer(HistoryModes):
         sanitize_control_tokens=True)`` marks them (again: marking drops the marks already there)."""
         tools, kwargs = chat.tools, chat.template_kwargs or {}
         if self.sanitize:
-            from transformers.utils.chat_template_utils import mark_control_tokens
-
+            mark_control_tokens = template_utils().mark_control_tokens
             control = self._control_tokens()
             messages, tools, kwargs = (mark_control_tokens(v, control) for v in (messages, tools, kwargs))
         if self._specials is None:
@@ -817,8 +814,7 @@ class ChatRenderer(HistoryModes):
         sanitize_control_tokens=True)`` tokenizes it (transformers' ``encode_marked_chat``: a marked token as plain
         text, the text between marks encoded apart): the text without its marks, their characters' weights and
         turns, the ids, their characters' (start, end) and whether those came from the ids' bytes."""
-        from transformers.utils import chat_template_utils as ctu
-
+        ctu = template_utils()
         backend = self.tok.backend_tokenizer
         split = backend.encode_special_tokens  # left set by its last piece: the build's own encodes read it
         try:
@@ -846,9 +842,7 @@ class ChatRenderer(HistoryModes):
         """tokenizers' offsets of ``encode_marked_chat(text)``'s tokens in ``text`` without its marks, its pieces
         encoded as it encodes them (``_encode_chat_piece``: after a newline, dropped again); ids that differ from
         ``ids`` are ``bad_offsets``."""
-        from transformers.utils import chat_template_utils as ctu
-
-        _, marks = ctu._get_control_token_patterns(tuple(self.tok.added_tokens_encoder))
+        _, marks = template_utils()._get_control_token_patterns(tuple(self.tok.added_tokens_encoder))
         backend = self.tok.backend_tokenizer
         newline = backend.encode("\n", add_special_tokens=False).ids
         got: list[int] = []

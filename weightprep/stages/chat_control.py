@@ -69,9 +69,9 @@ def control_token_list(tok: Any, template: str) -> tuple[str, ...]:
 def template_literal_text(template: str) -> str:
     """The literal strings of ``template`` (transformers' ``_get_template_literal_text``; its source where that is
     missing): a token found there is one the template writes."""
-    from transformers.utils import chat_template_utils as ctu
+    from weightprep.stages.chat_jinja import template_utils
 
-    literal = getattr(ctu, "_get_template_literal_text", None)
+    literal = getattr(template_utils(), "_get_template_literal_text", None)
     return literal(template) if literal is not None else template  # type: ignore[no-any-return]
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from weightprep.errors import UsageError
+from weightprep.tokenizer import transformers_tokenizer
 
 __all__ = [
     "TRAINING", "Templates", "TrlMissing", "manifest_chat", "resolve_templates", "template_sha256",
@@ -67,10 +68,10 @@ _WHY: dict[str, str] = {}
 def training_template(tok: Any, template: str) -> str | None:
     """The training template TRL maps ``template`` to: ``template`` itself where TRL trains on it as it is
     (already prefix-preserving with ``{% generation %}`` tags), None where TRL has none. ``TrlMissing``
-    without TRL. ``tok``: a transformers tokenizer (TRL renders probe conversations with it)."""
+    without TRL. ``tok``: the build's tokenizer (TRL renders probe conversations with the transformers one)."""
     if template not in _FOUND:
         utils = _trl()
-        holder = tok
+        holder = tok = transformers_tokenizer(tok)
         if tokenizer_template(tok) != template:  # TRL reads the template off the tokenizer
             holder = copy.copy(tok)
             holder.chat_template = template
@@ -97,7 +98,7 @@ def _trl_source(text: str) -> str:
 
 
 def resolve_templates(tok: Any, setting: str | None) -> Templates:
-    """The templates that ``chat.template`` = ``setting`` means for ``tok`` (a transformers tokenizer)."""
+    """The templates that ``chat.template`` = ``setting`` means for ``tok`` (the build's tokenizer)."""
     own = tokenizer_template(tok)
     if setting is None:
         return Templates(own, None, "tokenizer")
