@@ -131,3 +131,21 @@ def test_a_chat_build_with_a_tokenizer_read_directly_never_imports_transformers(
     assert _digests(tmp_path / "a") == _digests(tmp_path / "b")
     manifest = json.loads((tmp_path / "a" / "weightprep_manifest.json").read_text())
     assert manifest["counts"]["chat_documents"] == 39
+
+
+def test_the_major_version_is_read_without_importing_transformers(monkeypatch, tmp_path):
+    import transformers
+
+    from weightprep.tokenizer import TokenizerFiles, chat_tokenizer
+
+    chat_jinja.transformers_major.cache_clear()
+    assert chat_jinja.transformers_major() == int(transformers.__version__.split(".")[0])
+    directory = tmp_path / "tok"
+    from chat_support import chat_tokenizer as family_tokenizer
+
+    family_tokenizer("chatml").save_pretrained(str(directory))
+    files = TokenizerFiles(directory)
+    assert chat_tokenizer(files) is files  # transformers 5: the named special tokens only, as TokenizerFiles
+    assert not isinstance(chat_tokenizer(files, full=True), TokenizerFiles)
+    monkeypatch.setattr(chat_jinja, "transformers_major", lambda: 4)  # 4 passes additional_special_tokens too
+    assert not isinstance(chat_tokenizer(TokenizerFiles(directory)), TokenizerFiles)

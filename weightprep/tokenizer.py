@@ -201,13 +201,9 @@ def chat_tokenizer(tok: Any, *, full: bool = False) -> Any:
     ``sanitize_control_tokens`` encodes with)."""
     if full or not isinstance(tok, TokenizerFiles):
         return transformers_tokenizer(tok)
-    from importlib.metadata import PackageNotFoundError, version
+    from weightprep.stages.chat_jinja import transformers_major
 
-    try:
-        major = int(version("transformers").split(".")[0])
-    except (PackageNotFoundError, ValueError):
-        major = 0
-    return tok if major >= 5 else transformers_tokenizer(tok)
+    return tok if transformers_major() >= 5 else transformers_tokenizer(tok)
 
 
 def tokenizer_location(name_or_path: str | None) -> str:

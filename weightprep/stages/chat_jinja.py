@@ -25,12 +25,13 @@ import builtins
 import functools
 import importlib.util
 import logging
+import re
 import sys
 import types
 from pathlib import Path
 from typing import Any
 
-__all__ = ["module_file", "template_utils"]
+__all__ = ["module_file", "template_utils", "transformers_major"]
 
 #: what the file may import from its own package, and the stand-ins that answer those imports
 _PACKAGE_IMPORTS = {
@@ -72,6 +73,23 @@ def module_file() -> Path | None:
     folders = list(spec.submodule_search_locations or []) if spec is not None else []
     path = Path(folders[0]) / "utils" / "chat_template_utils.py" if folders else None
     return path if path is not None and path.is_file() else None
+
+
+@functools.cache
+def transformers_major() -> int:
+    """The installed transformers' major version (0: none), read off its ``__init__.py`` without importing it
+    (``importlib.metadata`` costs ~35 ms to import)."""
+    path = module_file()
+    init = path.parent.parent / "__init__.py" if path is not None else None
+    found = re.search(r'^__version__ = "(\d+)\.', init.read_text(encoding="utf-8"), re.M) if init else None
+    if found is not None:
+        return int(found[1])
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return int(version("transformers").split(".")[0])
+    except (PackageNotFoundError, ValueError):
+        return 0
 
 
 def _package_imports(tree: ast.Module) -> dict[tuple[int, str | None], set[str]]:
