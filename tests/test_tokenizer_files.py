@@ -389,3 +389,46 @@ def test_the_memory_is_written_where_no_folder_was_and_a_failed_write_leaves_not
     assert tokenizer_class._read() == {"k": f"{auto.__module__}:{auto.__qualname__}"}
     tokenizer_class.load(str(directory), trust_remote_code=True)
     assert list(tokenizer_class._read()) == ["k"]
+
+
+@pytest.mark.parametrize("family", [*sorted(FAMILIES), "sample"])
+def test_a_directory_read_directly_decodes_as_auto_tokenizer(family, tmp_path):
+    """``decode`` (what `inspect` and the report show): the backend's, as transformers 5 decodes where no clean-up of
+    tokenization spaces is set; with it set (or asked for), transformers' tokenizer decodes."""
+    directory = SAMPLE_TOKENIZER_DIR if family == "sample" else _saved(FAMILIES[family](), tmp_path / "tok")
+    spec = json.loads((directory / "tokenizer.json").read_text())
+    if (spec.get("decoder") or {}).get("cleanup"):  # WordPiece's decoder cleans up itself: not here, so that
+        spec["decoder"]["cleanup"] = False  # transformers' clean-up (not BPE's) is what differs
+        (directory / "tokenizer.json").write_text(json.dumps(spec))
+    mine, auto = load_tokenizer(str(directory), direct=True), _auto(directory)
+    assert isinstance(mine, TokenizerFiles)
+    ids = auto(TEXT + " Hello , world . It 's")["input_ids"]
+    ids = [*ids, *auto.all_special_ids, *ids[:3]]
+    for skip in (False, True):
+        assert mine.decode(ids, skip_special_tokens=skip) == auto.decode(ids, skip_special_tokens=skip)
+        assert mine.decode(ids, skip, clean_up_tokenization_spaces=True) == auto.decode(
+            ids, skip_special_tokens=skip, clean_up_tokenization_spaces=True
+        )
+    if family != "sample":
+        _edit_config(directory, clean_up_tokenization_spaces=True)
+        mine, auto = load_tokenizer(str(directory), direct=True), _auto(directory)
+        assert isinstance(mine, TokenizerFiles) and mine.decode(ids) == auto.decode(ids)
+
+
+def test_inspect_of_a_build_imports_no_transformers(tmp_path):
+    from conftest import SAMPLE_RAW
+
+    out = tmp_path / "s"
+    assert CliRunner().invoke(main, ["build", str(SAMPLE_RAW), "--out", str(out)]).exit_code == 0
+    code = (
+        "import sys; from weightprep.cli import main\n"
+        "try: main(['inspect', sys.argv[1], '--row', '1', '--no-color'])\n"
+        "except SystemExit as e: assert not e.code, e.code\n"
+        "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code, str(out)], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    lines = run.stdout.strip().splitlines()
+    assert lines[-1] == "[]"
+    shown = CliRunner().invoke(main, ["inspect", str(out), "--row", "1", "--no-color"])  # the whole row was shown
+    assert shown.exit_code == 0 and "\n".join(lines[:-1]) == shown.output.rstrip("\n")

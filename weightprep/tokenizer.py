@@ -149,6 +149,7 @@ class TokenizerFiles:
         config = _read_json(directory / "tokenizer_config.json")
         self.chat_template = _chat_templates(directory, config)
         self.chat_control_tokens = config.get("chat_control_tokens")
+        self._clean_up = config.get("clean_up_tokenization_spaces", False)  # transformers 5's default
         self.special_tokens_map: dict[str, str] = {}  # as transformers 5's: the named special tokens that are set
         for key, value in _special_config(directory, config).items():
             token = _content(value)
@@ -160,6 +161,19 @@ class TokenizerFiles:
 
     def __len__(self) -> int:
         return self.backend_tokenizer.get_vocab_size(with_added_tokens=True)
+
+    def decode(self, ids: Any, skip_special_tokens: bool = False, clean_up_tokenization_spaces: bool | None = None) -> str:
+        """``decode`` as transformers 5's tokenizer decodes: the backend's own decode, where no clean-up of
+        tokenization spaces is asked for or set in tokenizer_config.json; else (or under transformers 4) transformers'
+        tokenizer decodes."""
+        from weightprep.stages.chat_jinja import transformers_major
+
+        clean = self._clean_up if clean_up_tokenization_spaces is None else clean_up_tokenization_spaces
+        if clean or transformers_major() < 5:
+            return transformers_tokenizer(self).decode(  # type: ignore[no-any-return]
+                ids, skip_special_tokens=skip_special_tokens, clean_up_tokenization_spaces=clean_up_tokenization_spaces
+            )
+        return self.backend_tokenizer.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)  # type: ignore[no-any-return]
 
     @property
     def added_tokens_decoder(self) -> dict[int, Any]:

@@ -95,7 +95,7 @@ def inspect(
         click.echo(f"wrote {html_out} ({html_out.stat().st_size:,} bytes)")
         return
     click.echo(format_summary(manifest, str(directory).rstrip("/"), built=False))
-    tok = load_tokenizer(tokenizer or manifest["tokenizer"]["name_or_path"])
+    tok = load_tokenizer(tokenizer or manifest["tokenizer"]["name_or_path"], direct=True)
     if tokenizer_fingerprint(tok) != manifest["tokenizer"]["fingerprint"]:
         click.echo("warning: this tokenizer's fingerprint differs from the one the shards were built with", err=True)
     row = read_row(directory, manifest, row_index, split)

@@ -288,7 +288,7 @@ def _render_report(directory: Path | str, *, tokenizer: str | None, rows: int, m
     directory = directory if storage.is_url(directory) else Path(directory)  # a URL: a build in a store
     manifest = read_manifest(directory)
     tok_info = manifest["tokenizer"]
-    tok = load_tokenizer(tokenizer or tok_info["name_or_path"])
+    tok = load_tokenizer(tokenizer or tok_info["name_or_path"], direct=True)
     warn = ""
     if tokenizer_fingerprint(tok) != tok_info["fingerprint"]:
         warn = '<p class="warn">This tokenizer\'s fingerprint differs from the one the shards were built with.</p>'
