@@ -67,6 +67,37 @@ def test_where_transformers_would_change_the_tokenizer_auto_tokenizer_loads_it(c
     assert not isinstance(load_tokenizer(str(directory), direct=True), TokenizerFiles)
 
 
+def test_each_check_of_a_direct_reading_is_its_own_obstacle(tmp_path):
+    """Missing files, no post-processor, and added tokens of tokenizer_config.json that tokenizer.json holds
+    otherwise (another id, another flag) each make the directory AutoTokenizer's; the same added tokens, as dicts
+    or as plain strings, do not."""
+    directory = _saved(bos_eos_distinct(), tmp_path / "tok")
+    added = {str(i): {"content": t.content, "lstrip": t.lstrip, "rstrip": t.rstrip, "normalized": t.normalized,
+                      "single_word": t.single_word, "special": t.special}
+             for i, t in load_tokenizer(str(directory), direct=True).added_tokens_decoder.items()}  # fmt: skip
+    assert len(added) >= 2
+    _edit_config(directory, added_tokens_decoder=added)
+    assert direct_load_obstacle(directory) is None
+    _edit_config(directory, added_tokens_decoder={i: t["content"] for i, t in added.items()})
+    assert direct_load_obstacle(directory) is None
+    first, second = sorted(added, key=int)[:2]
+    for wrong in ({second: added[first]}, {first: {**added[first], "lstrip": not added[first]["lstrip"]}},
+                  {first: {**added[first], "special": not added[first]["special"]}}):  # fmt: skip
+        _edit_config(directory, added_tokens_decoder=wrong)
+        assert "differs from tokenizer.json" in direct_load_obstacle(directory), wrong
+    _edit_config(directory, added_tokens_decoder=added)
+    spec = json.loads((directory / "tokenizer.json").read_text())
+    (directory / "tokenizer.json").write_text(json.dumps({**spec, "post_processor": None}))
+    assert "no post-processor" in direct_load_obstacle(directory)
+    (directory / "tokenizer.json").write_text(json.dumps(spec))
+    config = (directory / "tokenizer_config.json").read_bytes()
+    (directory / "tokenizer_config.json").unlink()
+    assert direct_load_obstacle(directory) == "no tokenizer.json + tokenizer_config.json"
+    (directory / "tokenizer_config.json").write_bytes(config)
+    (directory / "tokenizer.json").unlink()
+    assert direct_load_obstacle(directory) == "no tokenizer.json + tokenizer_config.json"
+
+
 def test_legacy_special_tokens_map_is_read_where_transformers_reads_it(tmp_path):
     directory = _saved(bos_eos_distinct(), tmp_path / "tok")
     config = json.loads((directory / "tokenizer_config.json").read_text())
@@ -112,6 +143,7 @@ def _chat_view(tok) -> dict:
     return {
         "specials": tok.special_tokens_map, "added": tok.added_tokens_encoder, "template": tok.chat_template,
         "control": getattr(tok, "chat_control_tokens", None), "eos": tok.eos_token, "bos_id": tok.bos_token_id,
+        "size": len(tok),
         "decoder": {i: (t.content, t.special, t.lstrip, t.rstrip, t.normalized, t.single_word)
                     for i, t in tok.added_tokens_decoder.items()},
     }  # fmt: skip
