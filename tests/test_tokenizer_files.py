@@ -442,9 +442,22 @@ def test_a_directory_read_directly_decodes_as_auto_tokenizer(family, tmp_path):
             ids, skip_special_tokens=skip, clean_up_tokenization_spaces=True
         )
     if family != "sample":
-        _edit_config(directory, clean_up_tokenization_spaces=True)
-        mine, auto = load_tokenizer(str(directory), direct=True), _auto(directory)
-        assert isinstance(mine, TokenizerFiles) and mine.decode(ids) == auto.decode(ids)
+        for setting in (True, None):  # set, and not set (transformers 5's default: no clean-up)
+            _edit_config(directory, clean_up_tokenization_spaces=setting)
+            mine, auto = load_tokenizer(str(directory), direct=True), _auto(directory)
+            assert isinstance(mine, TokenizerFiles) and mine.decode(ids) == auto.decode(ids)
+            assert (mine._full is None) == (setting is None)  # the backend's own decode needs no transformers
+
+
+def test_under_transformers_4_its_tokenizer_decodes(monkeypatch):
+    from weightprep.stages import chat_jinja
+
+    mine = load_tokenizer(str(SAMPLE_TOKENIZER_DIR), direct=True)
+    mine.decode([1, 2, 3])
+    assert mine._full is None
+    monkeypatch.setattr(chat_jinja, "transformers_major", lambda: 4)
+    assert mine.decode([1, 2, 3]) == _auto(SAMPLE_TOKENIZER_DIR).decode([1, 2, 3])
+    assert mine._full is not None
 
 
 def test_inspect_of_a_build_imports_no_transformers(tmp_path):

@@ -58,7 +58,9 @@ MODULES: dict[str, list[str]] = {
     # which tokenizer a build runs: the class AutoTokenizer chose, remembered; fastokens' early load
     "tokenizer_class.py": ["tests/test_tokenizer_files.py"],
     # a directory read without transformers (special and added tokens, chat templates), and when chat may use it
-    "tokenizer.py": ["tests/test_tokenizer_files.py", "tests/test_chat_jinja.py"],
+    "tokenizer.py": ["tests/test_tokenizer_files.py", "tests/test_chat_jinja.py", "tests/test_tokenizer_snapshot.py"],
+    # what transformers built for a directory, kept and read back without it
+    "tokenizer_snapshot.py": ["tests/test_tokenizer_snapshot.py"],
     # transformers' chat-template file run alone, or transformers' own module
     "stages/chat_jinja.py": ["tests/test_chat_jinja.py"],
     "prefetch.py": ["tests/test_tokenize.py"],

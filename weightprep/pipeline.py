@@ -182,8 +182,9 @@ def _build(
             tok = tokenizer if tokenizer is not None else load_tokenizer(
                 cfg.tokenizer.name, trust_remote_code=cfg.tokenizer.trust_remote_code, direct=True
             )
-        # the file fastokens read is what the tokenizer runs only where the build read it directly (TokenizerFiles)
-        if prefetch is not None and not isinstance(tok, TokenizerFiles):
+        # the file fastokens read is what the tokenizer runs only where the build read that file (TokenizerFiles;
+        # not a snapshot of what transformers built, weightprep.tokenizer_snapshot)
+        if prefetch is not None and not (isinstance(tok, TokenizerFiles) and tok.file == tok_file):
             prefetch.close()  # loaded through AutoTokenizer: the file need not be what runs, so it is not used
             prefetch = None
         summary = tokenizer_summary(tok)

@@ -143,10 +143,13 @@ class TokenizerFiles:
     is_fast = True
     class_name = "TokenizersBackend"  # what AutoTokenizer returns for these directories
 
-    def __init__(self, directory: Path, backend: Any = None) -> None:
-        self.name_or_path = str(directory)
+    def __init__(self, directory: Path, backend: Any = None, *, name_or_path: str | None = None) -> None:
+        self.name_or_path = str(directory) if name_or_path is None else name_or_path
+        self.file = directory / "tokenizer.json"  # what the backend was read from
         self.backend_tokenizer = backend if backend is not None else _load_backend(directory)
         config = _read_json(directory / "tokenizer_config.json")
+        # a snapshot (weightprep.tokenizer_snapshot) names the class transformers built it with
+        self.class_name = config.get("weightprep_class", TokenizerFiles.class_name)
         self.chat_template = _chat_templates(directory, config)
         self.chat_control_tokens = config.get("chat_control_tokens")
         self._clean_up = config.get("clean_up_tokenization_spaces", False)  # transformers 5's default
@@ -262,7 +265,11 @@ def load_tokenizer(name_or_path: str | None, *, trust_remote_code: bool = False,
         backend = _load_backend(directory)
         if direct_load_obstacle(directory, backend) is None:
             return TokenizerFiles(directory, backend)
-    from weightprep import tokenizer_class
+    from weightprep import tokenizer_class, tokenizer_snapshot
+
+    kept = tokenizer_snapshot.recall(directory) if direct and not trust_remote_code and directory.is_dir() else None
+    if kept is not None:
+        return kept
 
     try:
         tok = tokenizer_class.load(name_or_path, trust_remote_code=trust_remote_code)
@@ -278,6 +285,8 @@ def load_tokenizer(name_or_path: str | None, *, trust_remote_code: bool = False,
             "weightprep needs a fast (Rust) tokenizer. Use a directory with tokenizer.json, or convert once "
             "with `AutoTokenizer.from_pretrained(path, from_slow=True).save_pretrained(out)`."
         )
+    if direct and not trust_remote_code and directory.is_dir():
+        tokenizer_snapshot.remember(directory, tok)  # the next builds read it without transformers
     return tok
 
 

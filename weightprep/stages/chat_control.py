@@ -56,11 +56,15 @@ Render = Callable[[list[dict[str, Any]], int, bool, Any], str]
 def control_token_list(tok: Any, template: str) -> tuple[str, ...]:
     """transformers' control tokens of ``template`` (what ``apply_chat_template(..., sanitize_control_tokens=True)``
     encodes as text): the special added tokens, and the added tokens the template's literal text holds (whitespace
-    tokens aside). The same rule where the tokenizer lacks ``_get_control_tokens`` (transformers < 5)."""
+    tokens aside), or those of ``chat_control_tokens`` where the tokenizer lists them. The same rule where the
+    tokenizer lacks ``_get_control_tokens`` (transformers < 5, ``TokenizerFiles``)."""
     if hasattr(tok, "_get_control_tokens"):
         return tuple(dict.fromkeys(tok._get_control_tokens(template)))
-    written = template_literal_text(template)
     added = getattr(tok, "added_tokens_decoder", {}).values()
+    listed = getattr(tok, "chat_control_tokens", None)
+    if listed is not None:
+        return tuple(dict.fromkeys(t.content for t in added if t.special or t.content in set(listed)))
+    written = template_literal_text(template)
     return tuple(dict.fromkeys(
         t.content for t in added if t.special or (t.content in written and not t.content.isspace())
     ))  # fmt: skip

@@ -1,0 +1,139 @@
+"""A tokenizer that transformers built for a directory, kept as a directory the build reads without transformers.
+
+A directory that only transformers may load as it is (a model's own class, e.g. ``Qwen2Tokenizer``, which
+transformers 5 rebuilds from the vocabulary; keys of ``tokenizer_config.json`` that change the backend) costs every
+build process ~1 s before its first record even once its class is remembered (``weightprep.tokenizer_class``):
+``import transformers`` (~0.55 s) and the class's own load. What the build uses of that tokenizer is its backend
+(``tokenizers.Tokenizer``, which serializes exactly: ``to_str``), its named special tokens, its added tokens, its
+chat templates and control tokens, and its decode. So after transformers has built it once, ``remember`` writes it
+as a tokenizer directory of the plainest kind (``tokenizer.json`` from the backend, ``tokenizer_config.json`` with
+those tokens and templates, class ``TokenizersBackend``) and ``recall`` reads it back as a ``TokenizerFiles``
+under the directory's own name and class: no transformers, no torch.
+
+A snapshot is written only where the ``TokenizerFiles`` read back from it equals the tokenizer transformers built
+in all of that (``differences``: fingerprint, vocabulary size, class, special and added tokens, chat templates,
+control tokens per template, decode of every id); anything else is left to transformers, as before. Snapshots are
+keyed as the remembered classes are (transformers' version, the directory's path, the bytes of every file but
+weights: any change is a new key), live in ``cache_dir()/tokenizers/KEY/`` and are at most ``KEEP`` (the least
+recently used dropped first: a ``tokenizer.json`` is megabytes). A snapshot that cannot be read is ignored.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from weightprep import tokenizer_class
+
+__all__ = ["KEEP", "differences", "recall", "remember"]
+
+#: Snapshots kept, at most.
+KEEP = 8
+_FOLDER = "tokenizers"
+_CLASS = "weightprep_class"  # the key of tokenizer_config.json that names the class transformers built
+_NAMED = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
+
+
+def _home() -> Path:
+    return tokenizer_class.cache_dir() / _FOLDER
+
+
+def recall(directory: Path) -> Any | None:
+    """The snapshot of ``directory`` as a ``TokenizerFiles`` (None: none, or it cannot be read)."""
+    from weightprep.tokenizer import TokenizerFiles
+
+    key = tokenizer_class._key(directory)
+    folder = None if key is None else _home() / key
+    if folder is None or not (folder / "tokenizer.json").is_file():
+        return None
+    try:
+        files = TokenizerFiles(folder, name_or_path=str(directory))
+    except Exception:  # noqa: BLE001 - a damaged snapshot: transformers loads the directory, and it is written anew
+        return None
+    with contextlib.suppress(OSError):
+        os.utime(folder)  # recently used: kept longest
+    return files
+
+
+def _config(tok: Any) -> dict[str, Any]:
+    template = getattr(tok, "chat_template", None)
+    if isinstance(template, dict):
+        template = [{"name": k, "template": v} for k, v in template.items()]
+    return {
+        "tokenizer_class": "TokenizersBackend", _CLASS: getattr(tok, "class_name", type(tok).__name__),
+        **{k: str(getattr(tok, k)) for k in _NAMED if getattr(tok, k, None) is not None},
+        "chat_template": template, "chat_control_tokens": getattr(tok, "chat_control_tokens", None),
+        "clean_up_tokenization_spaces": bool(getattr(tok, "clean_up_tokenization_spaces", False)),
+    }  # fmt: skip
+
+
+def differences(files: Any, tok: Any) -> list[str]:
+    """What the ``TokenizerFiles`` ``files`` answers otherwise than the transformers tokenizer ``tok`` (none: the
+    build runs the same with either)."""
+    from weightprep.stages.chat_control import control_token_list
+    from weightprep.tokenizer import tokenizer_summary
+
+    found = []
+    checks = {
+        "summary": (tokenizer_summary(files), tokenizer_summary(tok)),
+        "special_tokens_map": (files.special_tokens_map, tok.special_tokens_map),
+        "added tokens": (
+            {i: (t.content, t.special, t.lstrip, t.rstrip, t.normalized, t.single_word) for i, t in files.added_tokens_decoder.items()},
+            {i: (t.content, t.special, t.lstrip, t.rstrip, t.normalized, t.single_word) for i, t in tok.added_tokens_decoder.items()},
+        ),  # fmt: skip
+        "chat_template": (files.chat_template, getattr(tok, "chat_template", None)),
+        "named tokens": ({k: getattr(files, k, None) for k in _NAMED}, {k: getattr(tok, k, None) for k in _NAMED}),
+        "decode": (files.decode(range(len(tok))), tok.decode(list(range(len(tok))))),
+    }
+    template = tok.chat_template
+    for text in (template.values() if isinstance(template, dict) else [template] if template else []):
+        checks[f"control tokens of a template ({len(text)} characters)"] = (
+            control_token_list(files, text), control_token_list(tok, text)
+        )  # fmt: skip
+    for what, (mine, theirs) in checks.items():
+        if mine != theirs:
+            found.append(what)
+    return found
+
+
+def remember(directory: Path, tok: Any) -> bool:
+    """Keep what transformers built for ``directory`` (``tok``, a fast tokenizer) as a snapshot, where it reads back
+    the same (``differences``); whether it was kept. Nothing is kept where it cannot be written."""
+    from weightprep.tokenizer import TokenizerFiles
+
+    key = tokenizer_class._key(directory)
+    backend = getattr(tok, "backend_tokenizer", None)
+    if key is None or backend is None:
+        return False
+    home = _home()
+    try:
+        home.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=home, prefix=".new-"))
+    except OSError:
+        return False
+    try:
+        (tmp / "tokenizer.json").write_text(backend.to_str(), encoding="utf-8")
+        (tmp / "tokenizer_config.json").write_text(json.dumps(_config(tok), ensure_ascii=False), encoding="utf-8")
+        if differences(TokenizerFiles(tmp, name_or_path=str(directory)), tok):
+            return False
+        shutil.rmtree(home / key, ignore_errors=True)  # one that could not be read back
+        os.replace(tmp, home / key)  # (another process's of the same key, made meanwhile: the same bytes)
+    except Exception:  # noqa: BLE001 - a snapshot only saves time: one that cannot be made is not kept
+        return False
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    _drop_oldest(home)
+    return True
+
+
+def _drop_oldest(home: Path) -> None:
+    """Keep the ``KEEP`` snapshots used last."""
+    with contextlib.suppress(OSError):
+        kept = sorted((p for p in home.iterdir() if p.is_dir() and not p.name.startswith(".")), key=lambda p: p.stat().st_mtime)
+        for old in kept[:-KEEP]:
+            shutil.rmtree(old, ignore_errors=True)
