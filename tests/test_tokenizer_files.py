@@ -140,7 +140,11 @@ def test_the_cli_build_imports_no_torch_pandas_or_transformers_and_writes_what_a
 
 def _chat_view(tok) -> dict:
     """What the chat stage reads of a tokenizer."""
+    from weightprep.stages.chat_control import control_token_list
+
+    template = tok.chat_template if isinstance(tok.chat_template, str) else "{{ '<|im_start|>' }}"
     return {
+        "control_tokens": control_token_list(tok, template),
         "specials": tok.special_tokens_map, "added": tok.added_tokens_encoder, "template": tok.chat_template,
         "control": getattr(tok, "chat_control_tokens", None), "eos": tok.eos_token, "bos_id": tok.bos_token_id,
         "size": len(tok),
@@ -154,7 +158,10 @@ def test_special_tokens_beyond_the_named_ones_are_read_directly_where_tokenizer_
     """transformers 5 writes ``extra_special_tokens`` (4: ``additional_special_tokens``): where each is a special added
     token of tokenizer.json, the directory is read directly into what AutoTokenizer loads; a dict of named extras, a
     token tokenizer.json lacks, or one it holds as a non-special token are AutoTokenizer's to load."""
-    directory = _saved(chat_tokenizer("chatml"), tmp_path / "tok")
+    tok = _auto(_saved(chat_tokenizer("chatml"), tmp_path / "tok"))  # a copy: chat_tokenizer's is shared
+    tok.add_tokens(["<tool_call>"])  # not special, written by the template, not listed in chat_control_tokens
+    tok.chat_template += "{{ '<tool_call>' }}"
+    directory = _saved(tok, tmp_path / "tok")
     _edit_config(directory, extra_special_tokens=None)
     _edit_config(directory, **{key: ["<|im_start|>", "<|endoftext|>"], "chat_control_tokens": ["<|im_start|>"]})
     assert direct_load_obstacle(directory) is None
