@@ -11,7 +11,8 @@ That is the case for the generic class (``tokenizer_class`` ``PreTrainedTokenize
 when the configuration asks transformers for no change to the backend (``direct_load_obstacle`` lists
 what would); anything else (model-specific classes, which transformers 5 rebuilds from the vocabulary,
 hub ids, remote code) goes through ``AutoTokenizer`` as before, or through the class it chose for the same
-directory before (``weightprep.tokenizer_class``), which imports no torch either.
+directory before (``weightprep.tokenizer_class``), which imports no torch either; and once transformers has built
+a directory's tokenizer, the build reads its snapshot (``weightprep.tokenizer_snapshot``) directly too.
 The fingerprint is a SHA-256 over the backend's JSON (with run-time truncation and padding
 switched off) and the special-token ids: two tokenizers with the same fingerprint map every text
 to the same ids.
