@@ -147,7 +147,6 @@ def test_the_major_version_is_read_without_importing_transformers(monkeypatch, t
 
     from weightprep.tokenizer import TokenizerFiles, chat_tokenizer
 
-    chat_jinja.transformers_major.cache_clear()
     assert chat_jinja.transformers_major() == int(transformers.__version__.split(".")[0])
     directory = tmp_path / "tok"
     from chat_support import chat_tokenizer as family_tokenizer
@@ -224,26 +223,36 @@ def test_no_transformers_file_means_transformers_import_decides(monkeypatch, tmp
         chat_jinja._loaded.cache_clear()
 
 
-def test_the_major_version_falls_back_to_the_package_metadata(monkeypatch, tmp_path):
-    """An ``__init__.py`` without the version line: the installed distribution's; no transformers at all: 0."""
+def test_the_version_falls_back_to_the_package_metadata(monkeypatch, tmp_path):
+    """An ``__init__.py`` without the version line: the installed distribution's; no transformers at all: None
+    (major version 0, and no key for a remembered class or a snapshot)."""
     import importlib.metadata
+    import importlib.util
 
     import transformers
 
-    (tmp_path / "utils").mkdir()
-    (tmp_path / "utils" / "chat_template_utils.py").write_text("")
+    from weightprep import tokenizer_class
+
+    real = importlib.util.find_spec
     (tmp_path / "__init__.py").write_text("from .version import __version__\n")
-    monkeypatch.setattr(chat_jinja, "module_file", lambda: tmp_path / "utils" / "chat_template_utils.py")
-    chat_jinja.transformers_major.cache_clear()
+
+    class Spec:
+        origin = str(tmp_path / "__init__.py")
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: Spec() if name == "transformers" else real(name, *a))
+    tokenizer_class.transformers_version.cache_clear()
     try:
-        assert chat_jinja.transformers_major() == int(transformers.__version__.split(".")[0])
-        chat_jinja.transformers_major.cache_clear()
-        monkeypatch.setattr(chat_jinja, "module_file", lambda: None)
+        assert tokenizer_class.transformers_version() == importlib.metadata.version("transformers") == transformers.__version__
+        tokenizer_class.transformers_version.cache_clear()
 
         def missing(name):
             raise importlib.metadata.PackageNotFoundError(name)
 
         monkeypatch.setattr(importlib.metadata, "version", missing)
-        assert chat_jinja.transformers_major() == 0
+        assert tokenizer_class.transformers_version() is None
+        tokenizer_class.transformers_version.cache_clear()
+        monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "transformers" else real(name, *a))
+        assert tokenizer_class.transformers_version() is None
+        assert chat_jinja.transformers_major() == 0 and tokenizer_class._key(tmp_path) is None
     finally:
-        chat_jinja.transformers_major.cache_clear()
+        tokenizer_class.transformers_version.cache_clear()

@@ -19,16 +19,18 @@ then runs as before. It lives in ``$WEIGHTPREP_CACHE``, else ``$XDG_CACHE_HOME/w
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import importlib
+import importlib.util
 import json
 import os
+import re
 import tempfile
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
-__all__ = ["KEEP", "cache_dir", "load"]
+__all__ = ["KEEP", "cache_dir", "load", "transformers_version"]
 
 #: Directories remembered, at most.
 KEEP = 256
@@ -45,21 +47,42 @@ def cache_dir() -> Path:
     return Path(base) / "weightprep"
 
 
+@functools.cache
+def transformers_version() -> str | None:
+    """The installed transformers' version (None: none), read off its ``__init__.py``: neither transformers nor
+    ``importlib.metadata`` (~35 ms) is imported, but where that file does not say it."""
+    spec = importlib.util.find_spec("transformers")
+    if spec is None:
+        return None
+    init = Path(spec.origin) if spec.origin else None
+    found = re.search(r'^__version__ = "([^"]+)"', init.read_text(encoding="utf-8"), re.M) if init and init.is_file() else None
+    if found is not None:
+        return found[1]
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("transformers")
+    except PackageNotFoundError:
+        return None
+
+
 def _key(directory: Path) -> str | None:
     """The directory's key: transformers' version, its path, and each non-weight file's name and bytes (None: not a
     local directory, remote code, or no transformers)."""
+    installed = transformers_version()
+    if installed is None:
+        return None
     try:
-        transformers_version = version("transformers")
         files = sorted(p for p in directory.iterdir() if p.is_file() and not p.name.endswith(_WEIGHTS))
         config = directory / "tokenizer_config.json"
         if config.is_file() and "auto_map" in json.loads(config.read_text(encoding="utf-8")):
             return None
         # the path too: AutoTokenizer matches the model's name (for a directory, its path) against its tables
-        digest = hashlib.sha256(transformers_version.encode() + b"\0" + str(directory.resolve()).encode())
+        digest = hashlib.sha256(installed.encode() + b"\0" + str(directory.resolve()).encode())
         for path in files:
             digest.update(b"\0" + path.name.encode() + b"\0")
             digest.update(hashlib.sha256(path.read_bytes()).digest())
-    except (OSError, ValueError, PackageNotFoundError):  # not a readable directory, bad JSON, no transformers
+    except (OSError, ValueError):  # not a readable directory, bad JSON
         return None
     return digest.hexdigest()
 

@@ -89,8 +89,8 @@ from weightprep.stages.chat_control import (
     token_pattern,
     turn_structure,
 )
-from weightprep.stages.chat_jinja import template_utils
 from weightprep.stages.chat_history import HISTORY_MODES, Document, HistoryModes, joined
+from weightprep.stages.chat_jinja import template_utils
 from weightprep.stages.chat_spans import answer_start, trailer
 from weightprep.stages.chat_templates import TrlMissing
 from weightprep.stages.spans import TokenSpans

@@ -75,21 +75,12 @@ def module_file() -> Path | None:
     return path if path is not None and path.is_file() else None
 
 
-@functools.cache
 def transformers_major() -> int:
-    """The installed transformers' major version (0: none), read off its ``__init__.py`` without importing it
-    (``importlib.metadata`` costs ~35 ms to import)."""
-    path = module_file()
-    init = path.parent.parent / "__init__.py" if path is not None else None
-    found = re.search(r'^__version__ = "(\d+)\.', init.read_text(encoding="utf-8"), re.M) if init else None
-    if found is not None:
-        return int(found[1])
-    from importlib.metadata import PackageNotFoundError, version
+    """The installed transformers' major version (0: none), without importing it."""
+    from weightprep.tokenizer_class import transformers_version
 
-    try:
-        return int(version("transformers").split(".")[0])
-    except (PackageNotFoundError, ValueError):
-        return 0
+    found = re.match(r"\d+", transformers_version() or "")
+    return int(found[0]) if found else 0
 
 
 def _package_imports(tree: ast.Module) -> dict[tuple[int, str | None], set[str]]:
