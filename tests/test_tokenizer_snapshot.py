@@ -59,9 +59,9 @@ def test_what_would_read_back_otherwise_is_not_kept(tmp_path, monkeypatch):
     directory = _directory("model class", tmp_path / "tok")
     real = tokenizer_snapshot._config
     monkeypatch.setattr(tokenizer_snapshot, "_config", lambda tok: {**real(tok), "chat_template": None})
-    assert not tokenizer_snapshot.remember(directory, _auto(directory))
+    assert tokenizer_snapshot.remember(directory, _auto(directory)) is False
     monkeypatch.setattr(tokenizer_snapshot, "_config", lambda tok: {**real(tok), "pad_token": None})
-    assert not tokenizer_snapshot.remember(directory, _auto(directory))
+    assert tokenizer_snapshot.remember(directory, _auto(directory)) is False
     assert _snapshots(tmp_path) == [] and tokenizer_snapshot.recall(directory) is None
     monkeypatch.undo()
     assert tokenizer_snapshot.remember(directory, _auto(directory))
@@ -102,7 +102,8 @@ def test_a_changed_directory_a_damaged_snapshot_and_remote_code_go_to_transforme
     assert not isinstance(load_tokenizer(str(directory), direct=True), TokenizerFiles)
     assert len(_snapshots(tmp_path)) == 2
     remote = _edit_config(_directory("model class", tmp_path / "remote"), auto_map={"AutoTokenizer": ["x.Tok", None]})
-    assert not tokenizer_snapshot.remember(remote, _auto(directory))
+    assert tokenizer_snapshot.remember(remote, _auto(directory)) is False
+    assert tokenizer_snapshot.recall(remote) is None
     assert not isinstance(load_tokenizer(str(directory), direct=False), TokenizerFiles)  # not for the build: as loaded
 
 
@@ -116,8 +117,13 @@ def test_the_snapshots_used_last_are_kept(tmp_path, monkeypatch):
         assert tokenizer_snapshot.remember(d, _auto(d))
         os.utime(home / tokenizer_snapshot.tokenizer_class._key(d), (i, i))  # made long ago, in this order
     assert tokenizer_snapshot.recall(dirs[0]) is not None  # used now: newer than dirs[1]'s
+    stale, writing = home / ".new-stale", home / ".new-writing"  # a writer that stopped an hour ago; one at work
+    for folder, when in ((stale, 1.0), (writing, None)):
+        folder.mkdir()
+        os.utime(folder, None if when is None else (when, when))
     assert tokenizer_snapshot.remember(dirs[2], _auto(dirs[2]))
     assert [tokenizer_snapshot.recall(d) is not None for d in dirs] == [True, False, True]
+    assert not stale.exists() and writing.exists()
 
 
 def test_an_unwritable_cache_keeps_nothing_and_the_load_goes_on(tmp_path, monkeypatch):
@@ -125,7 +131,7 @@ def test_an_unwritable_cache_keeps_nothing_and_the_load_goes_on(tmp_path, monkey
     blocker.write_text("")
     monkeypatch.setenv("WEIGHTPREP_CACHE", str(blocker / "cache"))  # under a file: no folder can be made
     directory = _directory("model class", tmp_path / "tok")
-    assert not tokenizer_snapshot.remember(directory, _auto(directory))
+    assert tokenizer_snapshot.remember(directory, _auto(directory)) is False
     assert not isinstance(load_tokenizer(str(directory), direct=True), TokenizerFiles)
 
 
@@ -173,6 +179,6 @@ def test_a_tokenizer_that_cannot_be_compared_is_not_kept(tmp_path, monkeypatch):
         raise RuntimeError("a decode that fails")
 
     monkeypatch.setattr(tokenizer_snapshot, "differences", broken)
-    assert not tokenizer_snapshot.remember(directory, auto)
+    assert tokenizer_snapshot.remember(directory, auto) is False
     assert not isinstance(load_tokenizer(str(directory), direct=True), TokenizerFiles)  # and the load goes on
     assert _snapshots(tmp_path) == [] and not list((tmp_path / "cache" / "tokenizers").iterdir())

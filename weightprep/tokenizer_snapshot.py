@@ -25,6 +25,7 @@ import json
 import os
 import shutil
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,8 @@ __all__ = ["KEEP", "differences", "recall", "remember"]
 
 #: Snapshots kept, at most.
 KEEP = 8
+#: seconds after which a folder still being written is one whose writer stopped
+_STALE = 3600
 _FOLDER = "tokenizers"
 _CLASS = "weightprep_class"  # the key of tokenizer_config.json that names the class transformers built
 _NAMED = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
@@ -65,10 +68,10 @@ def _config(tok: Any) -> dict[str, Any]:
     if isinstance(template, dict):
         template = [{"name": k, "template": v} for k, v in template.items()]
     return {
-        "tokenizer_class": "TokenizersBackend", _CLASS: getattr(tok, "class_name", type(tok).__name__),
+        "tokenizer_class": "TokenizersBackend", _CLASS: type(tok).__name__,
         **{k: str(getattr(tok, k)) for k in _NAMED if getattr(tok, k, None) is not None},
-        "chat_template": template, "chat_control_tokens": getattr(tok, "chat_control_tokens", None),
-        "clean_up_tokenization_spaces": bool(getattr(tok, "clean_up_tokenization_spaces", False)),
+        "chat_template": template, "chat_control_tokens": getattr(tok, "chat_control_tokens", None),  # (transformers 5)
+        "clean_up_tokenization_spaces": bool(tok.clean_up_tokenization_spaces),
     }  # fmt: skip
 
 
@@ -107,8 +110,7 @@ def remember(directory: Path, tok: Any) -> bool:
     from weightprep.tokenizer import TokenizerFiles
 
     key = tokenizer_class._key(directory)
-    backend = getattr(tok, "backend_tokenizer", None)
-    if key is None or backend is None:
+    if key is None:
         return False
     home = _home()
     try:
@@ -117,13 +119,14 @@ def remember(directory: Path, tok: Any) -> bool:
     except OSError:
         return False
     try:
-        (tmp / "tokenizer.json").write_text(backend.to_str(), encoding="utf-8")
-        (tmp / "tokenizer_config.json").write_text(json.dumps(_config(tok), ensure_ascii=False), encoding="utf-8")
+        (tmp / "tokenizer.json").write_text(tok.backend_tokenizer.to_str(), encoding="utf-8")
+        (tmp / "tokenizer_config.json").write_text(json.dumps(_config(tok)), encoding="utf-8")
         if differences(TokenizerFiles(tmp, name_or_path=str(directory)), tok):
             return False
         shutil.rmtree(home / key, ignore_errors=True)  # one that could not be read back
         os.replace(tmp, home / key)  # (another process's of the same key, made meanwhile: the same bytes)
-    except Exception:  # noqa: BLE001 - a snapshot only saves time: one that cannot be made is not kept
+    except Exception:  # noqa: BLE001 - a snapshot only saves time: one that cannot be made (no backend, a decode
+        # that fails, a full disk) is not kept
         return False
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -132,8 +135,11 @@ def remember(directory: Path, tok: Any) -> bool:
 
 
 def _drop_oldest(home: Path) -> None:
-    """Keep the ``KEEP`` snapshots used last."""
+    """Keep the ``KEEP`` snapshots used last; drop what writers that stopped half-way left (a ``.new-`` folder an
+    hour old)."""
     with contextlib.suppress(OSError):
-        kept = sorted((p for p in home.iterdir() if p.is_dir() and not p.name.startswith(".")), key=lambda p: p.stat().st_mtime)
-        for old in kept[:-KEEP]:
-            shutil.rmtree(old, ignore_errors=True)
+        folders = [(p, p.stat().st_mtime) for p in home.iterdir() if p.is_dir()]
+        kept = sorted((t, p) for p, t in folders if not p.name.startswith("."))
+        stale = [p for p, t in folders if p.name.startswith(".new-") and t < time.time() - _STALE]
+        for old in [p for _, p in kept[:-KEEP]] + stale:
+            shutil.rmtree(old, ignore_errors=True)  # (another process's drop of it)
