@@ -107,6 +107,17 @@ def test_a_changed_directory_a_damaged_snapshot_and_remote_code_go_to_transforme
     assert not isinstance(load_tokenizer(str(directory), direct=False), TokenizerFiles)  # not for the build: as loaded
 
 
+def test_only_a_builds_load_of_code_it_trusts_keeps_a_snapshot(tmp_path):
+    """``direct=False`` (train, another tool's tokenizer) and ``--trust-remote-code`` load as transformers does and
+    keep nothing."""
+    directory = _directory("model class", tmp_path / "tok")
+    load_tokenizer(str(directory), direct=False)
+    load_tokenizer(str(directory), direct=True, trust_remote_code=True)
+    assert _snapshots(tmp_path) == []
+    load_tokenizer(str(directory), direct=True)
+    assert len(_snapshots(tmp_path)) == 1
+
+
 def test_the_snapshots_used_last_are_kept(tmp_path, monkeypatch):
     import os
 

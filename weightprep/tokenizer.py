@@ -280,7 +280,7 @@ def load_tokenizer(name_or_path: str | None, *, trust_remote_code: bool = False,
             f"could not load tokenizer {name_or_path!r}{local}: {exc}\n"
             "Pass --tokenizer a local directory with tokenizer.json or a hub id you can reach."
         ) from exc
-    if not getattr(tok, "is_fast", False):
+    if not tok.is_fast:  # (every transformers tokenizer says)
         raise UsageError(
             f"tokenizer {name_or_path!r} loaded as a slow Python tokenizer ({type(tok).__name__}); "
             "weightprep needs a fast (Rust) tokenizer. Use a directory with tokenizer.json, or convert once "
