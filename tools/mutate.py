@@ -72,7 +72,10 @@ MODULES: dict[str, list[str]] = {
     "stages/chat_prefixes.py": ["tests/test_chat_prefixes.py", "tests/test_chat.py"],
     "stages/chat_templates.py": ["tests/test_chat_history.py", "tests/test_chat_real_templates.py"],
     # split out of chat.py (issue 32): the turn-token rule, where a turn's weight starts, the history modes
-    "stages/chat_control.py": ["tests/test_chat_control.py", "tests/test_chat_real_templates.py"],
+    "stages/chat_control.py": [
+        "tests/test_chat_control.py", "tests/test_chat_real_templates.py", "tests/test_tokenizer_files.py",
+        "tests/test_tokenizer_snapshot.py",
+    ],
     "stages/chat_spans.py": ["tests/test_chat_spans.py", "tests/test_chat_real_templates.py", "tests/test_chat_align.py"],
     "stages/chat_history.py": ["tests/test_chat_history.py", "tests/test_chat_fallbacks.py", "tests/test_chat.py"],
     "stages/chat_common.py": ["tests/test_chat.py", "tests/test_chat_align.py"],
