@@ -126,7 +126,7 @@ def test_the_snapshots_used_last_are_kept(tmp_path, monkeypatch):
     home = tmp_path / "cache" / "tokenizers"
     for i, d in enumerate(dirs[:2]):
         assert tokenizer_snapshot.remember(d, _auto(d))
-        os.utime(home / tokenizer_snapshot.tokenizer_class._key(d), (i, i))  # made long ago, in this order
+        os.utime(home / tokenizer_snapshot._name(d), (i, i))  # made long ago, in this order
     assert tokenizer_snapshot.recall(dirs[0]) is not None  # used now: newer than dirs[1]'s
     stale, writing = home / ".new-stale", home / ".new-writing"  # a writer that stopped an hour ago; one at work
     for folder, when in ((stale, 1.0), (writing, None)):

@@ -14,8 +14,9 @@ A snapshot is written only where the ``TokenizerFiles`` read back from it equals
 in all of that (``differences``: fingerprint, vocabulary size, class, special and added tokens, chat templates,
 control tokens per template, decode of every id); anything else is left to transformers, as before. Snapshots are
 keyed as the remembered classes are (transformers' version, the directory's path, the bytes of every file but
-weights: any change is a new key), live in ``cache_dir()/tokenizers/KEY/`` and are at most ``KEEP`` (the least
-recently used dropped first: a ``tokenizer.json`` is megabytes). A snapshot that cannot be read is ignored.
+weights: any change is a new key) and by the tokenizers version, live in ``cache_dir()/tokenizers/KEY-VERSION/``
+and are at most ``KEEP`` (the least recently used dropped first: a ``tokenizer.json`` is megabytes). A snapshot
+that cannot be read is ignored.
 """
 
 from __future__ import annotations
@@ -46,12 +47,21 @@ def _home() -> Path:
     return tokenizer_class.cache_dir() / _FOLDER
 
 
+def _name(directory: Path) -> str | None:
+    """The snapshot's folder name: the directory's key (``tokenizer_class``) and the tokenizers version that wrote
+    and reads its ``tokenizer.json`` (None: no key)."""
+    import tokenizers
+
+    key = tokenizer_class._key(directory)
+    return None if key is None else f"{key}-{tokenizers.__version__}"
+
+
 def recall(directory: Path) -> Any | None:
     """The snapshot of ``directory`` as a ``TokenizerFiles`` (None: none, or it cannot be read)."""
     from weightprep.tokenizer import TokenizerFiles
 
-    key = tokenizer_class._key(directory)
-    folder = None if key is None else _home() / key
+    name = _name(directory)
+    folder = None if name is None else _home() / name
     if folder is None or not (folder / "tokenizer.json").is_file():
         return None
     try:
@@ -109,8 +119,8 @@ def remember(directory: Path, tok: Any) -> bool:
     the same (``differences``); whether it was kept. Nothing is kept where it cannot be written."""
     from weightprep.tokenizer import TokenizerFiles
 
-    key = tokenizer_class._key(directory)
-    if key is None:
+    name = _name(directory)
+    if name is None:
         return False
     home = _home()
     try:
@@ -123,8 +133,8 @@ def remember(directory: Path, tok: Any) -> bool:
         (tmp / "tokenizer_config.json").write_text(json.dumps(_config(tok)), encoding="utf-8")
         if differences(TokenizerFiles(tmp, name_or_path=str(directory)), tok):
             return False
-        shutil.rmtree(home / key, ignore_errors=True)  # one that could not be read back
-        os.replace(tmp, home / key)  # (another process's of the same key, made meanwhile: the same bytes)
+        shutil.rmtree(home / name, ignore_errors=True)  # one that could not be read back
+        os.replace(tmp, home / name)  # (another process's of the same name, made meanwhile: the same bytes)
     except Exception:  # noqa: BLE001 - a snapshot only saves time: one that cannot be made (no backend, a decode
         # that fails, a full disk) is not kept
         return False

@@ -6,7 +6,8 @@ fail loudly:
 
 1. ``S = render(messages)`` with the tokenizer's ``chat_template`` (or ``--chat-template FILE``) through
    transformers' own ``render_jinja_template``, with the special tokens and keyword arguments that
-   ``apply_chat_template`` passes, so the sandbox, filters and inputs are exactly its.
+   ``apply_chat_template`` passes, so the sandbox, filters and inputs are exactly its (its installed file, run
+   without importing transformers where nothing else needs it: ``chat_jinja``).
 2. Message ``i`` spans the characters ``[|P_i|, |P_{i+1}|)`` of ``S``, ``P_i = render(messages[:i])``; each ``P_i``
    must be a prefix of ``S`` (else ``not_prefix_preserving``: templates that rewrite earlier turns, like Qwen3's
    reasoning stripping or Mistral v3's moved system prompt, are refused, never misaligned). Only the boundaries of
@@ -54,7 +55,8 @@ History (``chat.history``: ``full``, ``per-turn``, ``auto``): which documents a 
 ``chat_align`` (step 5's weights on tokens, a batch's documents at once), ``chat_prefixes`` (prefixes cut from one
 render),
 ``chat_spans`` (step 3 where the renders part), ``chat_control`` (step 6), ``chat_history`` (history modes),
-``chat_templates`` (which template: the tokenizer's, a file, TRL's training one).
+``chat_templates`` (which template: the tokenizer's, a file, TRL's training one), ``chat_jinja`` (transformers'
+chat-template code).
 
 Cost, for a 5-message conversation of ~670 tokens on one core: ~125 µs, of which ~60 µs render and weight it and
 ~65 µs tokenize and align it. The prefixes and generation prompts are cut from one render of the whole
