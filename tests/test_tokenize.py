@@ -340,6 +340,34 @@ def test_an_early_load_is_taken_once_and_only_for_its_own_file(tmp_path):
     assert str((tmp_path / "missing" / "tokenizer.json").resolve()) not in prefetch._started
 
 
+@pytest.mark.parametrize(
+    ("config", "runs"),
+    [({"tokenizer_class": "TokenizersBackend"}, True), ({"tokenizer_class": "PreTrainedTokenizerFast"}, True),
+     ({"tokenizer_class": "Qwen2Tokenizer"}, False), ({}, False), (None, True), ("[not json", True)],
+)  # fmt: skip
+def test_no_early_load_of_a_file_transformers_builds_its_own_tokenizer_from(config, runs, tmp_path):
+    """A class of its own (or none) in tokenizer_config.json: transformers builds the tokenizer (the build then
+    reads its snapshot), so fastokens' load of the file would be thrown away. No config: the build says why."""
+    import json
+    import shutil
+
+    from tokenizer_factory import SAMPLE_TOKENIZER_DIR
+
+    from weightprep import prefetch
+
+    shutil.copy(SAMPLE_TOKENIZER_DIR / "tokenizer.json", tmp_path / "tokenizer.json")
+    if config is not None:
+        text = config if isinstance(config, str) else json.dumps(config)
+        (tmp_path / "tokenizer_config.json").write_text(text)
+    assert prefetch.runs_as_is(tmp_path / "tokenizer.json") is runs
+    assert prefetch.runs_as_is(tmp_path / "missing.json") is False
+    prefetch.start(tmp_path / "tokenizer.json")
+    started = prefetch.take(tmp_path / "tokenizer.json")
+    assert (started is not None) is runs
+    if started is not None:
+        started.close()
+
+
 def test_an_early_load_switches_off_the_files_truncation_and_padding_and_outlives_nothing(tmp_path):
     """A tokenizer.json saved with truncation and padding on (as a training script leaves it): the early load turns
     both off, as the build's copy of the tokenizers backend does, so fastokens passes the agreement probes and

@@ -168,7 +168,7 @@ def _build(
         tok_file = Path(tokenizer_location(cfg.tokenizer.name)) / "tokenizer.json"
         started = early.take(tok_file)  # the command line's, begun before the build's imports
         if here and cfg.tokenizer.backend != "hf" and not cfg.tokenizer.trust_remote_code:
-            if started is None and tok_file.is_file():  # fastokens loads while the tokenizer itself does
+            if started is None and early.runs_as_is(tok_file):  # fastokens loads while the tokenizer itself does
                 started = early.FastokensPrefetch(tok_file)
             prefetch = started  # else the workers load their own, and a load begun here ends unused
     from weightprep import __version__  # read at each build (a test sets another)

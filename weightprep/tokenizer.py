@@ -31,6 +31,7 @@ from typing import Any
 from weightprep.errors import UsageError
 
 __all__ = [
+    "GENERIC_CLASSES",
     "chat_tokenizer",
     "local_path_problem",
     "SAMPLE_TOKENIZER_DIR",
@@ -60,7 +61,7 @@ class SpecialTokens:
 
 
 #: The classes that transformers 5 builds from ``tokenizer.json`` as it is (``TokenizersBackend``).
-_GENERIC_CLASSES = {"PreTrainedTokenizerFast", "TokenizersBackend"}
+GENERIC_CLASSES = frozenset({"PreTrainedTokenizerFast", "TokenizersBackend"})
 #: tokenizer_config.json keys with which transformers changes the backend at load time.
 _CHANGING_KEYS = (
     "add_bos_token", "add_eos_token", "add_prefix_space", "split_special_tokens", "fix_mistral_regex",
@@ -91,7 +92,7 @@ def direct_load_obstacle(directory: Path, backend: Any = None) -> str | None:
     if not (directory / "tokenizer.json").is_file() or not (directory / "tokenizer_config.json").is_file():
         return "no tokenizer.json + tokenizer_config.json"
     config = _read_json(directory / "tokenizer_config.json")
-    if config.get("tokenizer_class") not in _GENERIC_CLASSES:
+    if config.get("tokenizer_class") not in GENERIC_CLASSES:
         return f"tokenizer_class {config.get('tokenizer_class')!r} is built by its own transformers class"
     if changing := [k for k in _CHANGING_KEYS if config.get(k)]:
         return f"tokenizer_config.json sets {', '.join(changing)}"
