@@ -565,6 +565,8 @@ EQUIVALENT: dict[str, str] = {
     "stages/json_array.py:_changes:int+1:return np.where(byte == _COMMA, 0, np.where(byte | 32 == ord('{'), 1, -1)).astype(np.int64)#1": "only brackets and commas reach it: | 0x21 maps '[' and '{' to '{', and ']' and '}' elsewhere, as | 0x20 does",
     "prefetch.py:FastokensPrefetch._load:drop:tok.no_padding()": "fastokens' encode_batch_flat never pads (its ids are flat): the file's padding is off for the tokenizers backend the probes and the guard compare with",
     "tokenizer_class.py:load:bool:return cls.from_pretrained(name_or_path, _from_auto=True)": "_from_auto sets only transformers' telemetry user agent (PreTrainedTokenizerBase.from_pretrained)",
+    "tokenizer_snapshot.py:_drop_oldest:compare0:stale = [p for p, t in folders if p.name.startswith('.new-') and t < time.time() - _STALE]": "a folder exactly an hour old to the float second: dropped now or at the next write, either way once its writer has stopped",
+    "tokenizer_snapshot.py:_drop_oldest:bool:shutil.rmtree(old, ignore_errors=True)": "a folder that cannot be removed (another process removed it first) raises OSError, which the loop's suppress(OSError) drops: the others are left for the next write, which drops them",
     "tokenizer_class.py:_remember:bool:Path(tmp).unlink(missing_ok=True)": "the temporary file exists (mkstemp made it): missing_ok is never consulted",
     "stages/write.py:_ShardSet.abort:drop:self._writer.close()": "an aborted shard is thrown away: closing its file alone releases it (what the writer would add is never read)",
     "stages/write.py:_ShardSet.__init__:int+1:self._rows_in_shard = 0": "read only once a shard is open, and _open_next sets it to 0 first",
