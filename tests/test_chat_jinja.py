@@ -221,38 +221,3 @@ def test_no_transformers_file_means_transformers_import_decides(monkeypatch, tmp
         assert chat_jinja._loaded() is None
     finally:
         chat_jinja._loaded.cache_clear()
-
-
-def test_the_version_falls_back_to_the_package_metadata(monkeypatch, tmp_path):
-    """An ``__init__.py`` without the version line: the installed distribution's; no transformers at all: None
-    (major version 0, and no key for a remembered class or a snapshot)."""
-    import importlib.metadata
-    import importlib.util
-
-    import transformers
-
-    from weightprep import tokenizer_class
-
-    real = importlib.util.find_spec
-    (tmp_path / "__init__.py").write_text("from .version import __version__\n")
-
-    class Spec:
-        origin = str(tmp_path / "__init__.py")
-
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: Spec() if name == "transformers" else real(name, *a))
-    tokenizer_class.transformers_version.cache_clear()
-    try:
-        assert tokenizer_class.transformers_version() == importlib.metadata.version("transformers") == transformers.__version__
-        tokenizer_class.transformers_version.cache_clear()
-
-        def missing(name):
-            raise importlib.metadata.PackageNotFoundError(name)
-
-        monkeypatch.setattr(importlib.metadata, "version", missing)
-        assert tokenizer_class.transformers_version() is None
-        tokenizer_class.transformers_version.cache_clear()
-        monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "transformers" else real(name, *a))
-        assert tokenizer_class.transformers_version() is None
-        assert chat_jinja.transformers_major() == 0 and tokenizer_class._key(tmp_path) is None
-    finally:
-        tokenizer_class.transformers_version.cache_clear()
