@@ -193,3 +193,28 @@ def test_a_tokenizer_that_cannot_be_compared_is_not_kept(tmp_path, monkeypatch):
     assert tokenizer_snapshot.remember(directory, auto) is False
     assert not isinstance(load_tokenizer(str(directory), direct=True), TokenizerFiles)  # and the load goes on
     assert _snapshots(tmp_path) == [] and not list((tmp_path / "cache" / "tokenizers").iterdir())
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+@pytest.mark.parametrize("cls", ["LlamaTokenizer", "GPT2Tokenizer", "BertTokenizer", "Qwen2Tokenizer"])
+def test_every_family_under_a_model_class_reads_back_as_transformers_built_it_or_is_not_kept(family, cls, tmp_path):
+    """Whatever transformers 5 makes of a family's files under a model's class (rebuilt from the vocabulary, or
+    the file as it is), the snapshot, where one is kept, encodes and decodes as that tokenizer does."""
+    directory = _edit_config(_saved(FAMILIES[family](), tmp_path / "tok"), tokenizer_class=cls)
+    try:
+        auto = _auto(directory)
+        auto(TEXT)
+    except Exception as exc:  # noqa: BLE001 - a class that cannot read or run these files: nothing to compare
+        pytest.skip(f"transformers cannot load or run {family} as {cls}: {type(exc).__name__}")
+    kept = tokenizer_snapshot.remember(directory, auto)
+    files = tokenizer_snapshot.recall(directory)
+    assert (files is not None) is kept
+    if files is None:
+        return
+    texts = [TEXT, " leading space", "tabs\tand\nnewlines  ", "数字 123 ½", ""]
+    for text in texts:
+        for special in (True, False):
+            ids = auto(text, add_special_tokens=special)["input_ids"]
+            assert files.backend_tokenizer.encode(text, add_special_tokens=special).ids == ids
+            assert files.decode(ids) == auto.decode(ids)
+    assert tokenizer_snapshot.differences(files, auto) == []
