@@ -195,17 +195,21 @@ def test_a_tokenizer_that_cannot_be_compared_is_not_kept(tmp_path, monkeypatch):
     assert _snapshots(tmp_path) == [] and not list((tmp_path / "cache" / "tokenizers").iterdir())
 
 
-@pytest.mark.parametrize("family", sorted(FAMILIES))
-@pytest.mark.parametrize("cls", ["LlamaTokenizer", "GPT2Tokenizer", "BertTokenizer", "Qwen2Tokenizer"])
+#: BertTokenizer rebuilds a WordPiece model that has no [UNK] for the byte-level families: transformers' tokenizer
+#: itself cannot encode with it, so there is nothing to compare
+_BERT_RUNS = ("sentencepiece_legacy", "sentencepiece_metaspace", "wordpiece_like")
+
+
+@pytest.mark.parametrize(
+    ("family", "cls"),
+    [(f, c) for f in sorted(FAMILIES) for c in ("LlamaTokenizer", "GPT2Tokenizer", "BertTokenizer", "Qwen2Tokenizer")
+     if c != "BertTokenizer" or f in _BERT_RUNS],
+)  # fmt: skip
 def test_every_family_under_a_model_class_reads_back_as_transformers_built_it_or_is_not_kept(family, cls, tmp_path):
     """Whatever transformers 5 makes of a family's files under a model's class (rebuilt from the vocabulary, or
     the file as it is), the snapshot, where one is kept, encodes and decodes as that tokenizer does."""
     directory = _edit_config(_saved(FAMILIES[family](), tmp_path / "tok"), tokenizer_class=cls)
-    try:
-        auto = _auto(directory)
-        auto(TEXT)
-    except Exception as exc:  # noqa: BLE001 - a class that cannot read or run these files: nothing to compare
-        pytest.skip(f"transformers cannot load or run {family} as {cls}: {type(exc).__name__}")
+    auto = _auto(directory)
     kept = tokenizer_snapshot.remember(directory, auto)
     files = tokenizer_snapshot.recall(directory)
     assert (files is not None) is kept
