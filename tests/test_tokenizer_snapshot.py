@@ -93,10 +93,14 @@ def test_a_changed_directory_a_damaged_snapshot_and_remote_code_go_to_transforme
     directory = _directory("model class", tmp_path / "tok")
     load_tokenizer(str(directory), direct=True)
     [folder] = _snapshots(tmp_path)
+    kept = folder.stat().st_ino
+    assert tokenizer_snapshot.remember(directory, _auto(directory))  # another process's, made meanwhile: it stays,
+    assert folder.stat().st_ino == kept  # so that no reader finds it missing
     (folder / "tokenizer.json").write_text("{not json")
     assert tokenizer_snapshot.recall(directory) is None
     assert not isinstance(load_tokenizer(str(directory), direct=True), TokenizerFiles)  # and kept anew
     assert isinstance(load_tokenizer(str(directory), direct=True), TokenizerFiles)
+    assert sorted(p.name for p in folder.parent.iterdir()) == [folder.name]  # the damaged one moved aside, removed
     _edit_config(directory, model_max_length=4321)  # another key
     assert tokenizer_snapshot.recall(directory) is None
     assert not isinstance(load_tokenizer(str(directory), direct=True), TokenizerFiles)

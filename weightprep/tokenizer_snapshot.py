@@ -133,8 +133,7 @@ def remember(directory: Path, tok: Any) -> bool:
         (tmp / "tokenizer_config.json").write_text(json.dumps(_config(tok)), encoding="utf-8")
         if differences(TokenizerFiles(tmp, name_or_path=str(directory)), tok):
             return False
-        shutil.rmtree(home / name, ignore_errors=True)  # one that could not be read back
-        os.replace(tmp, home / name)  # (another process's of the same name, made meanwhile: the same bytes)
+        _put(tmp, home / name, directory)
     except Exception:  # noqa: BLE001 - a snapshot only saves time: one that cannot be made (no backend, a decode
         # that fails, a full disk) is not kept
         return False
@@ -144,12 +143,27 @@ def remember(directory: Path, tok: Any) -> bool:
     return True
 
 
+def _put(new: Path, target: Path, directory: Path) -> None:
+    """``new`` renamed to ``target``, atomically. A snapshot there already (another process's, made meanwhile) is
+    kept where it reads back, so that no reader finds the name missing; one that does not is moved aside first."""
+    try:
+        os.replace(new, target)  # (fails where ``target`` is a folder that holds files)
+        return
+    except OSError:
+        if recall(directory) is not None:
+            return
+    aside = Path(tempfile.mkdtemp(dir=target.parent, prefix=".old-"))
+    os.replace(target, aside / "snapshot")
+    os.replace(new, target)
+    shutil.rmtree(aside, ignore_errors=True)
+
+
 def _drop_oldest(home: Path) -> None:
-    """Keep the ``KEEP`` snapshots used last; drop what writers that stopped half-way left (a ``.new-`` folder an
-    hour old)."""
+    """Keep the ``KEEP`` snapshots used last; drop what writers that stopped half-way left (a ``.new-`` or ``.old-``
+    folder an hour old)."""
     with contextlib.suppress(OSError):
         folders = [(p, p.stat().st_mtime) for p in home.iterdir() if p.is_dir()]
         kept = sorted((t, p) for p, t in folders if not p.name.startswith("."))
-        stale = [p for p, t in folders if p.name.startswith(".new-") and t < time.time() - _STALE]
+        stale = [p for p, t in folders if p.name.startswith((".new-", ".old-")) and t < time.time() - _STALE]
         for old in [p for _, p in kept[:-KEEP]] + stale:
             shutil.rmtree(old, ignore_errors=True)  # (another process's drop of it)
