@@ -16,7 +16,8 @@ control tokens per template, decode of every id); anything else is left to trans
 keyed as the remembered classes are (transformers' version, the directory's path, the bytes of every file but
 weights: any change is a new key) and by the tokenizers version, live in ``cache_dir()/tokenizers/KEY-VERSION/``
 and are at most ``KEEP`` (the least recently used dropped first: a ``tokenizer.json`` is megabytes). A snapshot
-that cannot be read is ignored.
+that cannot be read is ignored, and replaced by the next; the processes of a first build, each writing its own,
+keep the first that reads back (``_put``), so none of them ever finds the name missing.
 """
 
 from __future__ import annotations
