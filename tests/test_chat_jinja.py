@@ -14,6 +14,7 @@ import pytest
 from chat_support import TEMPLATES as TRL_TEMPLATES
 from transformers.utils import chat_template_utils as theirs
 
+from weightprep import tokenizer_class
 from weightprep.stages import chat_jinja
 
 FILES = sorted((Path(__file__).parent / "chat_templates").glob("*.jinja")) + sorted(TRL_TEMPLATES.glob("*.jinja"))
@@ -147,7 +148,7 @@ def test_the_major_version_is_read_without_importing_transformers(monkeypatch, t
 
     from weightprep.tokenizer import TokenizerFiles, chat_tokenizer
 
-    assert chat_jinja.transformers_major() == int(transformers.__version__.split(".")[0])
+    assert tokenizer_class.transformers_major() == int(transformers.__version__.split(".")[0])
     directory = tmp_path / "tok"
     from chat_support import chat_tokenizer as family_tokenizer
 
@@ -155,7 +156,7 @@ def test_the_major_version_is_read_without_importing_transformers(monkeypatch, t
     files = TokenizerFiles(directory)
     assert chat_tokenizer(files) is files  # transformers 5: the named special tokens only, as TokenizerFiles
     assert not isinstance(chat_tokenizer(files, full=True), TokenizerFiles)
-    monkeypatch.setattr(chat_jinja, "transformers_major", lambda: 4)  # 4 passes additional_special_tokens too
+    monkeypatch.setattr(tokenizer_class, "transformers_major", lambda: 4)  # 4 passes additional_special_tokens too
     assert not isinstance(chat_tokenizer(TokenizerFiles(directory)), TokenizerFiles)
 
 

@@ -457,12 +457,12 @@ def test_a_directory_read_directly_decodes_as_auto_tokenizer(family, tmp_path):
 
 
 def test_under_transformers_4_its_tokenizer_decodes(monkeypatch):
-    from weightprep.stages import chat_jinja
+    from weightprep import tokenizer_class
 
     mine = load_tokenizer(str(SAMPLE_TOKENIZER_DIR), direct=True)
     mine.decode([1, 2, 3])
     assert mine._full is None
-    monkeypatch.setattr(chat_jinja, "transformers_major", lambda: 4)
+    monkeypatch.setattr(tokenizer_class, "transformers_major", lambda: 4)
     assert mine.decode([1, 2, 3]) == _auto(SAMPLE_TOKENIZER_DIR).decode([1, 2, 3])
     assert mine._full is not None
 
@@ -513,14 +513,14 @@ def test_the_version_falls_back_to_the_package_metadata(monkeypatch, tmp_path):
     (tmp_path / "__init__.py").write_text("from .version import __version__\n")
 
     class Spec:
-        origin: str | None = str(tmp_path / "__init__.py")
+        submodule_search_locations = [str(tmp_path)]  # a transformers whose __init__.py does not say its version
 
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: Spec() if name == "transformers" else real(name, *a))
     tokenizer_class.transformers_version.cache_clear()
     try:
         assert tokenizer_class.transformers_version() == importlib.metadata.version("transformers") == transformers.__version__
         tokenizer_class.transformers_version.cache_clear()
-        Spec.origin = None  # a namespace package: no __init__.py to read
+        (tmp_path / "__init__.py").unlink()  # a namespace package: no __init__.py to read
         assert tokenizer_class.transformers_version() == transformers.__version__
         tokenizer_class.transformers_version.cache_clear()
 
@@ -531,9 +531,7 @@ def test_the_version_falls_back_to_the_package_metadata(monkeypatch, tmp_path):
         assert tokenizer_class.transformers_version() is None
         tokenizer_class.transformers_version.cache_clear()
         monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "transformers" else real(name, *a))
-        assert tokenizer_class.transformers_version() is None
-        from weightprep.stages import chat_jinja
-
-        assert chat_jinja.transformers_major() == 0 and tokenizer_class._key(tmp_path) is None
+        assert tokenizer_class.transformers_version() is None and tokenizer_class.transformers_folder() is None
+        assert tokenizer_class.transformers_major() == 0 and tokenizer_class._key(tmp_path) is None
     finally:
         tokenizer_class.transformers_version.cache_clear()

@@ -171,7 +171,7 @@ class TokenizerFiles:
         """``decode`` as transformers 5's tokenizer decodes: the backend's own decode, where no clean-up of
         tokenization spaces is asked for or set in tokenizer_config.json; else (or under transformers 4) transformers'
         tokenizer decodes."""
-        from weightprep.stages.chat_jinja import transformers_major
+        from weightprep.tokenizer_class import transformers_major
 
         clean = self._clean_up if clean_up_tokenization_spaces is None else clean_up_tokenization_spaces
         if clean or transformers_major() < 5:
@@ -220,7 +220,7 @@ def chat_tokenizer(tok: Any, *, full: bool = False) -> Any:
     ``sanitize_control_tokens`` encodes with)."""
     if full or not isinstance(tok, TokenizerFiles):
         return transformers_tokenizer(tok)
-    from weightprep.stages.chat_jinja import transformers_major
+    from weightprep.tokenizer_class import transformers_major
 
     return tok if transformers_major() >= 5 else transformers_tokenizer(tok)
 

@@ -30,7 +30,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-__all__ = ["KEEP", "cache_dir", "load", "transformers_version"]
+__all__ = ["KEEP", "cache_dir", "load", "transformers_folder", "transformers_major", "transformers_version"]
 
 #: Directories remembered, at most.
 KEEP = 256
@@ -47,15 +47,22 @@ def cache_dir() -> Path:
     return Path(base) / "weightprep"
 
 
+def transformers_folder() -> Path | None:
+    """The installed transformers package's folder (None: none), found without importing transformers."""
+    spec = importlib.util.find_spec("transformers")
+    folders = list(spec.submodule_search_locations or []) if spec is not None else []
+    return Path(folders[0]) if folders else None
+
+
 @functools.cache
 def transformers_version() -> str | None:
     """The installed transformers' version (None: none), read off its ``__init__.py``: neither transformers nor
     ``importlib.metadata`` (~35 ms) is imported, but where that file does not say it."""
-    spec = importlib.util.find_spec("transformers")
-    if spec is None:
+    folder = transformers_folder()
+    if folder is None:
         return None
-    init = Path(spec.origin) if spec.origin else None
-    found = re.search(r'^__version__ = "([^"]+)"', init.read_text(encoding="utf-8"), re.M) if init and init.is_file() else None
+    init = folder / "__init__.py"
+    found = re.search(r'^__version__ = "([^"]+)"', init.read_text(encoding="utf-8"), re.M) if init.is_file() else None
     if found is not None:
         return found[1]
     from importlib.metadata import PackageNotFoundError, version
@@ -64,6 +71,12 @@ def transformers_version() -> str | None:
         return version("transformers")
     except PackageNotFoundError:
         return None
+
+
+def transformers_major() -> int:
+    """The installed transformers' major version (0: none), without importing it."""
+    found = re.match(r"\d+", transformers_version() or "")
+    return int(found[0]) if found else 0
 
 
 def _key(directory: Path) -> str | None:

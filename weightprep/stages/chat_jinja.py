@@ -25,13 +25,12 @@ import builtins
 import functools
 import importlib.util
 import logging
-import re
 import sys
 import types
 from pathlib import Path
 from typing import Any
 
-__all__ = ["module_file", "template_utils", "transformers_major"]
+__all__ = ["module_file", "template_utils"]
 
 #: what the file may import from its own package, and the stand-ins that answer those imports
 _PACKAGE_IMPORTS = {
@@ -69,18 +68,11 @@ def _stand_ins() -> dict[str | None, types.ModuleType]:
 def module_file() -> Path | None:
     """The installed ``transformers/utils/chat_template_utils.py`` (None: no transformers), found without
     importing transformers."""
-    spec = importlib.util.find_spec("transformers")
-    folders = list(spec.submodule_search_locations or []) if spec is not None else []
-    path = Path(folders[0]) / "utils" / "chat_template_utils.py" if folders else None
+    from weightprep.tokenizer_class import transformers_folder
+
+    folder = transformers_folder()
+    path = folder / "utils" / "chat_template_utils.py" if folder is not None else None
     return path if path is not None and path.is_file() else None
-
-
-def transformers_major() -> int:
-    """The installed transformers' major version (0: none), without importing it."""
-    from weightprep.tokenizer_class import transformers_version
-
-    found = re.match(r"\d+", transformers_version() or "")
-    return int(found[0]) if found else 0
 
 
 def _package_imports(tree: ast.Module) -> dict[tuple[int, str | None], set[str]]:
