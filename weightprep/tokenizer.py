@@ -263,13 +263,15 @@ def load_tokenizer(name_or_path: str | None, *, trust_remote_code: bool = False,
     if (problem := local_path_problem(name_or_path, "tokenizer")) is not None:
         raise UsageError(problem)
     directory = Path(name_or_path)
-    if direct and not trust_remote_code and (directory / "tokenizer.json").is_file():
+    trusted = direct and not trust_remote_code  # a build's load of code it trusts: read directly where that is exact
+    if trusted and (directory / "tokenizer.json").is_file():
         backend = _load_backend(directory)
         if direct_load_obstacle(directory, backend) is None:
             return TokenizerFiles(directory, backend)
     from weightprep import tokenizer_class, tokenizer_snapshot
 
-    kept = tokenizer_snapshot.recall(directory) if direct and not trust_remote_code and directory.is_dir() else None
+    snapshots = trusted and directory.is_dir()  # (a hub id has none)
+    kept = tokenizer_snapshot.recall(directory) if snapshots else None
     if kept is not None:
         return kept
 
@@ -287,7 +289,7 @@ def load_tokenizer(name_or_path: str | None, *, trust_remote_code: bool = False,
             "weightprep needs a fast (Rust) tokenizer. Use a directory with tokenizer.json, or convert once "
             "with `AutoTokenizer.from_pretrained(path, from_slow=True).save_pretrained(out)`."
         )
-    if direct and not trust_remote_code and directory.is_dir():
+    if snapshots:
         tokenizer_snapshot.remember(directory, tok)  # the next builds read it without transformers
     return tok
 
