@@ -973,3 +973,27 @@ def test_a_build_whose_driver_is_a_worker_runs_parts_with_its_own_tokenizer(tmp_
     build([str(SAMPLE_RAW)], tmp_path / "out", _cfg(), executor=executor)
     assert _digests(tmp_path / "out") == reference
     assert len(executor.warmed) == 1 and ran_here and len(ran_here) < 6
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    rows=st.lists(st.integers(0, 10**12), min_size=1, max_size=5),
+    names=st.lists(st.text(min_size=0, max_size=6), min_size=1, max_size=3),
+    base=st.integers(0, 10**12),
+    first=st.booleans(),
+)
+def test_shifted_lines_are_the_json_of_the_shifted_entries(rows, names, base, first):
+    """The merge's shift of a part's row (or line) numbers: each line is exactly what ``json.dumps`` writes for the
+    parsed entry with the number shifted, whether it opens the line (the turns file, shifted in the text) or not
+    (a reject, parsed); names with quotes, commas, digits and non-ASCII characters included."""
+    from weightprep.distribute.merge import _shift
+
+    entries = []
+    for r in rows:
+        spans = [[r % 97, 3, name, r % 5] for name in names]
+        entry = {"row": r, "turns": spans} if first else {"source": names[0], "row": r, "reason": names[-1]}
+        entries.append(entry)
+    lines = [json.dumps(e, ensure_ascii=False) + "\n" for e in entries]
+    expected = [json.dumps({**e, "row": e["row"] + base}, ensure_ascii=False) + "\n" for e in entries]
+    assert list(_shift(iter(lines), "row", base)) == expected
+    assert list(_shift(iter(lines), "row", 0)) == lines
