@@ -340,6 +340,7 @@ class ChatRenderer(HistoryModes):
         self._training: ChatRenderer | None | bool = False  # TRL's training template (False: not looked up)
         self._trl_missing: TrlMissing | None = None
         self._added: re.Pattern[str] | None = None  # ``_markers``
+        self._turn_codes: dict[tuple[str, int], int] = {}  # ``turn_code`` of (role, message index), as found
 
     def check(self) -> None:
         """Refuse, before any work, a tokenizer that cannot render conversations."""
@@ -716,10 +717,15 @@ class ChatRenderer(HistoryModes):
             except ChatError:
                 bounds.append(None)
         turns = np.zeros(len(text), dtype=np.int32)
+        codes = self._turn_codes
         for i, m in enumerate(messages):
             a, b = bounds[i], bounds[i + 1]
             if a is not None and b is not None and b > a:
-                turns[a:b] = turn_code(self.roles, str(m["role"]), i)
+                key = (str(m["role"]), i)
+                code = codes.get(key)
+                if code is None:  # a role's code never changes once given (``roles`` only grows)
+                    code = codes[key] = turn_code(self.roles, key[0], i)
+                turns[a:b] = code
         return turns
 
     def tokens(self, chat: Chat) -> ChatTokens:
