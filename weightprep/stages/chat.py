@@ -93,6 +93,7 @@ from weightprep.stages.chat_control import (
 )
 from weightprep.stages.chat_history import HISTORY_MODES, Document, HistoryModes, joined
 from weightprep.stages.chat_jinja import template_utils
+from weightprep.stages.chat_skeleton import Skeletons, compile_skeleton, shape_keys
 from weightprep.stages.chat_spans import answer_start, trailer
 from weightprep.stages.chat_templates import TrlMissing
 from weightprep.stages.spans import TokenSpans
@@ -156,26 +157,35 @@ class _Template:
         # and whose loops note where each message starts (chat_prefixes: prefixes cut from the whole render)
         self._fast = self._compiled
         self._shape: chat_prefixes.PrefixShape | None = None
+        # a conversation's whole render filled in from its shape's, where the template only writes its strings
+        self._skeletons: Skeletons | None = None
+        # the keyword arguments, and a render's arguments without and with the generation prompt
+        self._skeleton_args: tuple[Any, tuple[dict[str, Any], dict[str, Any]]] = (None, ({}, {}))
         if self._compiled is not None and not tagged:
             overlay = self._compiled.environment.overlay()
-            cls = type(overlay)
-            overlay.getattr = _dict_getattr(overlay, chat_prefixes.tracked_getattr(functools.partial(cls.getattr, overlay)))
-            overlay.getitem = chat_prefixes.tracked_getitem(functools.partial(cls.getitem, overlay))
+            overlay.getattr, overlay.getitem = _lookups(overlay)
             self._fast, self._shape = chat_prefixes.compile_tracked(overlay, template)
+            skeleton = compile_skeleton(self._compiled.environment, template, _lookups)
+            skeleton_globals = dict(skeleton.globals)
+            self._skeletons = Skeletons(lambda args, tracker: self._render(args, tracker, skeleton, skeleton_globals))
 
-    def prepare(self, messages: list[dict[str, Any]], tools: Any, kwargs: dict[str, Any]) -> _Prepared:
-        """The conversation as the template sees it."""
+    def prepare(
+        self, messages: list[dict[str, Any]], tools: Any, kwargs: dict[str, Any], *, shared: bool = False
+    ) -> _Prepared:
+        """The conversation as the template sees it. ``shared``: ``kwargs`` are the renderer's own, the same for
+        every conversation without ``chat_template_kwargs`` (its whole render may then come from its shape's)."""
         if not self.direct or (tools is not None and not all(isinstance(t, dict) for t in tools)):
             return _Prepared(messages, tools, kwargs, False)  # render_jinja_template converts (or refuses) them
         plain = self._ctu._plain_template_data
         if kwargs is not self._kwargs[0]:  # the same arguments for every conversation without chat_template_kwargs
             self._kwargs = (kwargs, plain(kwargs))
-        messages = _plain_messages(plain, messages)
-        return _Prepared(self._ctu._alias_reasoning_fields(messages), plain(tools), self._kwargs[1], True, {})
+        messages = self._ctu._alias_reasoning_fields(_plain_messages(plain, messages))
+        keys = shape_keys(messages) if shared and tools is None and self._skeletons is not None else None
+        return _Prepared(messages, plain(tools), self._kwargs[1], True, {}, keys)
 
     def render(self, prepared: _Prepared, k: int, generation: bool) -> tuple[str, list]:
         """The first ``k`` messages rendered, and their ``{% generation %}`` spans (tagged templates only)."""
-        messages, tools, kwargs, direct, whole = prepared
+        messages, tools, kwargs, direct, whole, keys = prepared
         if not direct:
             rendered, spans = self._ctu.render_jinja_template(
                 conversations=[messages[:k]], tools=tools, chat_template=self.template, add_generation_prompt=generation,
@@ -186,15 +196,34 @@ class _Template:
             cut = self._cut(prepared, k, generation)
             if cut is not None:
                 return cut, []
+        if keys is not None:
+            filled = self._filled(prepared, k, generation, tracked=False)
+            if filled is not None:
+                return filled[0], []
         args = {"messages": messages[:k], "tools": tools, "documents": None, "add_generation_prompt": generation, **kwargs}
         if self.tagged:
             return self._ctu._render_with_assistant_indices(compiled_template=self._compiled, **args)  # type: ignore[no-any-return]
         return self._render(args), []
 
+    def _filled(self, prepared: _Prepared, k: int, generation: bool, *, tracked: bool) -> tuple[str, Any] | None:
+        """The render of the first ``k`` messages from its shape's skeleton (``chat_skeleton``), and with
+        ``tracked`` its prefix cuts; None where the shape has none."""
+        assert self._skeletons is not None and prepared.keys is not None
+        if self._skeleton_args[0] is not prepared.kwargs:
+            base = {"tools": None, "documents": None, **prepared.kwargs}
+            self._skeleton_args = (prepared.kwargs, ({**base, "add_generation_prompt": False},
+                                                     {**base, "add_generation_prompt": True}))  # fmt: skip
+        args = self._skeleton_args[1][generation]
+        return self._skeletons.fill(prepared.messages[:k], prepared.keys[:k], args, tracked=tracked)
+
     def _cut(self, prepared: _Prepared, k: int, generation: bool) -> str | None:
         """The render of the first ``k`` messages cut from the whole conversation's (``chat_prefixes``), rendered
         once, tracked; None where that is not proven for this conversation (then it is rendered)."""
         whole = prepared.whole
+        if "cuts" not in whole and prepared.keys is not None:
+            filled = self._filled(prepared, len(prepared.messages), False, tracked=True)
+            if filled is not None:
+                whole["text"], whole["cuts"] = filled
         if "cuts" not in whole:
             listed = prepared.messages[:]
             tracker = chat_prefixes.Tracker(listed)
@@ -212,14 +241,18 @@ class _Template:
         text: str = whole["text"][: cuts[k - 1]]
         return text + self._shape.generation if generation else text  # type: ignore[operator]
 
-    def _render(self, args: dict[str, Any], tracker: chat_prefixes.Tracker | None = None) -> str:
+    def _render(
+        self, args: dict[str, Any], tracker: chat_prefixes.Tracker | None = None, compiled: Any = None,
+        globals_: dict[str, Any] | None = None,
+    ) -> str:  # fmt: skip
         """``Template.render(**args)``: the same context (the template's globals, then ``args``), built from a copy
-        of the globals made once (``tracker``: the loop over the messages tracked)."""
-        compiled = self._fast
+        of the globals made once (``tracker``: the loop over the messages tracked). ``compiled`` and its globals:
+        another compilation of the template (``chat_skeleton``'s)."""
+        compiled = self._fast if compiled is None else compiled
         env = compiled.environment
         if env.is_async:
             return compiled.render(**args)
-        context = compiled.new_context({**self._globals, **args}, shared=True)
+        context = compiled.new_context({**(self._globals if globals_ is None else globals_), **args}, shared=True)
         try:
             chunks = compiled.root_render_func(context)
             return env.concat(chunks) if tracker is None else tracker.render(chunks)
@@ -245,6 +278,17 @@ def _plain_messages(plain: Callable[[Any], Any], messages: Any) -> Any:
 
 #: what ``getattr`` finds on a dict: the attributes of its type (a dict instance has no ``__dict__``)
 _DICT_ATTRIBUTES = frozenset(name for cls in dict.__mro__ for name in vars(cls))
+
+
+def _lookups(overlay: Any) -> tuple[Callable[[Any, str], Any], Callable[[Any, Any], Any]]:
+    """The ``getattr`` and ``getitem`` of the renders without ``{% generation %}`` spans, for an overlay of the
+    template's environment: a plain dict's keys read directly (``_dict_getattr``), the loops tracked
+    (``chat_prefixes``)."""
+    cls = type(overlay)
+    return (
+        _dict_getattr(overlay, chat_prefixes.tracked_getattr(functools.partial(cls.getattr, overlay))),
+        chat_prefixes.tracked_getitem(functools.partial(cls.getitem, overlay)),
+    )
 
 
 def _dict_getattr(env: Any, sandboxed: Callable[[Any, str], Any]) -> Callable[[Any, str], Any]:
@@ -273,6 +317,9 @@ class _Prepared(NamedTuple):
     direct: bool
     #: the whole conversation's render and its cuts (``_Template._cut``), once made; None: not for this one
     whole: dict[str, Any] | None = None
+    #: its messages' parts of its shape (``chat_skeleton.shape_keys``), where its renders may come from its shape's
+    #: skeleton (no tools, the renderer's own keyword arguments); else None
+    keys: list[tuple[Any, ...]] | None = None
 
 
 class ChatRenderer(HistoryModes):
@@ -442,7 +489,9 @@ class ChatRenderer(HistoryModes):
             messages, tools, kwargs = (mark_control_tokens(v, control) for v in (messages, tools, kwargs))
         if self._specials is None:
             self._specials = dict(self.tok.special_tokens_map)
-        return self._compiled().prepare(messages, tools, {**self._specials, **kwargs} if kwargs else self._specials)
+        if kwargs:
+            return self._compiled().prepare(messages, tools, {**self._specials, **kwargs})
+        return self._compiled().prepare(messages, tools, self._specials, shared=True)
 
     def render(self, prepared: _Prepared, k: int, *, generation: bool = False) -> tuple[str, list]:
         """The first ``k`` messages of a prepared conversation rendered (``template_error`` if the template fails)."""

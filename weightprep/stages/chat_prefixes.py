@@ -47,12 +47,14 @@ class PrefixShape(NamedTuple):
     generation: str | None
 
 
-def compile_tracked(env: Any, template: str) -> tuple[Any, PrefixShape | None]:
+def compile_tracked(env: Any, template: str, transform: Any = None) -> tuple[Any, PrefixShape | None]:
     """``template`` compiled by ``env`` with its loops tracked (``TrackedLoop``), and the static half of the proof
     (module docstring), or None. Where it holds, the loop over the messages reads ``loop.first`` (an ``if`` with
     no body: nothing written, nothing changed), so that Jinja gives it a loop object to track even where the
-    template itself never reads ``loop``."""
+    template itself never reads ``loop``. ``transform(tree)``: changes the parsed tree before it is compiled."""
     tree = env.parse(template)
+    if transform is not None:
+        tree = transform(tree)
     found = _prefix_shape(env, tree)
     if found is not None:
         loop = found[1]
@@ -139,8 +141,10 @@ def _names_ok(tree: Any, loop: Any, before: list[Any]) -> bool:
 class Tracker:
     """The dynamic half of the proof, for one render of a whole conversation (module docstring)."""
 
-    def __init__(self, messages: list[Any]) -> None:
+    def __init__(self, messages: list[Any], length: Any = len) -> None:
         self.messages = messages
+        self.length = length  # a chunk's characters (``chat_skeleton``'s placeholders are not asked)
+        self.chunks: list[str] = []  # what the render wrote, chunk by chunk
         self.position = 0  # characters written so far (by ``Tracker.render``)
         self.starts: list[int] = []  # where each iteration of the loop over ``messages`` started
         self.end: int | None = None  # where that loop ended
@@ -148,13 +152,14 @@ class Tracker:
 
     def render(self, chunks: Any) -> str:
         """Consume the template's output (its generator), tracked; the text."""
-        out = []
+        out = self.chunks
+        length = self.length
         previous = getattr(_LOCAL, "tracker", None)
         _LOCAL.tracker = self
         try:
             for chunk in chunks:
                 out.append(chunk)
-                self.position += len(chunk)
+                self.position += length(chunk)
         finally:
             _LOCAL.tracker = previous
         return "".join(out)

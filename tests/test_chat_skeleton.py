@@ -1,0 +1,208 @@
+"""A conversation's whole render filled in from its shape's skeleton (``weightprep.stages.chat_skeleton``) is the
+template's own render, cut where it is cut, on every template of the tests and of TRL; a template that does anything
+with a string but write it keeps no skeleton for that shape."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from chat_support import TEMPLATES as TRL_TEMPLATES
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from weightprep.stages import chat_prefixes, chat_skeleton
+from weightprep.stages.chat import _GENERATION_TAG, _Template
+from weightprep.stages.chat_skeleton import MARK
+
+FILES = sorted((Path(__file__).parent / "chat_templates").glob("*.jinja")) + sorted(TRL_TEMPLATES.glob("*.jinja"))
+SPECIALS = {"bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>", "unk_token": "<unk>"}
+#: strings a template that looked at them would treat otherwise than its placeholders: ends of spaces, markers that
+#: templates test for, template text, JSON's specials, non-ASCII, a placeholder's own mark
+CONTENTS = [
+    "Plain text.", "  spaced both ends \n", "<think>\nreasoning\n</think>\n\nanswer", "</think>tail", "[INST] x [/INST]",
+    '{"a": "b\\"c"}', "naïve — 東京 🌍", f"holds {MARK}0{MARK} a mark", "\n", "x", "<|im_end|>", "Human:", "a\tb",
+]  # fmt: skip
+SHAPES = [
+    ("user", "assistant"),
+    ("system", "user", "assistant"),
+    ("system", "user", "assistant", "user", "assistant"),
+    ("user", "assistant", "user", "assistant", "user"),
+    ("system", "user"),
+]
+
+
+def _templates(path: Path) -> tuple[_Template, _Template] | None:
+    """The template compiled twice: with skeletons, and without (its renders the reference); None where it has
+    ``{% generation %}`` spans (rendered by transformers' own function, never filled)."""
+    text = path.read_text(encoding="utf-8")
+    if _GENERATION_TAG.search(text):
+        return None
+    with_, without = _Template(text, False), _Template(text, False)
+    assert with_._skeletons is not None
+    without._skeletons = None
+    return with_, without
+
+
+def _conversations(roles: tuple[str, ...], extra: dict | None = None) -> list[list[dict]]:
+    """Conversations of one shape, each string from ``CONTENTS`` in turn (the first builds the skeleton)."""
+    out = []
+    for shift in range(len(CONTENTS)):
+        out.append([{"role": r, "content": CONTENTS[(shift + i) % len(CONTENTS)], **(extra or {})} for i, r in enumerate(roles)])
+    return out
+
+
+def _renders(template: _Template, messages: list[dict]) -> list:
+    """Every render the chat stage asks for (each prefix, with and without the generation prompt), or the error's
+    type; and the whole render's prefix cuts (``_Template._cut``)."""
+    prepared = template.prepare(messages, None, SPECIALS, shared=True)
+    out: list = []
+    for k in range(len(messages), -1, -1):
+        for generation in (False, True):
+            try:
+                out.append(template.render(prepared, k, generation))
+            except Exception as exc:  # noqa: BLE001 - the same error either way
+                out.append(type(exc).__name__)
+    out.append(prepared.whole.get("cuts", "not cut"))
+    return out
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_every_filled_render_is_the_templates_own(path):
+    pair = _templates(path)
+    if pair is None:
+        pytest.skip("{% generation %} spans: rendered by transformers' function")
+    with_, without = pair
+    for roles in SHAPES:
+        for extra in (None, {"name": "Ann"}, {"reasoning_content": "Because.", "n": 3, "flag": True}):
+            for messages in _conversations(roles, extra):
+                assert _renders(with_, messages) == _renders(without, messages), (roles, messages)
+
+
+def _kept(template_text: str, roles=("user", "assistant")) -> bool:
+    """Whether a skeleton is kept for the whole render of a conversation's shape under ``template_text``."""
+    template = _Template(template_text, False)
+    messages = [{"role": r, "content": f"text {i}"} for i, r in enumerate(roles)]
+    prepared = template.prepare(messages, None, SPECIALS, shared=True)
+    return template._filled(prepared, len(messages), False, tracked=False) is not None
+
+
+LOOP = "{%- for message in messages %}BODY{%- endfor %}{%- if add_generation_prompt %}<|assistant|>{%- endif %}"
+WRITES = [
+    "{{ '<|' + message.role + '|>' + message.content + '<|end|>' }}",
+    "<|{{ message['role'] }}|>{{ message['content'] }}",
+    "{{ '<|' ~ message.role ~ '|>' ~ message.content ~ '\\n' }}",
+    "{% set c %}[{{ message.content }}]{% endset %}{{ c }}",
+    "{% macro m(x) %}<{{ x }}>{% endmacro %}{{ m(message.content) }}",
+    "{% set ns = namespace(c=message.content) %}{{ ns.c }}",
+    "{% if message.content is string and message.content %}{{ message.content }}{% endif %}",
+    "{% if message.content is defined and message.content is not none %}{{ message.content }}{% endif %}",
+    "{{ message.content if message.content else 'none' }}",
+    "{{ loop.index0 ~ ':' ~ message.content }}{{ messages[0].role ~ (messages | length) }}",
+    "{% if message.role in ['user', 'system'] %}U{% endif %}{{ message.content }}",
+]
+LOOKS = [
+    "{{ message.content | trim }}",
+    "{{ message.content | length }}",
+    "{{ message.content | tojson }}",
+    "{{ messages | tojson }}",
+    "{{ messages | map(attribute='content') | join('|') }}",
+    "{{ message.content[1:] }}",
+    "{{ message.content.strip() }}",
+    "{% if message.content == 'x' %}X{% endif %}{{ message.content }}",
+    "{% if message.content in 'text 0 text 1' %}IN{% endif %}",
+    "{% if message.content not in ['a'] %}{% endif %}{{ message.content }}",
+    "{% if '0' in message.content %}Z{% endif %}{{ message.content }}",
+    "{{ '%s!' % message.content }}",
+    "{{ message.content * 2 }}",
+    "{% for ch in message.content %}{% endfor %}{{ message.content }}",
+    "{% set c %}{{ message.content }}{% endset %}{{ c | trim }}",
+    "{% macro m(x) %}{{ x }}{% endmacro %}{{ m(message.content) | upper }}",
+    "{{ message.content ~ '' | length }}{{ (message.content ~ 'x') | length }}",
+    "{% set d = {message.content: 1} %}{{ message.content }}",
+    "{{ message.content is sameas message.content }}",
+    "{{ strftime_now('%Y') }}{{ message.content }}",
+    "{{ message.content | int }}",
+    "{{ '{}'.format(message.content) }}",
+    "{{ message.content.startswith('text') }}",
+    "{{ [message.content] | join }}",
+    "{{ message }}",
+]
+
+
+@pytest.mark.parametrize("body", WRITES)
+def test_a_template_that_only_writes_its_strings_keeps_their_shapes_skeleton(body):
+    template = LOOP.replace("BODY", body)
+    assert _kept(template)
+    with_, without = _Template(template, False), _Template(template, False)
+    without._skeletons = None
+    for messages in _conversations(("user", "assistant", "user")):
+        assert _renders(with_, messages) == _renders(without, messages)
+
+
+@pytest.mark.parametrize("body", LOOKS)
+def test_a_template_that_looks_at_a_string_keeps_no_skeleton(body):
+    """Each way of reading a string's characters (or the date) is seen: the shape is rendered each time."""
+    assert not _kept(LOOP.replace("BODY", body))
+
+
+@settings(max_examples=60, deadline=None)
+@given(contents=st.lists(st.text(max_size=12), min_size=3, max_size=3), trim=st.booleans())
+def test_filled_renders_of_any_strings(contents, trim):
+    """Strings of any characters, empty ones (part of the shape) included."""
+    body = "{{ '<|' + message.role + '|>\\n' + (message.content | trim if TRIM else message.content) + '<|end|>\\n' }}"
+    template = LOOP.replace("BODY", body.replace("TRIM", json.dumps(trim).lower()))
+    with_, without = _Template(template, False), _Template(template, False)
+    without._skeletons = None
+    messages = [{"role": r, "content": c} for r, c in zip(("system", "user", "assistant"), contents, strict=True)]
+    first = [{"role": r, "content": "seed"} for r in ("system", "user", "assistant")]
+    _renders(with_, first)  # the shape's skeleton from other strings
+    assert _renders(with_, messages) == _renders(without, messages)
+
+
+def test_a_shape_is_its_roles_keys_and_empty_strings():
+    def shape(messages):
+        keys = chat_skeleton.shape_keys(messages)
+        return None if keys is None else tuple(keys)
+
+    a = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]
+    assert shape(a) == shape([{"role": "user", "content": "other"}, {"role": "assistant", "content": "z"}])
+    others = [
+        [{"role": "user", "content": ""}, {"role": "assistant", "content": "y"}],  # an empty string
+        [{"role": "system", "content": "x"}, {"role": "assistant", "content": "y"}],  # a role
+        [{"content": "x", "role": "user"}, {"role": "assistant", "content": "y"}],  # the keys' order
+        [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y", "n": 1}],  # a key
+        [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y", "n": True}],  # True is not 1
+        [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y", "n": 1.0}],
+        [{"role": "user", "content": "x"}],
+    ]
+    assert len({shape(a), *(shape(m) for m in others)}) == len(others) + 1
+    assert shape([{"role": "user", "content": [{"type": "text", "text": "x"}]}]) is None
+
+
+def test_a_placeholders_mark_written_by_the_template_keeps_no_skeleton():
+    """Text holding a placeholder's mark that the skeleton did not place (here the template's own) is refused:
+    it would be how a read of a string that no probe saw shows."""
+    assert not _kept(LOOP.replace("BODY", f"{MARK}{{{{ message.content }}}}"))
+
+
+def test_the_tracker_counts_placeholders_without_asking_them():
+    sym = chat_skeleton.Sym.make("abc", (0,))
+    tracker = chat_prefixes.Tracker([], length=str.__len__)
+    assert tracker.render(iter(["xy", sym])) == "xyabc" and tracker.position == 5 and tracker.chunks == ["xy", sym]
+
+
+@pytest.mark.parametrize("name", [
+    "qwen2_5.jinja", "phi3.jinja", "qwen3_instruct_2507.jinja", "mistralai-Mistral-7B-Instruct-v0.2.jinja",
+    "ibm-granite-granite-4.0.jinja", "HuggingFaceTB-SmolLM2-135M-Instruct.jinja", "deepseek-ai-DeepSeek-V3.2.jinja",
+])  # fmt: skip
+def test_common_templates_fill_their_renders(name):
+    """Templates that only write a message's strings: every render of a conversation of a seen shape is filled."""
+    (path,) = [p for p in FILES if p.name == name]
+    template = _Template(path.read_text(encoding="utf-8"), False)
+    for roles in SHAPES[:3]:
+        messages = [{"role": r, "content": f"text {i}"} for i, r in enumerate(roles)]
+        prepared = template.prepare(messages, None, SPECIALS, shared=True)
+        assert template._filled(prepared, len(messages), False, tracked=False) is not None
+        assert template._filled(prepared, len(messages) - 1, True, tracked=False) is not None
