@@ -23,6 +23,7 @@ SPECIALS = {"bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>", "unk_
 CONTENTS = [
     "Plain text.", "  spaced both ends \n", "<think>\nreasoning\n</think>\n\nanswer", "</think>tail", "[INST] x [/INST]",
     '{"a": "b\\"c"}', "naïve — 東京 🌍", f"holds {MARK}0{MARK} a mark", "\n", "x", "<|im_end|>", "Human:", "a\tb",
+    "text first.", "  \n\t ", "ends!", "\n. .\n", "xx",
 ]  # fmt: skip
 SHAPES = [
     ("user", "assistant"),
@@ -101,23 +102,30 @@ WRITES = [
     "{{ message.content if message.content else 'none' }}",
     "{{ loop.index0 ~ ':' ~ message.content }}{{ messages[0].role ~ (messages | length) }}",
     "{% if message.role in ['user', 'system'] %}U{% endif %}{{ message.content }}",
+    # stripped of whitespace (a slot of its own), or tested against a literal (a guard of the skeleton)
+    "{{ '<|' + message.role + '|>' + message.content | trim + '<|end|>' }}",
+    "[{{ message.content.strip() }}|{{ message.content.lstrip() }}|{{ message.content.rstrip() }}]",
+    "{% if message.content | trim %}{{ (message.content | trim).rstrip() }}{% else %}EMPTY{% endif %}",
+    "{% if message.content == 'x' %}X{% endif %}{{ message.content }}",
+    "{% if '0' in message.content %}Z{% endif %}{{ message.content }}",
+    "{% if '</think>' not in message.content %}{{ message.content }}{% endif %}",
+    "{{ message.content.startswith('<think>') }}{{ message.content.endswith(('.', '!')) }}{{ message.content }}",
+    "{{ message.content | string }}",
+    "{% set c %}{{ message.content }}{% endset %}{{ c | trim }}",
+    "{% if message.content.strip('\\n .') %}[{{ message.content.strip('\\n .') }}]{% endif %}{{ message.content | trim('x') }}",
+    "{{ message.content | default('none') }}{% if message.content != none and message.content != 3 %}NN{% endif %}",
 ]
 LOOKS = [
-    "{{ message.content | trim }}",
     "{{ message.content | length }}",
     "{{ message.content | tojson }}",
     "{{ messages | tojson }}",
     "{{ messages | map(attribute='content') | join('|') }}",
     "{{ message.content[1:] }}",
-    "{{ message.content.strip() }}",
-    "{% if message.content == 'x' %}X{% endif %}{{ message.content }}",
     "{% if message.content in 'text 0 text 1' %}IN{% endif %}",
     "{% if message.content not in ['a'] %}{% endif %}{{ message.content }}",
-    "{% if '0' in message.content %}Z{% endif %}{{ message.content }}",
     "{{ '%s!' % message.content }}",
     "{{ message.content * 2 }}",
     "{% for ch in message.content %}{% endfor %}{{ message.content }}",
-    "{% set c %}{{ message.content }}{% endset %}{{ c | trim }}",
     "{% macro m(x) %}{{ x }}{% endmacro %}{{ m(message.content) | upper }}",
     "{{ message.content ~ '' | length }}{{ (message.content ~ 'x') | length }}",
     "{% set d = {message.content: 1} %}{{ message.content }}",
@@ -125,9 +133,15 @@ LOOKS = [
     "{{ strftime_now('%Y') }}{{ message.content }}",
     "{{ message.content | int }}",
     "{{ '{}'.format(message.content) }}",
-    "{{ message.content.startswith('text') }}",
     "{{ [message.content] | join }}",
     "{{ message }}",
+    "{{ message.content | trim | length }}",
+    "{{ message.content.split('x') | first }}",
+    "{{ message.content.startswith('t', 1) }}",
+    "{{ message.content.strip(chars='x') }}",
+    "{{ message.content | trim(message.role ~ '') | length }}",
+    "{% set c %}<{{ message.content }}>{% endset %}{{ c | trim }}",
+    "{% if message.content.startswith(messages[0].content) %}{% endif %}",
 ]
 
 

@@ -81,7 +81,8 @@ def _looked() -> None:
 
 class Sym(str):
     """A placeholder ``str``: a message's string, or strings and placeholders joined (``parts``: literal strings and
-    indices of the conversation's strings). Anything but writing and joining it is noted (``_looked``)."""
+    slots, the indices of the conversation's strings as the skeleton fills them in). Anything but writing, joining
+    and stripping it is noted (``_looked``)."""
 
     parts: tuple[str | int, ...]
 
@@ -90,6 +91,23 @@ class Sym(str):
         sym = Sym(text)
         sym.parts = parts
         return sym
+
+    def _stripped(self, how: str, chars: str | None = None) -> Any:
+        """The placeholder of this string stripped (``how``: ``strip``, ``lstrip`` or ``rstrip``; ``chars``: of
+        those characters, else of whitespace, as the ``trim`` filter strips); None for joined strings. Stripped of
+        whitespace, a string that is not whitespace only (the shape says which) is never empty; stripped of other
+        characters it may be: the skeleton is then guarded by its not being empty (it stands for a true value)."""
+        render = getattr(_LOCAL, "render", None)
+        if render is None or len(self.parts) != 1 or type(self.parts[0]) is not int:
+            return None
+        slot = self.parts[0]
+        i, k, ops = render.slots[slot]
+        if chars is None and render.blank[slot]:
+            return ""  # whitespace only (part of the shape): stripped, nothing
+        stripped = render.slot(i, k, (*ops, (how, chars)), render.blank[slot])
+        if chars is not None:
+            render.guards.append((stripped.parts[0], "__bool__", None, True))
+        return stripped
 
     def __bool__(self) -> bool:
         return True  # a placeholder stands for a non-empty string (empty ones are part of the shape)
@@ -120,13 +138,43 @@ def _noted(name: str) -> Any:
     return method
 
 
+#: the tests of a string against a literal that a placeholder answers as a guard of its skeleton (``_guarded``)
+GUARDS = ("__contains__", "startswith", "endswith", "__eq__", "__ne__")
+
+
+def _guarded(name: str) -> Any:
+    """``str.<name>`` for a placeholder of one string tested against literal strings (``"</think>" in content``,
+    ``content.startswith("<tool_call>")``): answered as the placeholder answers it, and noted as a guard of the
+    skeleton (the skeleton then serves the conversations whose string answers it alike); anything else noted as a
+    look (``_noted``)."""
+    base = getattr(str, name)
+
+    @functools.wraps(base)
+    def method(self: Any, *args: Any) -> Any:
+        result = base(self, *args)
+        if name in ("__eq__", "__ne__") and len(args) == 1 and (type(args[0]) in _PLAIN or isinstance(args[0], Undefined)):
+            return result  # a string is never equal to a number, None or undefined: nothing of it was read
+        render = getattr(_LOCAL, "render", None)
+        literal = len(args) == 1 and (
+            type(args[0]) is str or (type(args[0]) is tuple and all(type(a) is str for a in args[0]))
+        )  # fmt: skip
+        if render is not None and literal and len(self.parts) == 1 and type(self.parts[0]) is int and type(result) is bool:
+            render.guards.append((self.parts[0], name, args[0], result))
+        else:
+            _looked()
+        return result
+
+    return method
+
+
 for _name in dir(str):  # every other method and operator of str notes that it was used
     if _name not in {
         "__new__", "__init__", "__getattribute__", "__setattr__", "__delattr__", "__class__", "__init_subclass__",
         "__subclasshook__", "__doc__", "__add__", "__radd__", "__getnewargs__", "__reduce__", "__reduce_ex__",
         "__sizeof__", "__dir__",
     } and callable(getattr(str, _name)):  # fmt: skip
-        setattr(Sym, _name, _noted(_name))  # (``__rmod__`` too: Python asks a subclass's first for ``"%s" % x``)
+        # (``__rmod__`` too: Python asks a subclass's first for ``"%s" % x``)
+        setattr(Sym, _name, _guarded(_name) if _name in GUARDS else _noted(_name))
 
 
 def _clean(value: Any) -> bool:
@@ -180,6 +228,54 @@ def _checked(function: Any, safe: bool, nested: bool) -> Any:
     return checked
 
 
+#: the ``str`` methods that a placeholder answers when called without arguments (``_Strip``)
+_STRIPS = frozenset({"strip", "lstrip", "rstrip"})
+
+
+class _Strip:
+    """``x.strip``, ``x.lstrip`` or ``x.rstrip`` of a placeholder: called without arguments or with the characters
+    to strip, the placeholder of its string stripped (``Sym._stripped``); otherwise noted, and the string's own
+    method called."""
+
+    def __init__(self, sym: Sym, how: str) -> None:
+        self.sym, self.how = sym, how
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        chars = args[0] if len(args) == 1 and not kwargs else None
+        plain = not kwargs and (not args or (len(args) == 1 and (type(chars) is str or chars is None)))
+        stripped = self.sym._stripped(self.how, chars) if plain else None
+        if stripped is None:
+            _looked()
+            return getattr(str, self.how)(self.sym, *args, **kwargs)
+        return stripped
+
+
+def _trim(checked: Any) -> Any:
+    """Jinja's ``trim`` filter (``checked``: with its probe): a placeholder, without characters, stripped as
+    ``str.strip()`` strips it (``Sym._stripped``)."""
+
+    @functools.wraps(checked)
+    def trim(value: Any, chars: Any = None) -> Any:
+        if type(value) is Sym and (chars is None or type(chars) is str):
+            stripped = value._stripped("strip", chars)
+            if stripped is not None:
+                return stripped
+        return checked(value, chars)
+
+    return trim
+
+
+def _passed(checked: Any) -> Any:
+    """A filter that returns a defined, true string as it is (``string``, ``default``): a placeholder passed
+    through, anything else to ``checked``."""
+
+    @functools.wraps(checked)
+    def passed(value: Any, *args: Any, **kwargs: Any) -> Any:
+        return value if type(value) is Sym and all(map(_clean, (*args, *kwargs.values()))) else checked(value, *args, **kwargs)
+
+    return passed
+
+
 def _probe(value: Any) -> Any:
     """The left operand of a Jinja ``in``, seen before Python reads it."""
     if type(value) is Sym:
@@ -212,6 +308,10 @@ def compile_skeleton(env: Any, template: str, lookups: Any) -> Any:
 
     def lookup(function: Any) -> Any:
         def probed(obj: Any, argument: Any) -> Any:
+            if type(obj) is Sym and argument in _STRIPS:
+                return _Strip(obj, argument)
+            if type(obj) is Sym and argument in GUARDS:  # its own method: the call is its guard (``_guarded``)
+                return function(obj, argument)
             if type(obj) is Sym or type(argument) is Sym:
                 _looked()
             return function(obj, argument)
@@ -219,11 +319,15 @@ def compile_skeleton(env: Any, template: str, lookups: Any) -> Any:
         return probed
 
     def call(context: Any, obj: Any, *args: Any, **kwargs: Any) -> Any:
+        # (what Jinja passes in a loop or block for the context's own use: the call never sees it)
+        given = {k: v for k, v in kwargs.items() if k not in ("_loop_vars", "_block_vars")}
+        if type(obj) is _Strip:
+            return obj(*args, **given)
         if any(obj is f for f in impure):
             _looked()
         elif isinstance(obj, Macro) or any(obj is f for f in allowed):
             pass  # template code, or a namespace or dict that stores what it is given
-        elif not all(_clean(v) for v in (*args, *kwargs.values())):
+        elif not all(_clean(v) for v in (*args, *given.values())):
             _looked()
         return sandboxed_call(overlay, context, obj, *args, **kwargs)
 
@@ -232,6 +336,11 @@ def compile_skeleton(env: Any, template: str, lookups: Any) -> Any:
     overlay.call = call
     overlay.concat = _joined
     overlay.filters = {name: _checked(f, False, name in _SAFE_FILTERS) for name, f in env.filters.items()}
+    if "trim" in env.filters:
+        overlay.filters["trim"] = _trim(overlay.filters["trim"])
+    for name in ("string", "default", "d"):  # a string as it is (``soft_str``; a defined, true value's default)
+        if name in env.filters:
+            overlay.filters[name] = _passed(overlay.filters[name])
     overlay.filters[_PROBE] = _probe
     overlay.tests = {name: _checked(f, name in _SAFE_TESTS, False) for name, f in env.tests.items()}
     compiled, _ = chat_prefixes.compile_tracked(overlay, template, transform=_rewrite_in)
@@ -241,22 +350,34 @@ def compile_skeleton(env: Any, template: str, lookups: Any) -> Any:
 
 
 class Skeleton(NamedTuple):
-    """A shape's render: ``segments`` (literal text, or the index of a conversation's string in ``refs`` order),
+    """A shape's render: ``segments`` (literal text, or a slot: the index of a conversation's string in ``slots``),
     the segment each prefix cut falls before (``cut_at``; None: the render has no cuts, ``chat_prefixes``), and
-    where each string comes from (``refs``: message index, key)."""
+    where each slot's string comes from (``slots``: message index, key, the strips applied to it in order)."""
 
     segments: tuple[str | int, ...]
     cut_at: tuple[int, ...] | None
-    refs: tuple[tuple[int, str], ...]
+    slots: tuple[tuple[int, str, tuple[tuple[str, str | None], ...]], ...]
+    #: the tests the render made of its strings (``_guarded``): (slot, ``str`` method, literal, answer)
+    guards: tuple[tuple[int, str, Any, bool], ...] = ()
 
-    def fill(self, messages: list[dict[str, Any]]) -> tuple[str, list[int] | None]:
-        """The render of ``messages`` (of this shape) and its prefix cuts."""
-        values = [messages[i][k] for i, k in self.refs]
+    def fill(self, messages: list[dict[str, Any]]) -> tuple[str, list[int] | None] | None:
+        """The render of ``messages`` (of this shape) and its prefix cuts; None where a string of theirs answers a
+        guard otherwise than the placeholder did (the template would take another branch: the caller renders)."""
+        values = [_strip(messages[i][k], ops) if ops else messages[i][k] for i, k, ops in self.slots]
+        for slot, how, literal, answer in self.guards:
+            if (bool(values[slot]) if how == "__bool__" else getattr(str, how)(values[slot], literal)) is not answer:
+                return None
         parts = [s if type(s) is str else values[s] for s in self.segments]
         if self.cut_at is None:
             return "".join(parts), None
         ends = list(accumulate(map(len, parts), initial=0))
         return "".join(parts), [ends[c] for c in self.cut_at]
+
+
+def _strip(value: str, ops: tuple[tuple[str, str | None], ...]) -> str:
+    for how, chars in ops:
+        value = getattr(str, how)(value, chars)
+    return value
 
 
 def shape_keys(messages: list[Any]) -> list[tuple[Any, ...]] | None:
@@ -269,8 +390,8 @@ def shape_keys(messages: list[Any]) -> list[tuple[Any, ...]] | None:
         key: list[Any] = []
         for k, v in m.items():
             t = type(v)
-            if t is str:
-                key.append((k, v) if k == "role" else (k, v == ""))
+            if t is str:  # a string other than a role: empty, whitespace only (nothing once stripped), or other
+                key.append((k, v) if k == "role" else (k, 0 if not v else 1 if v.isspace() else 2))
             elif t in _PLAIN:
                 key.append((k, t, repr(v)))
             else:
@@ -280,9 +401,21 @@ def shape_keys(messages: list[Any]) -> list[tuple[Any, ...]] | None:
 
 
 class _Render:
-    """One skeleton render in progress: whether it looked at a string."""
+    """One skeleton render in progress: whether it looked at a string, and its slots (where each placeholder's string
+    comes from: message index, key, the strips applied to it; ``blank``: whitespace only)."""
 
-    looked = False
+    def __init__(self) -> None:
+        self.looked = False
+        self.slots: list[tuple[int, str, tuple[tuple[str, str | None], ...]]] = []
+        self.blank: list[bool] = []
+        self.guards: list[tuple[int, str, Any, bool]] = []  # (slot, str method, its literal argument, the answer)
+
+    def slot(self, i: int, k: str, ops: tuple[tuple[str, str | None], ...], blank: bool = False) -> Sym:
+        """A new slot's placeholder."""
+        n = len(self.slots)
+        self.slots.append((i, k, ops))
+        self.blank.append(blank)
+        return Sym.make(f"{MARK}{n}{MARK}", (n,))
 
 
 class Skeletons:
@@ -309,19 +442,17 @@ class Skeletons:
 
     def _make(self, messages: list[dict[str, Any]], args: dict[str, Any], tracked: bool) -> Skeleton | None:
         """The skeleton of ``messages``' shape, or None where its render is not proven to be one."""
-        refs: list[tuple[int, str]] = []
+        render = _Render()
         placed = []
         for i, m in enumerate(messages):
             copy = {}
             for k, v in m.items():
                 if type(v) is str and k != "role" and v:
-                    copy[k] = Sym.make(f"{MARK}{len(refs)}{MARK}", (len(refs),))
-                    refs.append((i, k))
+                    copy[k] = render.slot(i, k, (), v.isspace())
                 else:
                     copy[k] = v
             placed.append(copy)
         tracker = chat_prefixes.Tracker(placed, length=str.__len__)
-        render = _Render()
         previous = getattr(_LOCAL, "render", None)
         _LOCAL.render = render
         try:
@@ -342,10 +473,10 @@ class Skeletons:
                         return None  # a placeholder's text outside its places: something read it unseen
                     at += len(part)
                 else:
-                    at += str.__len__(placed[refs[part][0]][refs[part][1]])
+                    at += len(f"{MARK}{part}{MARK}")
                 segments.append(part)
             boundaries[at] = len(segments)
         if cuts is not None and any(c not in boundaries for c in cuts):
             return None
         cut_at = None if cuts is None else tuple(boundaries[c] for c in cuts)
-        return Skeleton(tuple(segments), cut_at, tuple(refs))
+        return Skeleton(tuple(segments), cut_at, tuple(render.slots), tuple(render.guards))
