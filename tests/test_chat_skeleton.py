@@ -113,6 +113,7 @@ WRITES = [
     "{{ message.content | string }}",
     "{% set c %}{{ message.content }}{% endset %}{{ c | trim }}",
     "{% if message.content.strip('\\n .') %}[{{ message.content.strip('\\n .') }}]{% endif %}{{ message.content | trim('x') }}",
+    "{{ strftime_now('%Y') }}{{ message.content }}",
     "{{ message.content | default('none') }}{% if message.content != none and message.content != 3 %}NN{% endif %}",
 ]
 LOOKS = [
@@ -130,7 +131,6 @@ LOOKS = [
     "{{ message.content ~ '' | length }}{{ (message.content ~ 'x') | length }}",
     "{% set d = {message.content: 1} %}{{ message.content }}",
     "{{ message.content is sameas message.content }}",
-    "{{ strftime_now('%Y') }}{{ message.content }}",
     "{{ message.content | int }}",
     "{{ '{}'.format(message.content) }}",
     "{{ [message.content] | join }}",
@@ -139,6 +139,7 @@ LOOKS = [
     "{{ message.content.split('x') | first }}",
     "{{ message.content.startswith('t', 1) }}",
     "{{ message.content.strip(chars='x') }}",
+    "{{ lipsum(1) }}{{ message.content }}",
     "{{ message.content | trim(message.role ~ '') | length }}",
     "{% set c %}<{{ message.content }}>{% endset %}{{ c | trim }}",
     "{% if message.content.startswith(messages[0].content) %}{% endif %}",
@@ -220,3 +221,15 @@ def test_common_templates_fill_their_renders(name):
         prepared = template.prepare(messages, None, SPECIALS, shared=True)
         assert template._filled(prepared, len(messages), False, tracked=False) is not None
         assert template._filled(prepared, len(messages) - 1, True, tracked=False) is not None
+
+
+def test_a_skeleton_that_read_the_clock_serves_while_it_reads_the_same():
+    """``strftime_now`` (Llama 3's date): its answer guards the skeleton; a later date is rendered again."""
+    template = _Template(LOOP.replace("BODY", "{{ strftime_now('%Y-%m-%d') }}|{{ message.content }}"), False)
+    messages = [{"role": "user", "content": "a"}]
+    prepared = template.prepare(messages, None, SPECIALS, shared=True)
+    assert template._filled(prepared, 1, False, tracked=False) is not None
+    (skeleton,) = [s for s in template._skeletons._shapes.values() if s is not None]
+    (guard,) = skeleton.guards
+    assert guard[1] == "call" and skeleton.fill(messages) is not None
+    assert skeleton._replace(guards=((*guard[:3], "1999-12-31"),)).fill(messages) is None

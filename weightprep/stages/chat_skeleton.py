@@ -13,25 +13,34 @@ text. A message holding a list or a dict (content parts, tool calls) has no shap
 conversations with tools or ``chat_template_kwargs``.
 
 The skeleton is proven per shape, while it is rendered, not assumed: each non-empty string other than a role is a
-``Sym`` (a placeholder ``str``), and the render runs in an overlay of the template's own environment where
+``Sym`` (a placeholder ``str``, its slot: where its string comes from), and the render runs in an overlay of the
+template's own environment where
 
 - writing a ``Sym`` (``{{ x }}``, ``{% set %}`` blocks, macros' output), joining it (``+``, ``~``) to strings, and
   reading it from a message, a namespace or a variable keep it whole: the skeleton notes where it went;
-- its truth is its string's (non-empty: true), and the tests ``string``, ``defined``, ``none`` and the like answer
-  it as they answer any string;
-- anything else done with it (any ``str`` method or operator: ``==``, ``in``, ``len``, ``trim``, ``tojson``,
-  ``| length``, slicing, hashing, ``%``; a filter, test or call given it; a Jinja ``in`` with it on the left, which
-  Python answers without asking it: the template's tree is rewritten so that a probe sees that operand first) marks
-  the render as one that looked at a string, and the shape is rendered, conversation by conversation, as before.
-  So does a call of ``strftime_now`` or ``lipsum`` (the date, chance: not a property of the shape), a filter, test or
-  call given a value it cannot see into (a generator: ``messages | map(attribute='content') | join``), a render
-  that raises, whose loop looks ahead (``chat_prefixes.Tracker``), or whose text holds a placeholder's mark outside
-  the places the skeleton noted (a way out of the probes that was missed would show there).
+- its truth is its string's (non-empty: true); the tests ``string``, ``defined``, ``none`` and the like, the
+  filters ``string`` and ``default``, and ``==`` with a number or None answer it as they answer any string;
+- stripping one string (``| trim``, ``.strip()``, ``.lstrip()``, ``.rstrip()``, with or without the characters to
+  strip) makes a slot of the string stripped: whitespace only is part of the shape (it strips to nothing), and a
+  string stripped of other characters guards the skeleton by its not being empty;
+- testing one string against literal strings (``in``, ``startswith``, ``endswith``, ``==``, ``!=``: ``"</think>"
+  in content``) is answered as its placeholder answers, and the answer guards the skeleton: a conversation whose
+  string answers otherwise takes the other branch, so it is rendered. A read of the clock (``strftime_now``, the
+  date in Llama 3's system prompt) guards it likewise: the skeleton serves while the clock reads the same;
+- anything else done with it (any other ``str`` method or operator: ``len``, ``split``, ``tojson``, ``| length``,
+  slicing, hashing, ``%``; a filter, test or call given it; a Jinja ``in`` with it on the left, which Python
+  answers without asking it: the template's tree is rewritten so that a probe sees that operand first) marks the
+  render as one that looked at a string, and the shape is rendered, conversation by conversation, as before. So do
+  ``lipsum`` (chance), a filter, test or call given a value it cannot see into (a generator: ``messages |
+  map(attribute='content') | join``), a render that raises, and a render whose text holds a placeholder's mark
+  outside the places the skeleton noted (a way out of the probes that was missed would show there).
 
-What such a render writes depends on the strings only through the places they are written, so every conversation
-of the shape renders to the skeleton with its strings in those places. ``tests/test_chat_skeleton.py`` compares the
-filled render with the template's own render for every template of the tests and of TRL, over conversations whose
-strings hold spaces at their ends, markers, newlines, template text and nothing.
+What such a render writes depends on the strings only through the places they are written and the guards' answers,
+so every conversation of the shape whose strings answer the guards alike renders to the skeleton with its strings
+(stripped where the slot says) in those places. ``tests/test_chat_skeleton.py`` compares the filled renders with the
+template's own renders for every template of the tests and of TRL (100 of the 143 without ``{% generation %}`` fill
+theirs), over conversations whose strings hold spaces at their ends, markers, newlines, template text and nothing,
+and shows each way of looking at a string seen.
 """
 
 from __future__ import annotations
@@ -63,8 +72,9 @@ _SAFE_FILTERS = frozenset({
     "length", "count", "first", "last", "list", "reverse", "batch", "slice", "select", "reject", "selectattr",
     "rejectattr", "map", "default", "d",
 })  # fmt: skip
-#: the impure globals of transformers' environment and Jinja's: the date, chance
-_IMPURE = ("strftime_now", "lipsum")
+#: the global of transformers' environment that reads the clock (its answer guards the skeleton), and Jinja's that
+#: draws by chance (noted)
+_CLOCK, _CHANCE = "strftime_now", "lipsum"
 #: the most shapes a renderer keeps (a skeleton is a few hundred bytes); past it new shapes are rendered
 MAX_SHAPES = 4096
 _PROBE = "__weightprep_probe__"
@@ -302,7 +312,7 @@ def compile_skeleton(env: Any, template: str, lookups: Any) -> Any:
     overlay = env.overlay()
     getattr_, getitem = lookups(overlay)
     globals_ = env.globals
-    impure = tuple(globals_[name] for name in _IMPURE if name in globals_)
+    clock, chance = globals_.get(_CLOCK), globals_.get(_CHANCE)
     allowed = tuple(globals_[name] for name in ("namespace", "dict") if name in globals_)
     sandboxed_call = type(overlay).call
 
@@ -323,7 +333,13 @@ def compile_skeleton(env: Any, template: str, lookups: Any) -> Any:
         given = {k: v for k, v in kwargs.items() if k not in ("_loop_vars", "_block_vars")}
         if type(obj) is _Strip:
             return obj(*args, **given)
-        if any(obj is f for f in impure):
+        if obj is clock and clock is not None and not given and all(type(a) is str for a in args):
+            result = sandboxed_call(overlay, context, obj, *args, **kwargs)
+            render = getattr(_LOCAL, "render", None)
+            if render is not None:  # the date as it is now: the skeleton serves while the clock reads the same
+                render.guards.append((-1, "call", (obj, args), result))
+            return result
+        if obj is clock or (obj is chance and chance is not None):
             _looked()
         elif isinstance(obj, Macro) or any(obj is f for f in allowed):
             pass  # template code, or a namespace or dict that stores what it is given
@@ -357,15 +373,19 @@ class Skeleton(NamedTuple):
     segments: tuple[str | int, ...]
     cut_at: tuple[int, ...] | None
     slots: tuple[tuple[int, str, tuple[tuple[str, str | None], ...]], ...]
-    #: the tests the render made of its strings (``_guarded``): (slot, ``str`` method, literal, answer)
-    guards: tuple[tuple[int, str, Any, bool], ...] = ()
+    #: the tests the render made of its strings (``_guarded``): (slot, ``str`` method or ``__bool__``, literal,
+    #: answer), and its reads of the clock: (-1, ``call``, (function, arguments), answer)
+    guards: tuple[tuple[int, str, Any, Any], ...] = ()
 
     def fill(self, messages: list[dict[str, Any]]) -> tuple[str, list[int] | None] | None:
         """The render of ``messages`` (of this shape) and its prefix cuts; None where a string of theirs answers a
         guard otherwise than the placeholder did (the template would take another branch: the caller renders)."""
         values = [_strip(messages[i][k], ops) if ops else messages[i][k] for i, k, ops in self.slots]
         for slot, how, literal, answer in self.guards:
-            if (bool(values[slot]) if how == "__bool__" else getattr(str, how)(values[slot], literal)) is not answer:
+            if how == "call":  # the clock (``strftime_now``): called again, it must read the same
+                if literal[0](*literal[1]) != answer:
+                    return None
+            elif (bool(values[slot]) if how == "__bool__" else getattr(str, how)(values[slot], literal)) is not answer:
                 return None
         parts = [s if type(s) is str else values[s] for s in self.segments]
         if self.cut_at is None:
@@ -408,7 +428,7 @@ class _Render:
         self.looked = False
         self.slots: list[tuple[int, str, tuple[tuple[str, str | None], ...]]] = []
         self.blank: list[bool] = []
-        self.guards: list[tuple[int, str, Any, bool]] = []  # (slot, str method, its literal argument, the answer)
+        self.guards: list[tuple[int, str, Any, Any]] = []  # what the skeleton serves only where it holds (``Skeleton``)
 
     def slot(self, i: int, k: str, ops: tuple[tuple[str, str | None], ...], blank: bool = False) -> Sym:
         """A new slot's placeholder."""
