@@ -41,7 +41,7 @@ def _templates(path: Path) -> tuple[_Template, _Template] | None:
     if _GENERATION_TAG.search(text):
         return None
     with_, without = _Template(text, False), _Template(text, False)
-    assert with_._skeletons is not None
+    assert with_._skeletons is not None or "autoescape" in text
     without._skeletons = None
     return with_, without
 
@@ -233,3 +233,34 @@ def test_a_skeleton_that_read_the_clock_serves_while_it_reads_the_same():
     (guard,) = skeleton.guards
     assert guard[1] == "call" and skeleton.fill(messages) is not None
     assert skeleton._replace(guards=((*guard[:3], "1999-12-31"),)).fill(messages) is None
+
+
+def test_a_template_that_escapes_has_no_skeletons():
+    """``{% autoescape %}`` copies a string's text into ``Markup`` where no probe sees it: never filled."""
+    template = _Template(LOOP.replace("BODY", "{% autoescape true %}{{ message.content }}{% endautoescape %}"), False)
+    assert template._skeletons is None
+
+
+def test_shapes_that_do_not_recur_stop_being_made():
+    """After ``_TRIAL`` shapes, a renderer whose skeletons served fewer than two renders each makes no more (each
+    costs a render); the ones it has still serve."""
+    template = _Template(LOOP.replace("BODY", "{{ message.content }}"), False)
+    made = []
+    for n in range(chat_skeleton._TRIAL + 5):
+        messages = [{"role": "user", "content": "a", "n": n}]  # every conversation a shape of its own
+        prepared = template.prepare(messages, None, SPECIALS, shared=True)
+        made.append(template._filled(prepared, 1, False, tracked=False) is not None)
+    assert all(made[: chat_skeleton._TRIAL]) and not any(made[chat_skeleton._TRIAL :])
+    again = template.prepare([{"role": "user", "content": "b", "n": 0}], None, SPECIALS, shared=True)
+    assert template._filled(again, 1, False, tracked=False) == ("b", None)
+
+
+def test_a_string_stripped_of_characters_then_of_whitespace_is_guarded():
+    """``"x  ".strip("x")`` is whitespace only: stripped again it is empty, though the string was not; the
+    skeleton made from another string does not serve it."""
+    body = "{% set s = message.content.strip('x') | trim %}{% if s %}[{{ s }}]{% else %}EMPTY{% endif %}"
+    with_, without = _Template(LOOP.replace("BODY", body), False), _Template(LOOP.replace("BODY", body), False)
+    without._skeletons = None
+    for content in ("x text x", "x  ", "xx", "  x  ", "text"):
+        messages = [{"role": "user", "content": content}]
+        assert _renders(with_, messages) == _renders(without, messages), content

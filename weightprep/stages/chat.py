@@ -166,8 +166,9 @@ class _Template:
             overlay.getattr, overlay.getitem = _lookups(overlay)
             self._fast, self._shape = chat_prefixes.compile_tracked(overlay, template)
             skeleton = compile_skeleton(self._compiled.environment, template, _lookups)
-            skeleton_globals = dict(skeleton.globals)
-            self._skeletons = Skeletons(lambda args, tracker: self._render(args, tracker, skeleton, skeleton_globals))
+            if skeleton is not None:
+                skeleton_globals = dict(skeleton.globals)
+                self._skeletons = Skeletons(lambda args, tracker: self._render(args, tracker, skeleton, skeleton_globals))
 
     def prepare(
         self, messages: list[dict[str, Any]], tools: Any, kwargs: dict[str, Any], *, shared: bool = False

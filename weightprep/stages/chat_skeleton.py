@@ -77,6 +77,9 @@ _SAFE_FILTERS = frozenset({
 _CLOCK, _CHANCE = "strftime_now", "lipsum"
 #: the most shapes a renderer keeps (a skeleton is a few hundred bytes); past it new shapes are rendered
 MAX_SHAPES = 4096
+#: shapes tried before a renderer asks that its skeletons serve two renders each on average (else new shapes are
+#: rendered: each costs one render more to make)
+_TRIAL = 256
 _PROBE = "__weightprep_probe__"
 _LOCAL = threading.local()
 _PLAIN = (int, float, bool, type(None))
@@ -112,10 +115,11 @@ class Sym(str):
             return None
         slot = self.parts[0]
         i, k, ops = render.slots[slot]
-        if chars is None and render.blank[slot]:
-            return ""  # whitespace only (part of the shape): stripped, nothing
-        stripped = render.slot(i, k, (*ops, (how, chars)), render.blank[slot])
-        if chars is not None:
+        whitespace = chars is None and not ops  # a message's string stripped of whitespace: the shape says how
+        if whitespace and render.blank[slot]:
+            return ""  # whitespace only: stripped, nothing
+        stripped = render.slot(i, k, (*ops, (how, chars)))
+        if not whitespace:  # it may strip to nothing: the skeleton serves the strings it does not
             render.guards.append((stripped.parts[0], "__bool__", None, True))
         return stripped
 
@@ -205,8 +209,9 @@ def _str(value: Any = "") -> Any:
     return value if type(value) is Sym else builtins.str(value)
 
 
-def _joined(items: list[Any]) -> Any:
+def _joined(items: Any) -> Any:
     """``"".join(items)``, a ``Sym`` where any is one."""
+    items = list(items)
     if not any(type(x) is Sym for x in items):
         return "".join(items)
     parts: list[str | int] = []
@@ -307,8 +312,11 @@ def _rewrite_in(tree: Any) -> Any:
 
 def compile_skeleton(env: Any, template: str, lookups: Any) -> Any:
     """``template`` compiled for skeleton renders in an overlay of ``env`` (the module docstring), its loops tracked
-    as ``chat_prefixes.compile_tracked`` tracks them. ``lookups(overlay)``: the renders' own ``getattr`` and
-    ``getitem`` for an overlay, probed first here."""
+    as ``chat_prefixes.compile_tracked`` tracks them; None for a template that escapes (``{% autoescape %}``).
+    ``lookups(overlay)``: the renders' own ``getattr`` and ``getitem`` for an overlay, probed first here."""
+    tree = env.parse(template)
+    if env.autoescape is not False or any(True for _ in tree.find_all((nodes.EvalContextModifier,))):
+        return None  # escaping copies a string's text where no probe sees it (``Markup``): every render is made
     overlay = env.overlay()
     getattr_, getitem = lookups(overlay)
     globals_ = env.globals
@@ -445,6 +453,7 @@ class Skeletons:
     def __init__(self, render: Any) -> None:
         self._render = render
         self._shapes: dict[tuple[Any, ...], Skeleton | None] = {}
+        self._filled = 0  # renders asked of a skeleton
 
     def fill(
         self, messages: list[dict[str, Any]], keys: list[tuple[Any, ...]], args: dict[str, Any], *, tracked: bool
@@ -455,10 +464,13 @@ class Skeletons:
         key = (tracked, args["add_generation_prompt"], *keys)
         skeleton = self._shapes.get(key, False)
         if skeleton is False:
-            skeleton = self._make(messages, args, tracked)
-            if len(self._shapes) < MAX_SHAPES:
-                self._shapes[key] = skeleton
-        return None if skeleton is None else skeleton.fill(messages)  # type: ignore[union-attr]
+            if len(self._shapes) >= MAX_SHAPES or (len(self._shapes) >= _TRIAL and self._filled < 2 * len(self._shapes)):
+                return None  # shapes that do not recur: a skeleton would cost a render more each, and serve none
+            skeleton = self._shapes[key] = self._make(messages, args, tracked)
+        if skeleton is None:
+            return None
+        self._filled += 1
+        return skeleton.fill(messages)  # type: ignore[union-attr]
 
     def _make(self, messages: list[dict[str, Any]], args: dict[str, Any], tracked: bool) -> Skeleton | None:
         """The skeleton of ``messages``' shape, or None where its render is not proven to be one."""
@@ -488,13 +500,17 @@ class Skeletons:
         at, boundaries = 0, {0: 0}
         for chunk in tracker.chunks:
             for part in chunk.parts if type(chunk) is Sym else (chunk,):
-                if type(part) is str:
-                    if MARK in part:
-                        return None  # a placeholder's text outside its places: something read it unseen
-                    at += len(part)
-                else:
+                if type(part) is int:
                     at += len(f"{MARK}{part}{MARK}")
-                segments.append(part)
+                    segments.append(part)
+                    continue
+                if not isinstance(part, str):
+                    return None
+                text = str.__str__(part)
+                if MARK in text:
+                    return None  # a placeholder's text outside its places: something read it unseen
+                at += len(text)
+                segments.append(text)
             boundaries[at] = len(segments)
         if cuts is not None and any(c not in boundaries for c in cuts):
             return None
