@@ -67,9 +67,12 @@ MODULES: dict[str, list[str]] = {
     "stages/chat.py": [
         "tests/test_chat.py", "tests/test_chat_control.py", "tests/test_chat_turns.py", "tests/test_chat_history.py",
         "tests/test_chat_prefixes.py", "tests/test_chat_render.py", "tests/test_chat_align.py", "tests/test_chat_fallbacks.py",
+        "tests/test_chat_skeleton.py",
     ],
     # prefix renders cut from one render of the whole conversation (split out of chat.py)
-    "stages/chat_prefixes.py": ["tests/test_chat_prefixes.py", "tests/test_chat.py"],
+    "stages/chat_prefixes.py": ["tests/test_chat_prefixes.py", "tests/test_chat.py", "tests/test_chat_skeleton.py"],
+    # a conversation's renders filled in from its shape's skeleton
+    "stages/chat_skeleton.py": ["tests/test_chat_skeleton.py", "tests/test_chat.py"],
     "stages/chat_templates.py": ["tests/test_chat_history.py", "tests/test_chat_real_templates.py"],
     # split out of chat.py (issue 32): the turn-token rule, where a turn's weight starts, the history modes
     "stages/chat_control.py": [
