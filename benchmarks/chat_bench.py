@@ -2,9 +2,10 @@
 
     python benchmarks/chat_bench.py                      # 4,000 conversations, 3 rounds
     python benchmarks/chat_bench.py --records 20000 --turns 4
+    python benchmarks/chat_bench.py --family llama3_1     # another template (tests/chat_support.py FAMILIES)
 
 Both inputs hold the same conversations: ``chat.jsonl`` as ``{"messages": [...]}`` records (weightprep renders each
-with the ChatML template of TRL's qwen2_5.jinja), ``pieces.jsonl`` as the rendered text already cut where the
+with the ChatML template of TRL's qwen2_5.jinja, or ``--family``'s), ``pieces.jsonl`` as the rendered text already cut where the
 weight changes. Each build runs as its own ``weightprep build`` subprocess, rounds interleaved; the figure is the
 median wall time of the whole process, and beside it its CPU (user + system of the build and its worker processes),
 which moves less with the memory the build before it left. Goal: chat within 1.5x of pieces.
@@ -36,14 +37,14 @@ def _sentence(rng: random.Random, lo: int, hi: int) -> str:
     return " ".join(rng.choices(WORDS, k=rng.randint(lo, hi))).capitalize() + "."
 
 
-def make_inputs(work: Path, n: int, turns: int, seed: int = 7) -> tuple[Path, Path, Path]:
-    """The tokenizer directory, chat.jsonl and pieces.jsonl (same conversations)."""
+def make_inputs(work: Path, n: int, turns: int, seed: int = 7, family: str = "chatml") -> tuple[Path, Path, Path]:
+    """The tokenizer directory (of the tests' chat ``family``), chat.jsonl and pieces.jsonl (same conversations)."""
     from chat_support import chat_tokenizer
 
     from weightprep.batches import Chat
     from weightprep.stages.chat import ChatRenderer
 
-    tok = chat_tokenizer("chatml")
+    tok = chat_tokenizer(family)
     tok_dir = work / "tok"
     tok.save_pretrained(str(tok_dir))
     renderer = ChatRenderer(tok)
@@ -85,11 +86,13 @@ def main() -> None:
     ap.add_argument("--records", type=int, default=4000)
     ap.add_argument("--turns", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--family", default="chatml", help="the tests' chat family whose template renders the conversations "
+                    "(tests/chat_support.py FAMILIES: chatml, llama3, llama3_1, gemma, mistral_v1)")  # fmt: skip
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="chat-bench-") as tmp:
         work = Path(tmp)
         os.environ["WEIGHTPREP_CACHE"] = str(work / "cache")  # this run's own memory of tokenizer classes
-        tok_dir, chat, pieces = make_inputs(work, args.records, args.turns)
+        tok_dir, chat, pieces = make_inputs(work, args.records, args.turns, family=args.family)
         times: dict[str, list[float]] = {"chat": [], "pieces": []}
         cpu: dict[str, list[float]] = {"chat": [], "pieces": []}
         # a directory that AutoTokenizer must load imports torch at its first build and the class it chose is
@@ -105,7 +108,8 @@ def main() -> None:
         manifest = json.loads((work / "out-chat" / "weightprep_manifest.json").read_text())
         tokens = manifest["counts"]["accounting"]["tokens"]["accepted"]
     med = {k: statistics.median(v) for k, v in times.items()}
-    print(f"{args.records:,} conversations x {args.turns} turns, {tokens:,} tokens; whole-process medians of {args.repeat}")
+    print(f"{args.records:,} conversations x {args.turns} turns ({args.family}), {tokens:,} tokens; whole-process "
+          f"medians of {args.repeat}")
     for name in ("chat", "pieces"):
         print(f"  {name:7s} {med[name]:7.2f} s  {tokens / med[name]:>10,.0f} tokens/s   runs {' '.join(f'{t:.2f}' for t in times[name])}"
               f"   CPU {statistics.median(cpu[name]):.2f} s (user + system, its processes together)")

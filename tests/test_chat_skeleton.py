@@ -142,6 +142,7 @@ LOOKS = [
     "{{ lipsum(1) }}{{ message.content }}",
     "{{ message.content | trim(message.role ~ '') | length }}",
     "{% set c %}<{{ message.content }}>{% endset %}{{ c | trim }}",
+    "{{ (message.content ~ ' x') | trim }}{{ (message.content ~ ' y').strip() }}",
     "{% if message.content.startswith(messages[0].content) %}{% endif %}",
 ]
 
