@@ -23,7 +23,7 @@ SPECIALS = {"bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>", "unk_
 CONTENTS = [
     "Plain text.", "  spaced both ends \n", "<think>\nreasoning\n</think>\n\nanswer", "</think>tail", "[INST] x [/INST]",
     '{"a": "b\\"c"}', "naïve — 東京 🌍", f"holds {MARK}0{MARK} a mark", "\n", "x", "<|im_end|>", "Human:", "a\tb",
-    "text first.", "  \n\t ", "ends!", "\n. .\n", "xx",
+    "text first.", "  \n\t ", "ends!", "\n. .\n", "xx", "",
 ]  # fmt: skip
 SHAPES = [
     ("user", "assistant"),
@@ -112,6 +112,7 @@ WRITES = [
     "{{ message.content.startswith('<think>') }}{{ message.content.endswith(('.', '!')) }}{{ message.content }}",
     "{{ message.content | string }}",
     "{% set c %}{{ message.content }}{% endset %}{{ c | trim }}",
+    "{{ ('  ' ~ message.role ~ '  ') | trim }}:{{ message.content | trim }}:{{ '  x ' | trim('x ') }}",
     "{% if message.content.strip('\\n .') %}[{{ message.content.strip('\\n .') }}]{% endif %}{{ message.content | trim('x') }}",
     "{{ strftime_now('%Y') }}{{ message.content }}",
     "{{ message.content | default('none') }}{% if message.content != none and message.content != 3 %}NN{% endif %}",
@@ -123,6 +124,7 @@ LOOKS = [
     "{{ messages | map(attribute='content') | join('|') }}",
     "{{ message.content[1:] }}",
     "{% if message.content in 'text 0 text 1' %}IN{% endif %}",
+    "{% if 'a' != message.content in 'abc text 0' %}IN{% endif %}",
     "{% if message.content not in ['a'] %}{% endif %}{{ message.content }}",
     "{{ '%s!' % message.content }}",
     "{{ message.content * 2 }}",
@@ -143,6 +145,8 @@ LOOKS = [
     "{{ message.content | trim(message.role ~ '') | length }}",
     "{% set c %}<{{ message.content }}>{% endset %}{{ c | trim }}",
     "{{ (message.content ~ ' x') | trim }}{{ (message.content ~ ' y').strip() }}",
+    "{% if (message.content + ('x' | safe)) | length > 3 %}L{% endif %}",
+    "{% if (('x' | safe) + message.content) | length > 3 %}L{% endif %}",
     "{% if message.content.startswith(messages[0].content) %}{% endif %}",
 ]
 
@@ -222,6 +226,8 @@ def test_common_templates_fill_their_renders(name):
         prepared = template.prepare(messages, None, SPECIALS, shared=True)
         assert template._filled(prepared, len(messages), False, tracked=False) is not None
         assert template._filled(prepared, len(messages) - 1, True, tracked=False) is not None
+        if template._shape is not None:  # cut from the whole render (chat_prefixes): that render is filled
+            assert template._filled(prepared, len(messages), False, tracked=True) is not None
 
 
 def test_a_skeleton_that_read_the_clock_serves_while_it_reads_the_same():
@@ -265,3 +271,32 @@ def test_a_string_stripped_of_characters_then_of_whitespace_is_guarded():
     for content in ("x text x", "x  ", "xx", "  x  ", "text"):
         messages = [{"role": "user", "content": content}]
         assert _renders(with_, messages) == _renders(without, messages), content
+
+
+def test_whitespace_only_strings_strip_to_nothing_in_the_skeleton():
+    """A string of whitespace only is a shape of its own, whose stripped placeholder is the empty string: filled,
+    and equal to the template's render, for any such string."""
+    body = "[{{ message.content | trim }}|{{ message.content.rstrip() }}]{% if message.content | trim %}X{% endif %}"
+    with_, without = _Template(LOOP.replace("BODY", body), False), _Template(LOOP.replace("BODY", body), False)
+    without._skeletons = None
+    for content in ("  ", "\n\t", " \u3000 "):
+        messages = [{"role": "user", "content": content}]
+        prepared = with_.prepare(messages, None, SPECIALS, shared=True)
+        assert with_._filled(prepared, 1, False, tracked=False) is not None
+        assert _renders(with_, messages) == _renders(without, messages)
+
+
+def test_shapes_keep_being_made_while_they_serve_two_renders_each(monkeypatch):
+    """The bounds of the rule above: skeletons that served exactly two renders each keep new shapes coming; at
+    ``MAX_SHAPES`` no more are made, whatever they served."""
+    template = _Template(LOOP.replace("BODY", "{{ message.content }}"), False)
+
+    def fill(n: int, content: str = "a"):
+        prepared = template.prepare([{"role": "user", "content": content, "n": n}], None, SPECIALS, shared=True)
+        return template._filled(prepared, 1, False, tracked=False)
+
+    for n in range(chat_skeleton._TRIAL):
+        assert fill(n) is not None and fill(n, "b") is not None
+    assert fill(chat_skeleton._TRIAL) == ("a", None) and fill(chat_skeleton._TRIAL, "b") == ("b", None)
+    monkeypatch.setattr(chat_skeleton, "MAX_SHAPES", chat_skeleton._TRIAL + 1)
+    assert fill(chat_skeleton._TRIAL + 1) is None and fill(0, "c") == ("c", None)
