@@ -300,3 +300,16 @@ def test_shapes_keep_being_made_while_they_serve_two_renders_each(monkeypatch):
     assert fill(chat_skeleton._TRIAL) == ("a", None) and fill(chat_skeleton._TRIAL, "b") == ("b", None)
     monkeypatch.setattr(chat_skeleton, "MAX_SHAPES", chat_skeleton._TRIAL + 1)
     assert fill(chat_skeleton._TRIAL + 1) is None and fill(0, "c") == ("c", None)
+
+
+def test_a_prefix_cut_where_the_render_starts_is_filled():
+    """A first message the template writes nothing for (here a system message): the second one's prefix cut is at
+    character 0, which the skeleton places too."""
+    body = "{% if message.role != 'system' %}<{{ message.content }}>{% endif %}"
+    with_, without = _Template(LOOP.replace("BODY", body), False), _Template(LOOP.replace("BODY", body), False)
+    without._skeletons = None
+    assert with_._shape is not None
+    messages = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}]
+    prepared = with_.prepare(messages, None, SPECIALS, shared=True)
+    assert with_._filled(prepared, 3, False, tracked=True) == ("<u><a>", [0, 3, 6])
+    assert _renders(with_, messages) == _renders(without, messages)
