@@ -256,8 +256,8 @@ class _Strip:
         self.sym, self.how = sym, how
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        chars = args[0] if len(args) == 1 and not kwargs else None
-        plain = not kwargs and (not args or (len(args) == 1 and (type(chars) is str or chars is None)))
+        chars = args[0] if args else None
+        plain = not kwargs and len(args) <= 1 and (chars is None or type(chars) is str)
         stripped = self.sym._stripped(self.how, chars) if plain else None
         if stripped is None:
             _looked()
