@@ -10,6 +10,7 @@ ahead of the tokenizer without limit.
 from __future__ import annotations
 
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -117,6 +118,52 @@ def test_bound_heap_gives_freed_arrays_back():
 
     unbounded, bounded = resident("plain"), resident("bound")
     assert unbounded - bounded > 150 << 20, (unbounded >> 20, bounded >> 20)
+
+
+_PAGES_SCRIPT = """
+import sys
+from weightprep.heap import bound_heap
+
+if sys.argv[1] == "first":  # as the build command: before NumPy's import
+    bound_heap()
+import numpy as np
+
+if sys.argv[1] == "after":  # as a worker whose NumPy is imported already
+    bound_heap()
+array = np.ones(64 << 20, np.uint8)  # touched whole: every huge page it may have is mapped
+at, end = array.ctypes.data, array.ctypes.data + array.nbytes
+huge = 0
+with open("/proc/self/smaps") as f:  # the mappings that hold the array (madvise splits its own off)
+    inside = False
+    for line in f:
+        head = line.split()[0]
+        if "-" in head and not head.endswith(":"):
+            lo, hi = (int(x, 16) for x in head.split("-"))
+            inside = lo < end and at < hi
+        elif inside and head == "AnonHugePages:":
+            huge += int(line.split()[1])
+print(huge)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/self/smaps")
+@pytest.mark.parametrize("env", [None, "1"])
+def test_bound_heap_keeps_numpy_arrays_on_small_pages(env):
+    """NumPy madvises huge pages for its large arrays; a build process does not want them (``heap._small_pages``)
+    unless ``NUMPY_MADVISE_HUGEPAGE`` asks for them. Skipped where the kernel gives none to a plain process."""
+    def huge_kib(mode: str, value: str | None) -> int:
+        environ = {k: v for k, v in os.environ.items() if k != "NUMPY_MADVISE_HUGEPAGE"}
+        if value is not None:
+            environ["NUMPY_MADVISE_HUGEPAGE"] = value
+        out = subprocess.run([sys.executable, "-c", _PAGES_SCRIPT, mode], capture_output=True, text=True, check=True,
+                             env=environ)  # fmt: skip
+        return int(out.stdout)
+
+    if huge_kib("plain", None) == 0:
+        pytest.skip("the kernel maps no transparent huge page for NumPy here (THP off or none free)")
+    for when in ("first", "after"):
+        bounded = huge_kib(when, env)
+        assert (bounded > 0) if env == "1" else (bounded == 0), (when, bounded)
 
 
 _ARENAS_SCRIPT = """
