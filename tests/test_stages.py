@@ -439,11 +439,10 @@ def test_packer_reusing_its_rows_writes_what_a_fresh_packer_does():
     assert np.shares_memory(arrays[0], arrays[1]), "the second chunk was not made in the first one's arrays"
 
 
-@pytest.mark.parametrize("seq_len", [512, 2048, 4096, 65536])
-def test_a_chunk_of_rows_holds_1024_rows_or_2m_positions(seq_len, monkeypatch):
-    """A chunk (one ``Rows``, one record batch of a shard) is 1,024 rows, or as many rows as hold 2,048 x 1,024
-    positions where rows are longer: its arrays do not grow with ``seq_len``. The rows are those of chunks of any
-    size, in the same order."""
+@pytest.mark.parametrize("seq_len", [128, 512, 2048, 4096, 65536])
+def test_a_chunk_of_rows_holds_256ki_positions_at_most_1024_rows(seq_len, monkeypatch):
+    """A chunk (one ``Rows``, one record batch of a shard) is as many rows as hold 256Ki positions, at most 1,024
+    rows: its arrays do not grow with ``seq_len``. The rows are those of chunks of any size, in the same order."""
     from weightprep.stages import pack
 
     lengths = [(7919 * i) % (seq_len // 2) + 1 for i in range((20 << 20) // seq_len)]  # ~5M tokens: several chunks
@@ -456,7 +455,7 @@ def test_a_chunk_of_rows_holds_1024_rows_or_2m_positions(seq_len, monkeypatch):
         return sizes, ids
 
     sizes, ids = rows_of(Packer(seq_len, -1, window=len(lengths)))
-    expected = min(1024, (2048 * 1024) // seq_len)
+    expected = min(1024, (1 << 18) // seq_len)
     assert len(sizes) > 1 and set(sizes[:-1]) == {expected} and 0 < sizes[-1] <= expected
     assert pack.chunk_rows(1 << 22) == 1  # a row longer than a chunk's positions: a row a chunk
     monkeypatch.setattr(pack, "chunk_rows", lambda seq_len: 7)  # another chunk size: the same rows

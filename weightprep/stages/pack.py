@@ -36,11 +36,13 @@ from weightprep.stages.mask import labels_from_weights
 
 __all__ = ["best_fit_decreasing", "rows_from_bins", "Packer", "RowBuffers"]
 
-#: Rows materialized at a time, to bound memory whatever the window size: 1,024, or as many as hold
-#: ``_CHUNK_TOKENS`` positions where rows are longer than 2,048 (a chunk's columns are fresh pages at its first use,
-#: ~20 bytes a position: 42 MB, whatever ``seq_len``)
+#: Rows materialized at a time, to bound memory whatever the window size: as many as hold ``_CHUNK_TOKENS``
+#: positions (128 rows of 2,048), at most 1,024. A chunk's columns (~28 bytes a position: ids, labels, weights,
+#: positions, turns and the gather index) are fresh pages at their first use; at 256Ki positions they are ~7 MB,
+#: which stay in the cache from one chunk to the next, where 2Mi positions (the rule before) were ~59 MB: a
+#: 30k-record build spent 0.37 s of system time against 0.64 s (docs/performance.md)
 _ROWS_PER_CHUNK = 1024
-_CHUNK_TOKENS = _ROWS_PER_CHUNK * 2048
+_CHUNK_TOKENS = 1 << 18
 
 
 def chunk_rows(seq_len: int) -> int:
