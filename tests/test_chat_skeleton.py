@@ -313,3 +313,78 @@ def test_a_prefix_cut_where_the_render_starts_is_filled():
     prepared = with_.prepare(messages, None, SPECIALS, shared=True)
     assert with_._filled(prepared, 3, False, tracked=True) == ("<u><a>", [0, 3, 6])
     assert _renders(with_, messages) == _renders(without, messages)
+
+
+_SCAN_VALUES = st.one_of(
+    st.none(), st.text(max_size=6), st.integers(-2, 2), st.floats(allow_nan=False, width=32), st.booleans(),
+    st.lists(st.text(max_size=3), max_size=2), st.dictionaries(st.sampled_from(["type", "text"]), st.text(max_size=3)),
+)  # fmt: skip
+_SCAN_KEYS = st.sampled_from(["role", "content", "weight", "name", "reasoning_content", "thinking", "tool_call_id"])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.dictionaries(_SCAN_KEYS, _SCAN_VALUES, max_size=4), max_size=4))
+def test_scan_messages_is_the_steps_it_stands_for(messages):
+    """``scan_messages(template=True)``: ``template_messages``, transformers' plain data and reasoning aliases (which
+    leave such messages as they are), ``string_values`` and ``shape_keys``, one after the other; None exactly where a
+    message holds something else than exact JSON scalars, or a reasoning field."""
+    from weightprep.batches import Chat
+    from weightprep.stages.chat_common import template_messages
+    from weightprep.stages.chat_control import string_values
+    from weightprep.stages.chat_jinja import template_utils
+
+    ctu = template_utils()
+    reasoning = frozenset(ctu._REASONING_FIELDS)
+    made = template_messages(Chat(messages, None, None, b""))
+    plain = ctu._alias_reasoning_fields(ctu._plain_template_data(made))
+    scalar = all(type(v) in (str, int, float, bool) and k not in reasoning for m in made for k, v in m.items())
+    strings: list[str] = []
+    string_values(made, strings)
+    expected = (made, strings, chat_skeleton.shape_keys(made)) if scalar else None
+    assert chat_skeleton.scan_messages(messages, template=True, reasoning=reasoning) == expected
+    if expected is not None:
+        assert plain == made  # what the template reads: the scanned messages as they are
+
+
+#: a control token that ends a turn, per family: in content it is refused (``control_token_in_content``)
+EOS_OF = {"chatml": "<|im_end|>", "llama3_1": "<|eot_id|>", "gemma": "<end_of_turn>", "mistral_v1": "</s>"}
+
+
+@pytest.mark.parametrize("family", sorted(EOS_OF))
+def test_scanned_conversations_weigh_as_the_steps_do(family):
+    """Conversations whose messages ``scan_messages`` takes (None values, weights, numbers, a control token in a
+    string) and ones it refuses (a reasoning field, content parts): the renderer's texts, weights and turns, or its
+    error, are those of the step-by-step path (the template's reasoning fields unknown: nothing scanned)."""
+    import numpy as np
+    from chat_support import chat_tokenizer
+
+    from weightprep.batches import Chat
+    from weightprep.stages.chat import ChatRenderer
+
+    conversations = [
+        [{"role": "system", "content": "Be brief.", "name": None}, {"role": "user", "content": "Hi"},
+         {"role": "assistant", "content": "Hello there.", "weight": 2.0}],
+        [{"role": "user", "content": "Q", "n": 3}, {"role": "assistant", "content": "A", "weight": 0.5, "tool_calls": None}],
+        [{"role": "user", "content": "Q"}, {"role": "assistant", "content": "A", "reasoning_content": "think"}],
+        [{"role": "user", "content": [{"type": "text", "text": "Q"}]}, {"role": "assistant", "content": "A"}],
+        [{"role": "user", "content": "Q"}, {"role": "assistant", "content": f"A {EOS_OF[family]} forged"}],
+    ]  # fmt: skip
+
+    def weighed(scanning: bool) -> list:
+        renderer = ChatRenderer(chat_tokenizer(family))
+        renderer.check()
+        if not scanning:
+            renderer._compiled().reasoning = None
+        out = []
+        for messages in conversations:
+            try:
+                text, weights, turns = renderer.char_weights(Chat(messages, None, None, b""))
+                out.append((text, weights.tolist(), turns.tolist()))
+            except Exception as exc:  # noqa: BLE001 (a template that refuses content parts refuses them both ways)
+                out.append(type(exc).__name__)
+        return out
+
+    scanned, stepped = weighed(True), weighed(False)
+    assert scanned == stepped
+    assert any(isinstance(x, tuple) and np.count_nonzero(x[1]) for x in scanned)
+    assert scanned[-1] == "ChatError"  # the control token, found in the scanned strings

@@ -96,7 +96,7 @@ from weightprep.stages.chat_control import (
 )
 from weightprep.stages.chat_history import HISTORY_MODES, Document, HistoryModes, joined
 from weightprep.stages.chat_jinja import template_utils
-from weightprep.stages.chat_skeleton import Skeletons, compile_skeleton, shape_keys
+from weightprep.stages.chat_skeleton import Skeletons, compile_skeleton, scan_messages, shape_keys
 from weightprep.stages.chat_spans import answer_start, trailer
 from weightprep.stages.chat_templates import TrlMissing
 from weightprep.stages.spans import TokenSpans
@@ -155,6 +155,10 @@ class _Template:
         # what Template.render merges into every context (a ChainMap over the environment's globals, slow to copy)
         self._globals = dict(self._compiled.globals) if self._compiled is not None else {}
         self._kwargs: tuple[Any, Any] = (None, None)  # the last keyword arguments prepared, and as plain data
+        #: the message fields ``_alias_reasoning_fields`` reads (None: not known, every conversation is aliased)
+        self.reasoning: frozenset[str] | None = (
+            frozenset(ctu._REASONING_FIELDS) if self.direct and hasattr(ctu, "_REASONING_FIELDS") else None
+        )  # fmt: skip
         # the renders without {% generation %} spans: the same template in an overlay of that environment whose
         # getattr reads a plain dict's key directly (_dict_getattr)
         # and whose loops note where each message starts (chat_prefixes: prefixes cut from the whole render)
@@ -174,18 +178,23 @@ class _Template:
                 self._skeletons = Skeletons(lambda args, tracker: self._render(args, tracker, skeleton, skeleton_globals))
 
     def prepare(
-        self, messages: list[dict[str, Any]], tools: Any, kwargs: dict[str, Any], *, shared: bool = False
-    ) -> _Prepared:
+        self, messages: list[dict[str, Any]], tools: Any, kwargs: dict[str, Any], *, shared: bool = False,
+        scanned: list[tuple[Any, ...]] | None = None,
+    ) -> _Prepared:  # fmt: skip
         """The conversation as the template sees it. ``shared``: ``kwargs`` are the renderer's own, the same for
-        every conversation without ``chat_template_kwargs`` (its whole render may then come from its shape's)."""
+        every conversation without ``chat_template_kwargs`` (its whole render may then come from its shape's).
+        ``scanned``: the messages are ``chat_skeleton.scan_messages``' (``template``, with the reasoning fields
+        refused), these their shape keys: plain data already, nothing to alias."""
         if not self.direct or (tools is not None and not all(isinstance(t, dict) for t in tools)):
             return _Prepared(messages, tools, kwargs, False)  # render_jinja_template converts (or refuses) them
         plain = self._ctu._plain_template_data
         if kwargs is not self._kwargs[0]:  # the same arguments for every conversation without chat_template_kwargs
             self._kwargs = (kwargs, plain(kwargs))
+        shaped = shared and tools is None and self._skeletons is not None
+        if scanned is not None:
+            return _Prepared(messages, plain(tools), self._kwargs[1], True, {}, scanned if shaped else None)
         messages = self._ctu._alias_reasoning_fields(_plain_messages(plain, messages))
-        keys = shape_keys(messages) if shared and tools is None and self._skeletons is not None else None
-        return _Prepared(messages, plain(tools), self._kwargs[1], True, {}, keys)
+        return _Prepared(messages, plain(tools), self._kwargs[1], True, {}, shape_keys(messages) if shaped else None)
 
     def render(self, prepared: _Prepared, k: int, generation: bool) -> tuple[str, list]:
         """The first ``k`` messages rendered, and their ``{% generation %}`` spans (tagged templates only)."""
@@ -481,11 +490,14 @@ class ChatRenderer(HistoryModes):
             self._tokenize = PieceTokenizer(self.tok, backend="hf")
         return self._tokenize
 
-    def prepare(self, chat: Chat, messages: list[dict[str, Any]]) -> _Prepared:
+    def prepare(
+        self, chat: Chat, messages: list[dict[str, Any]], scanned: list[tuple[Any, ...]] | None = None
+    ) -> _Prepared:
         """The conversation's inputs to the template: messages, tools, and ``apply_chat_template``'s keyword
         arguments (the special tokens, then the record's ``chat_template_kwargs``). With ``sanitize``, the control
         tokens that content may not hold are marked in the record's strings, as ``apply_chat_template(...,
-        sanitize_control_tokens=True)`` marks them (again: marking drops the marks already there)."""
+        sanitize_control_tokens=True)`` marks them (again: marking drops the marks already there). ``scanned``:
+        the shape keys of messages from ``chat_skeleton.scan_messages`` (never with ``sanitize``)."""
         tools, kwargs = chat.tools, chat.template_kwargs or {}
         if self.sanitize:
             mark_control_tokens = template_utils().mark_control_tokens
@@ -494,8 +506,8 @@ class ChatRenderer(HistoryModes):
         if self._specials is None:
             self._specials = dict(self.tok.special_tokens_map)
         if kwargs:
-            return self._compiled().prepare(messages, tools, {**self._specials, **kwargs})
-        return self._compiled().prepare(messages, tools, self._specials, shared=True)
+            return self._compiled().prepare(messages, tools, {**self._specials, **kwargs}, scanned=scanned)
+        return self._compiled().prepare(messages, tools, self._specials, shared=True, scanned=scanned)
 
     def render(self, prepared: _Prepared, k: int, *, generation: bool = False) -> tuple[str, list]:
         """The first ``k`` messages of a prepared conversation rendered (``template_error`` if the template fails)."""
@@ -542,10 +554,21 @@ class ChatRenderer(HistoryModes):
         ``derive``: an assistant turn's weight may start where the renders say it does where its generation
         prompt is not a prefix of it (``chat_spans.answer_start``), and a message of weight 0 may be rewritten."""
         self._check_kwargs(chat)
-        messages = template_messages(chat)
-        if not self.sanitize:
-            self._check_control_tokens(chat, messages)
-        prepared = self.prepare(chat, messages)
+        reasoning = self._compiled().reasoning
+        # the messages, their strings and shape in one pass where they are plain (``_Template.prepare(scanned=...)``)
+        scan = (
+            scan_messages(chat.messages, template=True, reasoning=reasoning)
+            if reasoning is not None and not self.sanitize else None
+        )  # fmt: skip
+        if scan is not None:
+            messages, strings, scanned = scan
+            self._check_control_tokens(chat, messages, strings)
+            prepared = self.prepare(chat, messages, scanned)
+        else:
+            messages = template_messages(chat)
+            if not self.sanitize:
+                self._check_control_tokens(chat, messages)
+            prepared = self.prepare(chat, messages)
         text, tagged_spans = self.render(prepared, len(messages))
         weights = np.zeros(len(text), dtype=np.float32)
         assistants = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
@@ -726,14 +749,14 @@ class ChatRenderer(HistoryModes):
             self._eos_trailer = bool(eos) and one.endswith(eos) and two.endswith(eos) and two.startswith(one[: -len(eos)])
         return self._eos_trailer
 
-    def _check_control_tokens(self, chat: Chat, messages: list[dict[str, Any]]) -> None:
+    def _check_control_tokens(self, chat: Chat, messages: list[dict[str, Any]], strings: list[str] | None = None) -> None:
         """A string of the record (what ``apply_chat_template(..., sanitize_control_tokens=True)`` would mark: every
         string of the messages, tools and ``chat_template_kwargs``) that holds a control token that opens or closes a
         turn is ``control_token_in_content``; in-turn markers (``control_tokens``) are tokens there, as
         ``apply_chat_template`` makes them."""
         if self._joinable is None:  # no control token holds the separator: no match spans two strings joined
             self._joinable = not any(SEPARATOR in t for t in self.control_tokens()[0])
-        found = first_turn_token(self._control_tokens(), chat, messages, self._joinable)
+        found = first_turn_token(self._control_tokens(), chat, messages, self._joinable, strings)
         if found is not None:
             field, hit = found
             raise ChatError(

@@ -123,15 +123,16 @@ def record_strings(chat: Chat, messages: list[dict[str, Any]]) -> Iterator[tuple
 
 
 def first_turn_token(
-    turn: re.Pattern[str], chat: Chat, messages: list[dict[str, Any]], joinable: bool
+    turn: re.Pattern[str], chat: Chat, messages: list[dict[str, Any]], joinable: bool, strings: list[str] | None = None
 ) -> tuple[str, re.Match[str]] | None:
     """The first string of the record (what ``apply_chat_template(..., sanitize_control_tokens=True)`` would mark:
     every string of the messages, tools and ``chat_template_kwargs``) that holds a turn token (``turn``), with its
     field; None where none does. ``joinable``: no turn token holds ``SEPARATOR``, so one search of all the strings
-    joined by it tells whether any holds one (the common case: none does)."""
+    joined by it tells whether any holds one (the common case: none does). ``strings``: the messages' strings,
+    gathered already (``string_values(messages)``)."""
     if joinable:
-        found: list[str] = []
-        for value in (messages, chat.tools, chat.template_kwargs):
+        found: list[str] = list(strings) if strings is not None else []
+        for value in ((chat.tools, chat.template_kwargs) if strings is not None else (messages, chat.tools, chat.template_kwargs)):
             string_values(value, found)
         if not turn.search(SEPARATOR.join(found)):
             return None

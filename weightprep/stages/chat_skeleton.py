@@ -57,7 +57,7 @@ from jinja2.utils import Namespace
 
 from weightprep.stages import chat_prefixes
 
-__all__ = ["Skeleton", "Skeletons", "Sym", "compile_skeleton", "shape_keys"]
+__all__ = ["Skeleton", "Skeletons", "Sym", "compile_skeleton", "scan_messages", "shape_keys"]
 
 #: a placeholder's mark: a private-use character no template writes
 MARK = "\U0010fffd"
@@ -411,21 +411,43 @@ def _strip(value: str, ops: tuple[tuple[str, str | None], ...]) -> str:
 def shape_keys(messages: list[Any]) -> list[tuple[Any, ...]] | None:
     """Each message's part of a conversation's shape: what its renders depend on besides its non-empty strings
     (module docstring); None: the conversation has no shape."""
+    scanned = scan_messages(messages)
+    return None if scanned is None else scanned[2]
+
+
+def scan_messages(
+    messages: list[Any], *, template: bool = False, reasoning: frozenset[str] = frozenset()
+) -> tuple[list[dict[str, Any]], list[str], list[tuple[Any, ...]]] | None:
+    """The messages as dicts, their strings in order and their shape keys (``shape_keys``), in one pass; None where
+    a message is not a dict of exact JSON scalars under string keys (no shape). ``template``: the messages are a
+    record's, made the template's as ``chat_common.template_messages`` makes them (keys whose value is None, and
+    ``weight``, left out); then a key of ``reasoning`` is refused too (one that ``_alias_reasoning_fields`` would
+    rewrite), so that what is returned is what the template reads, as transformers makes it plain."""
+    out: list[dict[str, Any]] = []
+    strings: list[str] = []
     keys: list[tuple[Any, ...]] = []
     for m in messages:
-        if type(m) is not dict:
+        if not isinstance(m, dict):
             return None
-        key: list[Any] = []
+        message: dict[str, Any] = {}
+        key: list[tuple[Any, ...]] = []
         for k, v in m.items():
+            if template and (v is None or k == "weight"):
+                continue
+            if type(k) is not str or k in reasoning:
+                return None
             t = type(v)
             if t is str:  # a string other than a role: empty, whitespace only (nothing once stripped), or other
+                strings.append(v)
                 key.append((k, v) if k == "role" else (k, 0 if not v else 1 if v.isspace() else 2))
             elif t in _PLAIN:
                 key.append((k, t, repr(v)))
             else:
                 return None
+            message[k] = v
+        out.append(message)
         keys.append(tuple(key))
-    return keys
+    return out, strings, keys
 
 
 class _Render:
