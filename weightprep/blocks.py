@@ -15,6 +15,7 @@ import contextlib
 import gc
 from collections import Counter
 from collections.abc import Iterator
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -80,37 +81,45 @@ def document_batch(
     return docs, counts
 
 
+#: a ``ChatTokens``' fields, read over a block's conversations without a Python loop
+_IDS, _WEIGHTS, _TURNS = attrgetter("ids"), attrgetter("weights"), attrgetter("turns")
+_TRAINING, _SANITIZED, _STRADDLING = attrgetter("training"), attrgetter("sanitized"), attrgetter("straddling")
+
+
 def _chat_documents(chats: Records, counts: Counter[str]) -> Documents:
     """The documents of rendered conversations, counted as accepted tokens and weight. A conversation built as
     per-turn documents is several; what they cost beyond its last one (which holds the conversation up to its
     last weighted turn once) is counted as ``chat_history_extra_tokens``."""
     rendered = chats.chats  # at least one: a block without conversations has chats None (Records.where)
     assert rendered
-    parts = [[len(c.ids)] if c.offsets is None else np.diff(c.offsets) for c in rendered]  # type: ignore
-    per_conversation = np.fromiter((len(p) for p in parts), dtype=np.int64, count=len(parts))
-    lengths = np.concatenate(parts).astype(np.int64)
-    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
     history = [c.offsets for c in rendered if c.offsets is not None]  # type: ignore[union-attr]
+    lines = chats.lines
     if history:
+        parts = [[len(c.ids)] if c.offsets is None else np.diff(c.offsets) for c in rendered]  # type: ignore
+        lines = np.repeat(lines, np.fromiter(map(len, parts), dtype=np.int64, count=len(parts)))
+        lengths = np.concatenate(parts).astype(np.int64)
         counts.update(
             chat_history_conversations=len(history), chat_history_documents=sum(len(o) - 1 for o in history),
             chat_history_extra_tokens=sum(int(o[-2]) for o in history),
         )  # fmt: skip
+    else:  # a document per conversation (the usual case: no list per conversation to join)
+        lengths = np.fromiter(map(len, map(_IDS, rendered)), dtype=np.int64, count=len(rendered))
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
     counts.update(
-        chat_training_template_turns=sum(c.training for c in rendered),  # type: ignore[union-attr]
-        chat_sanitized_control_tokens=sum(c.sanitized for c in rendered),  # type: ignore[union-attr]
-        chat_straddling_tokens=sum(c.straddling for c in rendered),  # type: ignore[union-attr]
+        chat_training_template_turns=sum(map(_TRAINING, rendered)),
+        chat_sanitized_control_tokens=sum(map(_SANITIZED, rendered)),
+        chat_straddling_tokens=sum(map(_STRADDLING, rendered)),
     )
-    ids = np.concatenate([c.ids for c in rendered])  # type: ignore[union-attr]
-    weights = np.concatenate([c.weights for c in rendered])  # type: ignore[union-attr]
-    turns = np.concatenate([c.turns for c in rendered])  # type: ignore[union-attr]
+    ids = np.concatenate(list(map(_IDS, rendered)))
+    weights = np.concatenate(list(map(_WEIGHTS, rendered)))
+    turns = np.concatenate(list(map(_TURNS, rendered)))
     counts.update(documents=len(lengths), chat_documents=len(lengths), tokens_accepted=len(ids))
     counts["empty_documents"] += int((lengths == 0).sum())
     counts["weight_accepted"] += float(weights.astype(np.float64).sum())
     return Documents(
         input_ids=ids.astype(np.int32, copy=False), weights=weights.astype(np.float32, copy=False), offsets=offsets,
-        lines=np.repeat(chats.lines, per_conversation), turns=turns.astype(np.int32, copy=False),
+        lines=lines, turns=turns.astype(np.int32, copy=False),
     )  # fmt: skip
 
 
