@@ -104,7 +104,9 @@ class MarkingWarmup:
 
     def __call__(self, threads: int | None) -> None:
         os.environ[WARMED] = str(threads)
-        Path(self.marks, f"warm-{os.getpid()}").write_text(str(threads))
+        part = Path(self.marks, f".part-{os.getpid()}")  # renamed into place whole: a reader never sees it empty
+        part.write_text(str(threads))
+        part.rename(Path(self.marks, f"warm-{os.getpid()}"))
 
 
 def index_task(job: RecordingJob, part: Any) -> dict[str, Any]:

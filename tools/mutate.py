@@ -197,7 +197,7 @@ EQUIVALENT: dict[str, str] = {
     "stages/chat_skeleton.py:Sym.__add__:return_none:return str.__add__(self, other)": "the look is noted first: a render that joined a placeholder to a non-string keeps no skeleton, whatever the join returned",
     "stages/chat_skeleton.py:Sym.__radd__:return_none:return NotImplemented": "the look is noted first: the render keeps no skeleton, whatever the reflected join returned",
     "stages/chat_skeleton.py:Sym.__radd__:drop:_looked()": "reached only for a left operand that is no str and whose own + refused (a number, an undefined): NotImplemented then raises TypeError, and a render that raises keeps no skeleton (a str subclass on the left, Markup, joins it itself and is seen by the mark check)",
-    "stages/chat_skeleton.py:shape_keys:int+1:key.append((k, v) if k == 'role' else (k, 0 if not v else 1 if v.isspace() else 2))#2": "a label of the shape key: 3 for 2 keeps the three kinds of string (empty, whitespace only, other) apart",
+    "stages/chat_skeleton.py:scan_messages:int+1:key.append((k, v) if k == 'role' else (k, 0 if not v else 1 if v.isspace() else 2))#2": "a label of the shape key: 3 for 2 keeps the three kinds of string (empty, whitespace only, other) apart",
     # eleventh session: a file's first record (the plan cuts a file of conversations finer)
     "stages/read.py:first_record:int+1:want = min(4 * want, FIRST_RECORD_BYTES)":
         "reads growing x5 instead of x4 up to the same limit: fewer reads, the same record found or not",
