@@ -18,7 +18,7 @@ from weightprep.batches import Documents
 from weightprep.constants import IGNORE_INDEX
 from weightprep.stages.filter import filter_documents
 from weightprep.stages.mask import mask
-from weightprep.stages.pack import Packer, RowBuffers, best_fit_decreasing, rows_from_bins
+from weightprep.stages.pack import Packer, RowBuffers, best_fit_decreasing, chunk_rows, rows_from_bins
 
 _weights = st.sampled_from([0.0, 0.5, 1.0, 2.0])
 _document = st.lists(st.tuples(st.integers(0, 999), _weights), min_size=0, max_size=6)
@@ -285,6 +285,52 @@ def test_packer_packs_each_window_of_exactly_window_documents(window, batches):
         tokens += _tokens_in(rest[0])
     assert tokens == Counter(dict(enumerate(lengths)))  # every document once, whole
     assert list(packer.flush()) == []
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.integers(1, 7),
+    st.lists(st.tuples(st.lists(st.integers(0, 8), min_size=0, max_size=6), st.booleans()), min_size=1, max_size=7),
+    st.booleans(),
+)
+def test_packer_windows_are_their_batches_joined(window, batches, reuse):
+    """Whatever the batches (with turn codes or without, empty documents, windows across batches or inside one):
+    each window's rows are those of its documents joined by ``Documents.concat`` (turns zeros for a batch without
+    them unless no batch of the window has them) and packed by ``best_fit_decreasing`` and ``rows_from_bins``."""
+    rng = np.random.default_rng(len(batches))
+    made, total = [], 0
+    for lengths, with_turns in batches:
+        docs = _numbered(total, lengths)
+        turns = rng.integers(1, 5, len(docs.input_ids)).astype(np.int32) if with_turns else None
+        made.append(Documents(docs.input_ids, docs.weights, docs.offsets, docs.lines, labels=docs.labels, turns=turns))
+        total += len(lengths)
+
+    def columns(rows):
+        return [rows.input_ids.tolist(), rows.labels.tolist(), rows.weights.tolist(), rows.position_ids.tolist(),
+                None if rows.turns is None else rows.turns.tolist(), [s.tolist() for s in rows.seq_lengths]]  # fmt: skip
+
+    packer = Packer(8, -1, window=window, reuse=reuse)
+    got = [columns(r) for d in made for r in packer.add(d)] + [columns(r) for r in packer.flush()]
+    joined = Documents.concat(made) if len(made) > 1 else made[0]
+    expected = []
+    for a in range(0, total, window):
+        b = min(a + window, total)
+        parts = []  # the window's documents, batch by batch, as views (turns None where its batch has none)
+        first = 0
+        for d in made:
+            lo, hi = max(a, first), min(b, first + len(d))
+            if lo < hi:
+                t0, t1 = int(d.offsets[lo - first]), int(d.offsets[hi - first])
+                parts.append(Documents(d.input_ids[t0:t1], d.weights[t0:t1], d.offsets[lo - first : hi - first + 1] - t0,
+                                       d.lines[lo - first : hi - first], labels=None,
+                                       turns=None if d.turns is None else d.turns[t0:t1]))  # fmt: skip
+            first += len(d)
+        docs = Documents.concat(parts)
+        bins = best_fit_decreasing(docs.lengths, 8)
+        expected += [columns(rows_from_bins(docs, bins[i : i + chunk_rows(8)], 8, -1, attention_mask=False))
+                     for i in range(0, len(bins), chunk_rows(8))]  # fmt: skip
+    assert got == expected
+    assert sum(len(c[5]) for c in got) >= (1 if int(joined.lengths.sum()) else 0)
 
 
 def test_packer_starts_afresh_after_a_flush():

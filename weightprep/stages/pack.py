@@ -15,16 +15,16 @@ seq_len 8, documents A (3 tokens), B (2), pad id 0::
     rule, ``labels_from_weights``); pads get weight 0, label IGNORE_INDEX
 
 Unpacked: one document per row, in input order, right-padded, plus an ``attention_mask``.
-Cost: O(window) memory in documents (8 bytes per token: ids and weights; the window is cut from the pending
-batches as views, then copied once); fill is typically > 99% with a window of thousands of
-documents, since only the last few rows of each window are left part-full.
+Cost: O(window) memory in documents (8 bytes per token: ids and weights, 12 with turns; a batch's documents are
+copied into the window's arrays as they arrive, or taken as views where a whole window lies in one batch); fill is
+typically > 99% with a window of thousands of documents, since only the last few rows of each window are left
+part-full.
 """
 
 from __future__ import annotations
 
 from bisect import bisect_left, insort
 from collections.abc import Iterator
-from dataclasses import replace
 from itertools import chain
 from typing import Any
 
@@ -190,26 +190,85 @@ def _column(
     return out.reshape(shape)
 
 
-def _head(docs: Documents, n: int) -> tuple[Documents, Documents]:
-    """The first ``n`` documents of ``docs`` and the rest, as views (no copy)."""
-    cut = int(docs.offsets[n])
+def _slice(docs: Documents, a: int, b: int) -> Documents:
+    """Documents ``a`` to ``b`` of ``docs``, as views (no copy); without labels (the window keeps none)."""
+    t0, t1 = int(docs.offsets[a]), int(docs.offsets[b])
+    return Documents(
+        input_ids=docs.input_ids[t0:t1], weights=docs.weights[t0:t1], offsets=docs.offsets[a : b + 1] - t0,
+        lines=docs.lines[a:b], labels=None, turns=None if docs.turns is None else docs.turns[t0:t1],
+    )  # fmt: skip
 
-    def part(a: int, b: int, t0: int, t1: int) -> Documents:
+
+class _Window:
+    """The documents of one packing window, their tokens copied in as they arrive into arrays kept from one window
+    to the next: a batch is freed once it is in (its memory reused by the next block's), where a window joined at
+    its cut held its batches and their joined copy at once, twice its tokens' pages. The window's columns are those
+    ``Documents.concat`` of its batches gives: each of the dtype NumPy gives their join, turns zeros for a batch
+    without them unless none has them."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size  # documents in a full window
+        self.count = 0  # documents in
+        self.tokens = 0
+        self._arrays: dict[str, np.ndarray] = {}  # grown as needed, kept
+        self._dtypes: dict[str, Any] = {}  # this window's join's dtype per column
+        self._lengths: list[np.ndarray] = []
+        self._lines: list[np.ndarray] = []
+
+    def put(self, docs: Documents, a: int, b: int) -> None:
+        """Documents ``a`` to ``b`` of ``docs`` in (copied)."""
+        t0, t1 = int(docs.offsets[a]), int(docs.offsets[b])
+        at, end = self.tokens, self.tokens + (t1 - t0)
+        if docs.turns is not None and "turns" not in self._dtypes and self.count:  # zeros for the batches before
+            self._column("turns", np.zeros(at, np.int32), 0, at, b - a)
+        columns = [("input_ids", docs.input_ids), ("weights", docs.weights)]
+        if docs.turns is not None or "turns" in self._dtypes:
+            columns.append(("turns", docs.turns if docs.turns is not None else np.zeros(len(docs.input_ids), np.int32)))
+        for name, values in columns:
+            self._column(name, values[t0:t1], at, end, b - a)
+        self._lengths.append(np.diff(docs.offsets[a : b + 1]))
+        self._lines.append(docs.lines[a:b])
+        self.count += b - a
+        self.tokens = end
+
+    def _column(self, name: str, values: np.ndarray, at: int, end: int, docs: int) -> None:
+        """``values`` at ``[at, end)`` of column ``name``, grown (its tokens so far kept) where it is too short."""
+        dtype = self._dtypes[name] = np.result_type(self._dtypes.get(name, values.dtype), values.dtype)
+        array = self._arrays.get(name)
+        if array is None or len(array) < end or not np.can_cast(dtype, array.dtype, "safe"):
+            # room for the window at this batch's tokens per document, plus a tenth (a later batch may need more)
+            guess = end + int((end - at) / max(docs, 1) * (self.size - self.count - docs) * 1.1)
+            grown = np.empty(max(guess, 0 if array is None else len(array) * 3 // 2, end), dtype=dtype)
+            if at:
+                grown[:at] = array[:at]  # type: ignore[index]
+            array = self._arrays[name] = grown
+        array[at:end] = values
+
+    def documents(self) -> Documents:
+        """The window's documents (views of the kept arrays: valid until the next ``put`` after ``clear``)."""
+        lengths = np.concatenate(self._lengths)
+        offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+
+        def column(name: str) -> np.ndarray:
+            return self._arrays[name][: self.tokens].astype(self._dtypes[name], copy=False)
+
         return Documents(
-            input_ids=docs.input_ids[t0:t1], weights=docs.weights[t0:t1], offsets=docs.offsets[a : b + 1] - t0,
-            lines=docs.lines[a:b], labels=None if docs.labels is None else docs.labels[t0:t1],
-            turns=None if docs.turns is None else docs.turns[t0:t1],
+            input_ids=column("input_ids"), weights=column("weights"), offsets=offsets,
+            lines=np.concatenate(self._lines), labels=None, turns=column("turns") if "turns" in self._dtypes else None,
         )  # fmt: skip
 
-    return part(0, n, 0, cut), part(n, len(docs), cut, len(docs.input_ids))
+    def clear(self) -> None:
+        self.count = self.tokens = 0
+        self._dtypes, self._lengths, self._lines = {}, [], []
 
 
 class Packer:
     """Streams masked, filtered documents into fixed-length ``Rows`` (packed or padded).
 
-    ``reuse``: every ``Rows`` is made in the same arrays (``RowBuffers``), valid until the next one is asked for,
-    and every window joined in the same arrays too: for a caller that writes each one before taking the next (a
-    build's writer), not one that keeps them."""
+    ``reuse``: every ``Rows`` is made in the same arrays (``RowBuffers``), valid until the next one is asked for:
+    for a caller that writes each one before taking the next (a build's writer), not one that keeps them. A window's
+    documents are always held in arrays kept from one window to the next (``_Window``); no ``Rows`` shares them."""
 
     def __init__(self, seq_len: int, pad_id: int, *, packed: bool = True, window: int = 20000, reuse: bool = False) -> None:
         self.seq_len = seq_len
@@ -217,8 +276,7 @@ class Packer:
         self.packed = packed
         self.window = window
         self._buffers = RowBuffers() if reuse else None
-        self._pending: list[Documents] = []
-        self._pending_docs = 0
+        self._held = _Window(window)
 
     def add(self, docs: Documents) -> Iterator[Rows]:
         """Take a batch; yield rows whenever a full window is ready."""
@@ -227,31 +285,31 @@ class Packer:
             return
         # labels are ids where the weight is positive (the mask stage's rule): the window keeps ids and weights
         # only, a third less memory per token held, and the rows get their labels back (``rows_from_bins``)
-        self._pending.append(replace(docs, labels=None))
-        self._pending_docs += len(docs)
-        while self._pending_docs >= self.window:  # windows of exactly ``window`` documents, whatever the batches
-            parts, n = [], 0
-            while n < self.window:  # whole batches, then the head of the one the window ends in (views)
-                first = self._pending.pop(0)
-                if n + len(first) > self.window:
-                    first, rest = _head(first, self.window - n)
-                    self._pending.insert(0, rest)
-                parts.append(first)
-                n += len(first)
-            self._pending_docs -= self.window
-            # the window's one copy (none when it is one whole batch), in the reused arrays too: its rows are all made
-            # before the next window is cut
-            window = Documents.concat(parts, self._buffers)
-            del parts, first  # the batches it was cut from are not held while its rows are built
-            yield from self._emit(window, best_fit_decreasing(window.lengths, self.seq_len))
+        held, a = self._held, 0
+        while a < len(docs):  # windows of exactly ``window`` documents, whatever the batches
+            if not held.count and len(docs) - a >= self.window:  # a whole window in this batch: its views, no copy
+                window = _slice(docs, a, a + self.window)
+                a += self.window
+                yield from self._emit(window, best_fit_decreasing(window.lengths, self.seq_len))
+                continue
+            b = min(len(docs), a + self.window - held.count)
+            held.put(docs, a, b)
+            a = b
+            if held.count == self.window:
+                yield from self._flush_held()
 
     def flush(self) -> Iterator[Rows]:
         """Pack whatever is pending (call once more at the end of the input)."""
-        if not self._pending:
-            return
-        docs = Documents.concat(self._pending, self._buffers)
-        self._pending, self._pending_docs = [], 0
-        yield from self._emit(docs, best_fit_decreasing(docs.lengths, self.seq_len))
+        if self._held.count:
+            yield from self._flush_held()
+
+    def _flush_held(self) -> Iterator[Rows]:
+        """The held window's rows (all made before the next document goes in), then an empty window."""
+        window = self._held.documents()
+        try:
+            yield from self._emit(window, best_fit_decreasing(window.lengths, self.seq_len))
+        finally:
+            self._held.clear()
 
     def _emit(self, docs: Documents, bins: list[list[int]]) -> Iterator[Rows]:
         rows = chunk_rows(self.seq_len)
