@@ -290,23 +290,28 @@ def test_packer_packs_each_window_of_exactly_window_documents(window, batches):
 @settings(max_examples=150, deadline=None)
 @given(
     st.integers(1, 7),
-    st.lists(st.tuples(st.lists(st.integers(0, 8), min_size=0, max_size=6), st.booleans()), min_size=1, max_size=7),
+    st.lists(
+        st.tuples(st.lists(st.integers(0, 8), min_size=0, max_size=6), st.booleans(), st.booleans()), min_size=1, max_size=7
+    ),
     st.booleans(),
 )
 def test_packer_windows_are_their_batches_joined(window, batches, reuse):
-    """Whatever the batches (with turn codes or without, empty documents, windows across batches or inside one):
-    each window's rows are those of its documents joined by ``Documents.concat`` (turns zeros for a batch without
-    them unless no batch of the window has them) and packed by ``best_fit_decreasing`` and ``rows_from_bins``."""
+    """Whatever the batches (with turn codes or without, float64 weights or float32, empty documents, windows across
+    batches or inside one): each window's rows are those of its documents joined by ``Documents.concat`` (turns
+    zeros for a batch without them unless no batch of the window has them, each column of the dtype of their join)
+    and packed by ``best_fit_decreasing`` and ``rows_from_bins``."""
     rng = np.random.default_rng(len(batches))
     made, total = [], 0
-    for lengths, with_turns in batches:
+    for lengths, with_turns, wide in batches:
         docs = _numbered(total, lengths)
         turns = rng.integers(1, 5, len(docs.input_ids)).astype(np.int32) if with_turns else None
-        made.append(Documents(docs.input_ids, docs.weights, docs.offsets, docs.lines, labels=docs.labels, turns=turns))
+        weights = docs.weights.astype(np.float64) * 0.1 if wide else docs.weights  # 0.1: no float32 holds it
+        made.append(Documents(docs.input_ids, weights, docs.offsets, docs.lines, labels=docs.labels, turns=turns))
         total += len(lengths)
 
     def columns(rows):
-        return [rows.input_ids.tolist(), rows.labels.tolist(), rows.weights.tolist(), rows.position_ids.tolist(),
+        return [rows.input_ids.tolist(), rows.labels.tolist(), rows.weights.tolist(), str(rows.weights.dtype),
+                rows.position_ids.tolist(),
                 None if rows.turns is None else rows.turns.tolist(), [s.tolist() for s in rows.seq_lengths]]  # fmt: skip
 
     packer = Packer(8, -1, window=window, reuse=reuse)
@@ -330,7 +335,7 @@ def test_packer_windows_are_their_batches_joined(window, batches, reuse):
         expected += [columns(rows_from_bins(docs, bins[i : i + chunk_rows(8)], 8, -1, attention_mask=False))
                      for i in range(0, len(bins), chunk_rows(8))]  # fmt: skip
     assert got == expected
-    assert sum(len(c[5]) for c in got) >= (1 if int(joined.lengths.sum()) else 0)
+    assert sum(len(c[6]) for c in got) >= (1 if int(joined.lengths.sum()) else 0)
 
 
 def test_packer_starts_afresh_after_a_flush():

@@ -193,7 +193,34 @@ _STEP = ("the size of the reads only: the blocks do not depend on it (tests/test
          "so the guard against 0 never acts")
 _SCRATCH = "a work array's size: grown when smaller than the chunk and used as its first len(data) items, so a larger one gives the same"
 #: mutant id (``--list`` prints them) -> why no test can tell it from the original (an equivalent mutant)
+_ROOM = ("how much room a window's arrays get when they grow (a guess from the batch's tokens per document, or half "
+         "as much again): the same values go in whatever the room; only how often they grow changes")
+_ROOM_FULL = "growing an array that is exactly full: the same values copied into a larger one"
+_SAME_COPY = "a window's column already of its dtype, copied (astype copy=True) instead of viewed: the same values"
+_VIEW_OR_COPY = ("a window of exactly the rest of the batch, taken as views or copied into the held window: the same "
+                 "documents in the same order either way")
+
 EQUIVALENT: dict[str, str] = {
+    # sixteenth session: a window's documents copied in as their batches arrive (pack._Window)
+    'stages/pack.py:Packer.add:compare0:if not held.count and len(docs) - a >= self.window:': _VIEW_OR_COPY,
+    'stages/pack.py:_Window._column:binop:grown = np.empty(max(guess, 0 if array is None else len(array) * 3 // 2, end), dtype=dtype)': _ROOM,
+    'stages/pack.py:_Window._column:binop:grown = np.empty(max(guess, 0 if array is None else len(array) * 3 // 2, end), dtype=dtype)#1': _ROOM,
+    'stages/pack.py:_Window._column:binop:guess = end + int((end - at) / max(docs, 1) * (self.size - self.count - docs) * 1.1)': _ROOM,
+    'stages/pack.py:_Window._column:binop:guess = end + int((end - at) / max(docs, 1) * (self.size - self.count - docs) * 1.1)#1': _ROOM,
+    'stages/pack.py:_Window._column:binop:guess = end + int((end - at) / max(docs, 1) * (self.size - self.count - docs) * 1.1)#4': _ROOM,
+    'stages/pack.py:_Window._column:binop:guess = end + int((end - at) / max(docs, 1) * (self.size - self.count - docs) * 1.1)#5': _ROOM,
+    'stages/pack.py:_Window._column:binop:guess = end + int((end - at) / max(docs, 1) * (self.size - self.count - docs) * 1.1)#6': _ROOM,
+    "stages/pack.py:_Window._column:compare0:if array is None or len(array) < end or (not np.can_cast(dtype, array.dtype, 'safe')):#1": _ROOM_FULL,
+    'stages/pack.py:_Window._column:int+1:grown = np.empty(max(guess, 0 if array is None else len(array) * 3 // 2, end), dtype=dtype)': _ROOM,
+    'stages/pack.py:_Window._column:int+1:grown = np.empty(max(guess, 0 if array is None else len(array) * 3 // 2, end), dtype=dtype)#1': _ROOM,
+    'stages/pack.py:_Window._column:int+1:grown = np.empty(max(guess, 0 if array is None else len(array) * 3 // 2, end), dtype=dtype)#2': _ROOM,
+    'stages/pack.py:_Window._column:int+1:guess = end + int((end - at) / max(docs, 1) * (self.size - self.count - docs) * 1.1)': _ROOM,
+    'stages/pack.py:_Window._column:int-1:grown = np.empty(max(guess, 0 if array is None else len(array) * 3 // 2, end), dtype=dtype)': _ROOM,
+    'stages/pack.py:_Window._column:int-1:grown = np.empty(max(guess, 0 if array is None else len(array) * 3 // 2, end), dtype=dtype)#1': _ROOM,
+    'stages/pack.py:_Window._column:int-1:guess = end + int((end - at) / max(docs, 1) * (self.size - self.count - docs) * 1.1)': _ROOM,
+    'stages/pack.py:_Window.documents:bool:return self._arrays[name][:self.tokens].astype(self._dtypes[name], copy=False)': _SAME_COPY,
+    "stages/pack.py:_Window.put:binop:self._column('turns', np.zeros(at, np.int32), 0, at, b - a)": _ROOM,
+    'stages/pack.py:_Window.put:binop:self._column(name, values[t0:t1], at, end, b - a)': _ROOM,
     "stages/chat_skeleton.py:Sym.__add__:return_none:return str.__add__(self, other)": "the look is noted first: a render that joined a placeholder to a non-string keeps no skeleton, whatever the join returned",
     "stages/chat_skeleton.py:Sym.__radd__:return_none:return NotImplemented": "the look is noted first: the render keeps no skeleton, whatever the reflected join returned",
     "stages/chat_skeleton.py:Sym.__radd__:drop:_looked()": "reached only for a left operand that is no str and whose own + refused (a number, an undefined): NotImplemented then raises TypeError, and a render that raises keeps no skeleton (a str subclass on the left, Markup, joins it itself and is seen by the mark check)",

@@ -220,28 +220,22 @@ class Documents:
         )
 
     @staticmethod
-    def concat(parts: list[Documents], arrays: Any = None) -> Documents:
-        """One batch holding ``parts``' documents in order; its token columns made in ``arrays``' (a
-        ``weightprep.stages.pack.RowBuffers``: reused, so the batch is valid until they are used again), if given."""
+    def concat(parts: list[Documents]) -> Documents:
+        """One batch holding ``parts``' documents in order (``parts[0]`` itself where it is the only one)."""
         if len(parts) == 1:
             return parts[0]
-
-        def joined(name: str, columns: list[np.ndarray]) -> np.ndarray:
-            size, dtype = sum(len(c) for c in columns), np.result_type(*columns)  # np.concatenate's
-            return np.concatenate(columns, out=None if arrays is None else arrays.get(name, size, dtype))
-
         lengths = np.concatenate([p.lengths for p in parts])
         offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
         np.cumsum(lengths, out=offsets[1:])
         has_labels = all(p.labels is not None for p in parts)
         return Documents(
-            input_ids=joined("concat_input_ids", [p.input_ids for p in parts]),
-            weights=joined("concat_weights", [p.weights for p in parts]),
+            input_ids=np.concatenate([p.input_ids for p in parts]),
+            weights=np.concatenate([p.weights for p in parts]),
             offsets=offsets,
             lines=np.concatenate([p.lines for p in parts]),
-            labels=joined("concat_labels", [p.labels for p in parts]) if has_labels else None,  # type: ignore[misc]
-            turns=None if all(p.turns is None for p in parts) else joined(
-                "concat_turns", [p.turns if p.turns is not None else np.zeros(len(p.input_ids), np.int32) for p in parts]
+            labels=np.concatenate([p.labels for p in parts]) if has_labels else None,  # type: ignore[misc]
+            turns=None if all(p.turns is None for p in parts) else np.concatenate(
+                [p.turns if p.turns is not None else np.zeros(len(p.input_ids), np.int32) for p in parts]
             ),
         )
 

@@ -96,10 +96,10 @@ def best_fit_decreasing(lengths: np.ndarray, capacity: int) -> list[list[int]]:
 
 
 class RowBuffers:
-    """The arrays of one chunk of rows, reused by the next chunk (``rows_from_bins(buffers=...)``), and of one packing
-    window, reused by the next window (``Documents.concat(parts, buffers)``): a chunk's token columns are tens of MB,
-    a window's too, and made afresh each time they are as many pages for the system to map and zero. Each grows to
-    the largest asked for and stays; what is made in them is valid until they are used again."""
+    """The arrays of one chunk of rows, reused by the next chunk (``rows_from_bins(buffers=...)``): made afresh each
+    time they would be as many pages for the system to map and zero (a window's documents are kept the same way, in
+    ``_Window``). Each grows to the largest asked for and stays; what is made in them is valid until they are used
+    again."""
 
     def __init__(self) -> None:
         self._arrays: dict[str, np.ndarray] = {}
