@@ -560,15 +560,10 @@ class ChatRenderer(HistoryModes):
             scan_messages(chat.messages, template=True, reasoning=reasoning)
             if reasoning is not None and not self.sanitize else None
         )  # fmt: skip
-        if scan is not None:
-            messages, strings, scanned = scan
+        messages, strings, scanned = scan if scan is not None else (template_messages(chat), None, None)
+        if not self.sanitize:
             self._check_control_tokens(chat, messages, strings)
-            prepared = self.prepare(chat, messages, scanned)
-        else:
-            messages = template_messages(chat)
-            if not self.sanitize:
-                self._check_control_tokens(chat, messages)
-            prepared = self.prepare(chat, messages)
+        prepared = self.prepare(chat, messages, scanned)
         text, tagged_spans = self.render(prepared, len(messages))
         weights = np.zeros(len(text), dtype=np.float32)
         assistants = [i for i, m in enumerate(messages) if m["role"] == "assistant"]

@@ -131,8 +131,11 @@ def first_turn_token(
     joined by it tells whether any holds one (the common case: none does). ``strings``: the messages' strings,
     gathered already (``string_values(messages)``)."""
     if joinable:
-        found: list[str] = list(strings) if strings is not None else []
-        for value in ((chat.tools, chat.template_kwargs) if strings is not None else (messages, chat.tools, chat.template_kwargs)):
+        if strings is None:
+            strings = []
+            string_values(messages, strings)
+        found = list(strings)
+        for value in (chat.tools, chat.template_kwargs):
             string_values(value, found)
         if not turn.search(SEPARATOR.join(found)):
             return None
