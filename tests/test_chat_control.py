@@ -390,10 +390,11 @@ def test_sanitize_needs_a_transformers_that_has_it(monkeypatch):
 
     from weightprep.errors import UsageError
 
+    tok = family_tokenizer("qwen2_5")  # (made first: transformers' tokenizer module imports the function)
     monkeypatch.delattr(ctu, "encode_marked_chat")
-    ChatRenderer(family_tokenizer("qwen2_5")).check()
+    ChatRenderer(tok).check()
     with pytest.raises(UsageError, match="--sanitize-control-tokens"):
-        ChatRenderer(family_tokenizer("qwen2_5"), sanitize_control_tokens=True).check()
+        ChatRenderer(tok, sanitize_control_tokens=True).check()
 
 
 def test_sanitize_from_the_cli_and_the_config(tmp_path):

@@ -142,3 +142,72 @@ def test_a_generation_prompt_that_is_not_constant_is_rendered():
     )
     assert _Template(template, False)._shape == chat_prefixes.PrefixShape(None)
     assert _check_every_prefix(template, CONVERSATION)
+
+
+#: conversations every weighting step meets: answers after their prompts, a weighted system and user message (the
+#: probes' step), an answer of weight 0, an answer first, a reasoning marker opening an answer (rule 3 of
+#: ``chat_spans``), an empty answer, and the shapes of the coverage tables
+_WEIGHED = [
+    [{"role": "system", "content": "Be brief.", "weight": 0.5}, {"role": "user", "content": "Hi"},
+     {"role": "assistant", "content": "Hello.", "weight": 2.0}],
+    [{"role": "user", "content": "Q", "weight": 1.0}, {"role": "assistant", "content": "A"}],
+    [{"role": "user", "content": "Q"}, {"role": "assistant", "content": "A", "weight": 0.0},
+     {"role": "user", "content": "R"}, {"role": "assistant", "content": "B", "weight": 3.0}],
+    [{"role": "assistant", "content": "I speak first."}, {"role": "user", "content": "Fine."}],
+    [{"role": "user", "content": "Q"}, {"role": "assistant", "content": "<think>\nhm\n</think>\n\nA"}],
+    [{"role": "user", "content": "Q"}, {"role": "assistant", "content": ""}],
+]  # fmt: skip
+
+
+_THINK_PROMPT = (
+    "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n<think>\\n' }}{% endif %}"
+)
+
+
+@pytest.mark.parametrize("corpus", ["trl", "real"])
+def test_weights_from_the_cuts_lengths_are_the_renders(corpus, tmp_path):
+    """``ChatRenderer._cut_weights`` (the weights and turns from where the prefixes are cut, no render made) gives
+    what the steps give from the renders themselves, or leaves it to them, on every template of TRL and of the real
+    corpus, for conversations that reach each step; where the prefixes are cut, it serves most of them."""
+    from chat_coverage_support import coverage_tokenizer
+    from chat_support import chat_record
+
+    from weightprep.stages.chat import ChatRenderer
+
+    served: dict[str, float] = {}
+    cases = [(name, template_text(name)) for name in template_names(corpus=corpus)]
+    if corpus == "trl":  # ChatML whose prompt opens the reasoning that an answer's content opens too (rule 3)
+        cases.append(("qwen3", _THINK_PROMPT))
+    for name, template in cases:
+        if _GENERATION_TAG.search(template):
+            continue  # {% generation %} spans: weighed from the template's spans
+        tok = coverage_tokenizer(name, str(tmp_path / name))
+        fast, steps = ChatRenderer(tok, template), ChatRenderer(tok, template)
+        steps._cut_weights = lambda *args: None  # type: ignore[method-assign]
+        taken = fast._cut_weights
+        hits = []
+
+        def counted(*args, taken=taken, hits=hits):
+            found = taken(*args)
+            hits.append(found is not None)
+            return found
+
+        fast._cut_weights = counted  # type: ignore[method-assign]
+        records = [{"messages": m} for m in _WEIGHED] + [shape_record(s, template) for s in SHAPES]
+        for record in records:
+            outs = []
+            for renderer in (fast, steps):
+                try:
+                    text, weights, turns = renderer.char_weights(chat_record(record["messages"], record.get("tools")))
+                    outs.append((text, weights.tolist(), turns.tolist()))
+                except Exception as exc:  # noqa: BLE001 - the same refusal either way
+                    outs.append((type(exc).__name__, str(exc)))
+            assert outs[0] == outs[1], (name, record)
+        shape = fast._compiled()._shape
+        if shape is None or shape.generation is None:
+            assert not any(hits), name
+        served[template] = sum(hits) / len(hits) if hits else 0.0
+    if corpus == "trl":  # ChatML (Qwen2.5's, the benchmark's): cut wherever its answers follow their prompts;
+        assert served[template_text("qwen2_5")] > 0.7 and served[_THINK_PROMPT] > 0, served  # the answers that
+        # open with ``<think>\n`` follow the reasoning prompt's

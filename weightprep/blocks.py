@@ -116,7 +116,7 @@ def _chat_documents(chats: Records, counts: Counter[str]) -> Documents:
     turns = np.concatenate(list(map(_TURNS, rendered)))
     counts.update(documents=len(lengths), chat_documents=len(lengths), tokens_accepted=len(ids))
     counts["empty_documents"] += int((lengths == 0).sum())
-    counts["weight_accepted"] += float(weights.astype(np.float64).sum())
+    counts["weight_accepted"] += float(weights.sum(dtype=np.float64))
     return Documents(
         input_ids=ids.astype(np.int32, copy=False), weights=weights.astype(np.float32, copy=False), offsets=offsets,
         lines=lines, turns=turns.astype(np.int32, copy=False),

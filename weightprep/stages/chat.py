@@ -97,7 +97,7 @@ from weightprep.stages.chat_control import (
 from weightprep.stages.chat_history import HISTORY_MODES, Document, HistoryModes, joined
 from weightprep.stages.chat_jinja import template_utils
 from weightprep.stages.chat_skeleton import Skeletons, compile_skeleton, scan_messages, shape_keys
-from weightprep.stages.chat_spans import answer_start, trailer
+from weightprep.stages.chat_spans import answer_start, plain_answer, trailer
 from weightprep.stages.chat_templates import TrlMissing
 from weightprep.stages.spans import TokenSpans
 from weightprep.stages.tokenize import PieceTokenizer
@@ -253,6 +253,17 @@ class _Template:
             return None
         text: str = whole["text"][: cuts[k - 1]]
         return text + self._shape.generation if generation else text  # type: ignore[operator]
+
+    def cuts(self, prepared: _Prepared, k: int) -> tuple[list[int], str] | None:
+        """Where ``render`` cut the renders of the first ``1..k`` messages from the whole conversation's
+        (``_cut``): their ends in it, and the text the generation prompt appends to each; None where it renders
+        them (``render`` of all ``k`` first: the cuts are made there)."""
+        whole = prepared.whole
+        shape = self._shape
+        cuts = whole.get("cuts") if whole is not None and prepared.direct else None
+        if shape is None or shape.generation is None or cuts is None or not 1 <= k <= len(cuts):
+            return None
+        return cuts, shape.generation
 
     def _render(
         self, args: dict[str, Any], tracker: chat_prefixes.Tracker | None = None, compiled: Any = None,
@@ -565,6 +576,10 @@ class ChatRenderer(HistoryModes):
             self._check_control_tokens(chat, messages, strings)
         prepared = self.prepare(chat, messages, scanned)
         text, tagged_spans = self.render(prepared, len(messages))
+        if not derive and not self.tagged:
+            cut = self._cut_weights(chat, messages, prepared, text)
+            if cut is not None:
+                return text, *cut
         weights = np.zeros(len(text), dtype=np.float32)
         assistants = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
         # SFTTrainer's mask, whatever the template rewrites: block k to assistant k, or every block where all
@@ -667,6 +682,36 @@ class ChatRenderer(HistoryModes):
                 "outside every assistant turn", "generation_tag_mismatch",
             )  # fmt: skip
         return text, weights, self._char_turns(messages, text, prefix)
+
+    def _cut_weights(
+        self, chat: Chat, messages: list[dict[str, Any]], prepared: _Prepared, text: str
+    ) -> tuple[np.ndarray, np.ndarray] | None:
+        """``char_weights``' weights and turns where the template's renders are cuts of the whole conversation's
+        (``_Template.cuts``, no trailer) and every weighted message is an answer after its generation prompt: the
+        same steps on the renders' lengths, without making the renders. None where another step is needed (a
+        weighted message that is no answer, an answer not after its prompt): ``char_weights`` takes the renders."""
+        assert self._template is not None
+        found = self._template.cuts(prepared, len(messages))
+        if found is None or self._trailer():
+            return None
+        cuts, generation = found
+        bounds = [len(self._empty(chat, prepared, text)), *cuts[: len(messages)]]
+        weights = np.zeros(len(text), dtype=np.float32)
+        for i, m in enumerate(messages):
+            w = self._scaled_weight(i, chat.messages[i])
+            if w == 0:
+                continue
+            a, end = bounds[i], bounds[i + 1]
+            start = a + len(generation)  # where the generation prompt ``P_i + generation`` ends
+            if m["role"] != "assistant" or not i or start > end or not text.startswith(generation, a):
+                return None
+            content = m.get("content")
+            if not plain_answer(content, start, self._markers()):  # rule 3 may move the start (``chat_spans``)
+                prompt = text[:a] + generation
+                at = answer_start(text[:a], prompt, text[:end], content, self._markers())
+                start = len(prompt) if at is None else at
+            weights[start:end] = w
+        return weights, self._turns(messages, len(text), bounds)
 
     def _markers(self) -> re.Pattern[str]:
         """The tokenizer's added tokens (whitespace ones aside), longest first: where a render's boundary may fall
@@ -787,7 +832,12 @@ class ChatRenderer(HistoryModes):
                 bounds.append(len(prefix(k)))
             except ChatError:
                 bounds.append(None)
-        turns = np.zeros(len(text), dtype=np.int32)
+        return self._turns(messages, len(text), bounds)
+
+    def _turns(self, messages: list[dict[str, Any]], length: int, bounds: list[int | None]) -> np.ndarray:
+        """``length`` characters' turn codes: message ``i``'s on ``[bounds[i], bounds[i + 1])`` where both are
+        known and it is not empty, 0 elsewhere."""
+        turns = np.zeros(length, dtype=np.int32)
         codes = self._turn_codes
         for i, m in enumerate(messages):
             a, b = bounds[i], bounds[i + 1]

@@ -46,7 +46,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["answer_start", "common_prefix", "trailer"]
+__all__ = ["answer_start", "common_prefix", "plain_answer", "trailer"]
 
 #: The most characters of a generation prompt's end that an answer's content can start with (a prefilled
 #: ``<think>\n``, ``[THINK]``): bounds rule 3's search.
@@ -89,6 +89,15 @@ def trailer(renders: list[str], prompt: str, cuts: list[int]) -> str:
     return ""
 
 
+def plain_answer(content: Any, start: int, markers: re.Pattern[str]) -> bool:
+    """Whether rule 3 (module docstring) leaves an answer's weight where it starts (``start``): its content is no
+    string, or its first characters hold no added token (most answers)."""
+    if not isinstance(content, str) or not content:
+        return True
+    head = content[: min(len(content) - 1, start, _OVERLAP)]
+    return not head or not markers.search(head)
+
+
 def answer_start(
     before: str | None, prompt: str, upto: str, content: Any, markers: re.Pattern[str],
     first_difference: Callable[[str, str], int] | None = None,
@@ -121,11 +130,11 @@ def answer_start(
                 return None
     if start >= len(upto):
         return None
-    if isinstance(content, str) and content and start <= len(prompt):
+    if start <= len(prompt) and not plain_answer(content, start, markers):
         # the longest end of the generation prompt that the content starts with and that holds an added token
         head = content[: min(len(content) - 1, start, _OVERLAP)]
-        if not head or not markers.search(head) or not upto.startswith(prompt[:start]):
-            return start  # (most answers: no marker in the content's first characters)
+        if not upto.startswith(prompt[:start]):
+            return start
         tail, last = prompt[:start], prompt[start - 1]
         for j in range(len(head), 0, -1):
             if (head[j - 1] == last and tail.endswith(head[:j]) and upto[start : start + 1] == content[j]
