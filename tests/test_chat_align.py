@@ -351,14 +351,17 @@ _DOCUMENT = st.integers(0, 12).flatmap(
 )
 
 
+@pytest.mark.parametrize("within", [False, True])
 @settings(max_examples=150, deadline=None)
-@given(st.lists(_DOCUMENT, max_size=6))
-@example([([1.0, 1.0], [0, 2], [], False), ([0.0, 0.0], [0, 2], [], False)])  # a change at a document's start
-@example([([0.0, 1.0], [0, 2], [], False), ([], [0], [], True)])  # a straddle, then an empty document
-def test_documents_aligned_end_to_end_are_each_aligned_alone(docs):
+@given(docs=st.lists(_DOCUMENT, max_size=6))
+@example(docs=[([1.0, 1.0], [0, 2], [], False), ([0.0, 0.0], [0, 2], [], False)])  # a change at a document's start
+@example(docs=[([0.0, 1.0], [0, 2], [], False), ([], [0], [], True)])  # a straddle, then an empty document
+@example(docs=[([0.0, 1.0, 1.0], [0, 1, 3], [], False), ([2.5], [0, 1], [], False)])  # every token has characters
+def test_documents_aligned_end_to_end_are_each_aligned_alone(docs, within):
     """``align_tokens`` over documents end to end (what ``tokens_batch`` does for a block): each document's token
     weights, turns, straddling count and double BOS are those of a character-by-character reference of it alone; a
-    document's first character is no change of weight, whatever the document before it ends with."""
+    document's first character is no change of weight, whatever the document before it ends with. The tokens end
+    within their documents, as ``within`` says (``TokenSpans``' spans): the same either way."""
     from weightprep.stages.chat_align import align_tokens
 
     bos = 1
@@ -382,6 +385,7 @@ def test_documents_aligned_end_to_end_are_each_aligned_alone(docs):
     found = align_tokens(
         np.array(char_base), np.array(char_w, dtype=np.float32), np.array(turns, dtype=np.int32), np.array(tok_base),
         np.array(ids, dtype=np.int32), np.array(starts, dtype=np.int64), np.array(ends, dtype=np.int64), bos,
+        within=within,
     )  # fmt: skip
     for d, (weights, turn, straddling, two) in enumerate(expected):
         a, b = tok_base[d], tok_base[d + 1]

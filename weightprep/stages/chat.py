@@ -926,6 +926,7 @@ class ChatRenderer(HistoryModes):
             found = align_tokens(
                 char_base, np.concatenate([t[1] for _, t in run]), np.concatenate([t[2] for _, t in run]), tok_base,
                 ids, np.concatenate([t[4] for _, t in run]), np.concatenate([t[5] for _, t in run]), self._bos,
+                within=True,
             )  # fmt: skip
             cuts = tok_base.tolist()
             for k, ((d, _), wrong) in enumerate(zip(run, found.bad().tolist(), strict=True)):

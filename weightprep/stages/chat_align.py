@@ -53,30 +53,38 @@ class Aligned(NamedTuple):
 
 def align_tokens(
     char_base: np.ndarray, char_w: np.ndarray, char_turns: np.ndarray, tok_base: np.ndarray, ids: np.ndarray,
-    starts: np.ndarray, ends: np.ndarray, bos: int | None,
+    starts: np.ndarray, ends: np.ndarray, bos: int | None, *, within: bool = False,
 ) -> Aligned:  # fmt: skip
     """The tokens' weights and turns of documents end to end (module docstring): ``char_base`` and ``tok_base``
-    (int64[D + 1]) cut ``char_w``/``char_turns`` and ``ids``/``starts``/``ends`` into documents."""
+    (int64[D + 1]) cut ``char_w``/``char_turns`` and ``ids``/``starts``/``ends`` into documents. ``within``: no
+    token ends past its document's last character (``TokenSpans``' spans), so none is clipped there."""
     n_docs = len(char_base) - 1
     counts = np.diff(tok_base)
     shift = np.repeat(char_base[:-1], counts)  # each token's document's first character
     g_starts = np.asarray(starts, dtype=np.int64) + shift
-    g_ends = np.minimum(np.asarray(ends, dtype=np.int64) + shift, np.repeat(char_base[1:], counts))  # within its document
+    g_ends = np.asarray(ends, dtype=np.int64) + shift
+    if not within:
+        g_ends = np.minimum(g_ends, np.repeat(char_base[1:], counts))  # within its document
     double_bos = np.zeros(n_docs, dtype=bool)
     if bos is not None:
         two = np.flatnonzero(counts > 1)
         lead = tok_base[two]
         double_bos[two] = (ids[lead] == bos) & (ids[lead + 1] == bos)
-    # each token's first character; one past a document's last (an empty document, or a token with no characters
-    # at its end) reads the padding: weight 0, turn 0, as a token with no characters gets anyway
-    length = np.diff(char_base)
-    safe = np.minimum(g_starts, np.repeat(np.maximum(char_base[1:] - 1, char_base[:-1]), counts))
-    safe = np.where(np.repeat(length > 0, counts), safe, len(char_w))
-    padded_w = np.concatenate([np.asarray(char_w, dtype=np.float32), np.zeros(1, np.float32)])
-    padded_t = np.concatenate([np.asarray(char_turns, dtype=np.int32), np.zeros(1, np.int32)])
+    char_w = np.asarray(char_w, dtype=np.float32)
+    char_turns = np.asarray(char_turns, dtype=np.int32)
     has_chars = g_ends > g_starts
-    weights = np.where(has_chars, padded_w[safe], np.float32(0)).astype(np.float32, copy=False)
-    turns = padded_t[safe].astype(np.int32, copy=False)
+    if has_chars.all():  # every token starts on a character of its document: that character's
+        weights, turns = char_w[g_starts], char_turns[g_starts]
+    else:
+        # each token's first character; one past a document's last (an empty document, or a token with no
+        # characters at its end) reads the padding: weight 0, turn 0, as a token with no characters gets anyway
+        length = np.diff(char_base)
+        safe = np.minimum(g_starts, np.repeat(np.maximum(char_base[1:] - 1, char_base[:-1]), counts))
+        safe = np.where(np.repeat(length > 0, counts), safe, len(char_w))
+        padded_w = np.concatenate([char_w, np.zeros(1, np.float32)])
+        padded_t = np.concatenate([char_turns, np.zeros(1, np.int32)])
+        weights = np.where(has_chars, padded_w[safe], np.float32(0)).astype(np.float32, copy=False)
+        turns = padded_t[safe]
     straddling = np.zeros(n_docs, dtype=np.int64)
     # first character of each new weight (a document's first character may count as one: no token crosses it)
     changes = np.flatnonzero(char_w[1:] != char_w[:-1]) + 1  # (weights are finite: as np.diff(char_w) != 0)
@@ -88,7 +96,7 @@ def align_tokens(
                 np.searchsorted(changes, g_ends, side="left")
                 > np.searchsorted(changes, g_starts, side="right")
             )
-            top, turn = _heaviest(padded_w, padded_t, g_starts[across], g_ends[across])
+            top, turn = _heaviest(char_w, char_turns, g_starts[across], g_ends[across])
             doc = np.searchsorted(tok_base, across[top > weights[across]], side="right") - 1  # their documents
             straddling = np.bincount(doc, minlength=n_docs).astype(np.int64)
             weights[across], turns[across] = top, turn
@@ -96,7 +104,7 @@ def align_tokens(
 
 
 def _heaviest(
-    padded_w: np.ndarray, padded_t: np.ndarray, starts: np.ndarray, ends: np.ndarray
+    char_w: np.ndarray, char_turns: np.ndarray, starts: np.ndarray, ends: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
     """The largest weight of the characters ``[starts[t], ends[t])`` of a few tokens (each with at least two), and
     the turn of the first character of that weight: their characters gathered end to end, one
@@ -105,8 +113,8 @@ def _heaviest(
     group = np.cumsum(lengths) - lengths  # where each token's characters start in the gathered array
     owner = np.repeat(np.arange(len(starts)), lengths)
     at = np.arange(int(lengths.sum())) - group[owner] + starts[owner]
-    values = padded_w[at]
+    values = char_w[at]
     top = np.maximum.reduceat(values, group)
     hits = np.flatnonzero(values == top[owner])
     first = np.searchsorted(owner[hits], np.arange(len(starts)))  # each token's first character of its weight
-    return top, padded_t[at[hits[first]]]
+    return top, char_turns[at[hits[first]]]
