@@ -49,7 +49,7 @@ class Document(NamedTuple):
 def joined(chat: Chat, parts: list[ChatTokens], per_turn: bool, training: int, sanitized: int = 0) -> ChatTokens:
     """A conversation's documents as one ``ChatTokens`` (``offsets`` between them for per-turn documents), its
     source ``chat`` (whatever the parts name)."""
-    source = chat._replace(raw=b"")
+    source = Chat(chat.messages, chat.tools, chat.template_kwargs, b"", chat.offset)  # (as ``_replace``, faster)
     if not per_turn:
         part = parts[0]
         return ChatTokens(
