@@ -347,6 +347,7 @@ _DOCUMENT = st.integers(0, 12).flatmap(
         st.lists(st.integers(0, n), max_size=8).map(lambda cuts: sorted({0, n, *cuts}) if n else [0]),
         st.lists(st.integers(0, 2), max_size=3),  # tokens with no characters at the end (added EOS)
         st.booleans(),  # two leading BOS (where it has two tokens)
+        st.booleans(),  # its last token's end past its last character (offsets that overhang; not ``within``)
     )
 )
 
@@ -354,9 +355,10 @@ _DOCUMENT = st.integers(0, 12).flatmap(
 @pytest.mark.parametrize("within", [False, True])
 @settings(max_examples=150, deadline=None)
 @given(docs=st.lists(_DOCUMENT, max_size=6))
-@example(docs=[([1.0, 1.0], [0, 2], [], False), ([0.0, 0.0], [0, 2], [], False)])  # a change at a document's start
-@example(docs=[([0.0, 1.0], [0, 2], [], False), ([], [0], [], True)])  # a straddle, then an empty document
-@example(docs=[([0.0, 1.0, 1.0], [0, 1, 3], [], False), ([2.5], [0, 1], [], False)])  # every token has characters
+@example(docs=[([1.0, 1.0], [0, 2], [], False, False), ([0.0, 0.0], [0, 2], [], False, False)])  # a change at a start
+@example(docs=[([0.0, 1.0], [0, 2], [], False, False), ([], [0], [], True, False)])  # a straddle, then an empty document
+@example(docs=[([0.0, 1.0, 1.0], [0, 1, 3], [], False, False), ([2.5], [0, 1], [], False, False)])  # all with characters
+@example(docs=[([0.0, 1.0], [0, 1, 2], [0], False, True), ([2.5, 0.0], [0, 2], [], False, False)])  # an overhang
 def test_documents_aligned_end_to_end_are_each_aligned_alone(docs, within):
     """``align_tokens`` over documents end to end (what ``tokens_batch`` does for a block): each document's token
     weights, turns, straddling count and double BOS are those of a character-by-character reference of it alone; a
@@ -367,8 +369,10 @@ def test_documents_aligned_end_to_end_are_each_aligned_alone(docs, within):
     bos = 1
     char_w, turns, ids, starts, ends, char_base, tok_base = [], [], [], [], [], [0], [0]
     expected = []
-    for d, (w, cuts, empty, two_bos) in enumerate(docs):
+    for d, (w, cuts, empty, two_bos, overhang) in enumerate(docs):
         spans = [(a, b) for a, b in zip(cuts[:-1], cuts[1:], strict=True)] + [(len(w), len(w))] * (len(empty) + 0)
+        if overhang and not within and len(cuts) > 1:  # clipped to the document: the reference's slices clip too
+            spans[len(cuts) - 2] = (spans[len(cuts) - 2][0], len(w) + 2)
         # two leading BOS, or (every other document) one BOS and then another token
         lead = [bos, bos] if two_bos else [bos] if d % 2 == 0 else []
         doc_ids = (lead + [7 + d] * len(spans))[: len(spans)]

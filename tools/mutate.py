@@ -437,7 +437,7 @@ EQUIVALENT: dict[str, str] = {
         "encodings gives one encoding per text: strict changes nothing on equal lengths",
     'stages/chat.py:ChatRenderer._char_turns:int+1:for k in range(len(messages) + 1):':
         'a render of more messages than the conversation has is the whole conversation: the extra boundary is never read',
-    'stages/chat.py:ChatRenderer._char_turns:compare0:if a is not None and b is not None and (b > a):#2':
+    'stages/chat.py:ChatRenderer._turns:compare0:if a is not None and b is not None and (b > a):#2':
         'b == a: turns[a:b] is empty, so writing it changes nothing',
     'stages/chat.py:ChatRenderer.tokens_batch:bool:for (d, found) in zip(plain, spans, strict=True):':
         '_token_spans returns one result per text: strict changes nothing on equal lengths',
@@ -514,12 +514,11 @@ EQUIVALENT: dict[str, str] = {
     "blocks.py:_chat_documents:bool:return Documents(input_ids=ids.astype(np.int32, copy=False), weights=weights.astype(np.float32, c...": _COPY,
     "blocks.py:_chat_documents:bool:return Documents(input_ids=ids.astype(np.int32, copy=False), weights=weights.astype(np.float32, c...#1": _COPY,
     "blocks.py:_chat_documents:bool:return Documents(input_ids=ids.astype(np.int32, copy=False), weights=weights.astype(np.float32, c...#2": _COPY,
-    "blocks.py:_chat_documents:augassign:counts['weight_accepted'] += float(weights.astype(np.float64).sum())": _FIRST_COUNT,
+    "blocks.py:_chat_documents:augassign:counts['weight_accepted'] += float(weights.sum(dtype=np.float64))": _FIRST_COUNT,
     "blocks.py:_chat_documents:augassign:counts['empty_documents'] += int((lengths == 0).sum())": _FIRST_COUNT,
-    "stages/chat_align.py:align_tokens:int+1:padded_w = np.concatenate([np.asarray(char_w, dtype=np.float32), np.zeros(1, np.float32)])": _PAD,
-    "stages/chat_align.py:align_tokens:int+1:padded_t = np.concatenate([np.asarray(char_turns, dtype=np.int32), np.zeros(1, np.int32)])": _PAD,
+    "stages/chat_align.py:align_tokens:int+1:padded_w = np.concatenate([char_w, np.zeros(1, np.float32)])": _PAD,
+    "stages/chat_align.py:align_tokens:int+1:padded_t = np.concatenate([char_turns, np.zeros(1, np.int32)])": _PAD,
     "stages/chat_align.py:align_tokens:bool:weights = np.where(has_chars, padded_w[safe], np.float32(0)).astype(np.float32, copy=False)": _COPY,
-    "stages/chat_align.py:align_tokens:bool:turns = padded_t[safe].astype(np.int32, copy=False)": _COPY,
     "stages/chat_align.py:align_tokens:boolop:if len(changes) and len(ids):": "a change of weight needs two characters, and a document with characters has tokens: no batch has changes and no ids",
     "stages/chat_align.py:align_tokens:binop:if ((g_starts[k] < changes) & (g_ends[k] > changes)).any():": _PRECHECK,
     "stages/chat_align.py:align_tokens:compare0:if ((g_starts[k] < changes) & (g_ends[k] > changes)).any():": _PRECHECK,

@@ -258,10 +258,9 @@ class _Template:
         """Where ``render`` cut the renders of the first ``1..k`` messages from the whole conversation's
         (``_cut``): their ends in it, and the text the generation prompt appends to each; None where it renders
         them (``render`` of all ``k`` first: the cuts are made there)."""
-        whole = prepared.whole
         shape = self._shape
-        cuts = whole.get("cuts") if whole is not None and prepared.direct else None
-        if shape is None or shape.generation is None or cuts is None or not 1 <= k <= len(cuts):
+        cuts = prepared.whole.get("cuts") if prepared.whole is not None else None  # (a direct conversation's)
+        if shape is None or shape.generation is None or cuts is None or k > len(cuts):
             return None
         return cuts, shape.generation
 
