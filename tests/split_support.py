@@ -88,7 +88,7 @@ class RecordingJob:
 
     def __call__(self, part: Any, progress: Any = None) -> dict[str, Any]:
         return {"index": part.index, "options": self.options, "pid": os.getpid(), "task": None,
-                "warmed": os.environ.get(WARMED)}  # fmt: skip
+                "warmed": os.environ.get(WARMED), "parent": os.getppid()}  # fmt: skip
 
 
 #: what ``MarkingWarmup`` sets in a worker's environment: the threads it was given

@@ -141,6 +141,62 @@ def test_warm_starts_the_workers_before_the_job_and_start_keeps_them(tmp_path, m
             os.kill(pid, 0)
 
 
+def test_a_pool_forked_from_the_prestarted_server_runs_as_a_spawned_one(tmp_path, monkeypatch):
+    """After ``prestart`` the pool's processes are forked from the fork server (their parent is the server, not this
+    process) and run the warm-up and the job as spawned ones do; once this process's environment changed (which a
+    forked process would not see), a pool spawns its processes again."""
+    monkeypatch.setattr(executors, "_cpus", lambda: 4)
+    monkeypatch.setattr(executors, "_forkserver", None)  # this test's own snapshot of the environment
+    assert executors.prestart(chat=False)
+    runs = []
+    for changed in (False, True):
+        if changed:
+            monkeypatch.setenv("WEIGHTPREP_TEST_CHANGED", "1")
+            assert executors.prestart(chat=False) is False  # the server cannot see it: not used
+        marks = tmp_path / str(changed)
+        marks.mkdir()
+        executor = LocalExecutor(2)
+        executor.warm(MarkingWarmup(str(marks)), 2)
+        warmed = _marks(marks, 2)
+        with executor.start(RecordingJob({"a": 1}), 2):
+            results = list(executor.map(_parts(2)))
+        assert sorted(r["index"] for r in results) == [0, 1] and {r["pid"] for r in results} <= set(warmed)
+        assert all(r["options"] == {"a": 1, "threads": 2} and r["warmed"] == "2" for r in results)
+        runs.append({r["parent"] for r in results})
+    forked, spawned = runs
+    assert os.getpid() not in forked and spawned == {os.getpid()}
+
+
+def test_the_command_line_starts_the_workers_early_where_the_inputs_make_several_parts_likely(tmp_path, monkeypatch):
+    """``weightprep build`` starts the fork server before its imports where its inputs' sizes make several parts
+    likely (``_start_workers_early``): a conversation file over two parts of conversations, a file over a part, two
+    files; not a small file, a file of pieces under a part, one worker, or what only the plan can size."""
+    from weightprep.commands import build
+    from weightprep.distribute.plan import chat_part_bytes
+
+    calls: list[bool] = []
+    monkeypatch.setattr(executors, "prestart", lambda chat: calls.append(chat) or True)
+    monkeypatch.setattr(executors, "_cpus", lambda: 2)
+    part = 64 << 20
+    over = chat_part_bytes(part) + 1  # two parts of conversations, not of pieces
+    chat, pieces, small = tmp_path / "chat.jsonl", tmp_path / "pieces.jsonl", tmp_path / "small.jsonl"
+    chat.write_bytes(b'{"messages": []}\n'.ljust(over, b" "))
+    pieces.write_bytes(b'{"pieces": []}\n'.ljust(over, b" "))
+    small.write_bytes(b'{"messages": []}\n')
+    cases = [
+        (([str(chat)], None, part), [True]), (([str(pieces)], None, part), []), (([str(small)], None, part), []),
+        (([str(pieces)], None, over - 1), [False]), (([str(small), str(small)], None, part), [False]),
+        (([str(chat)], 1, part), []), (([str(tmp_path)], None, part), []), ((["s3://bucket/chat.jsonl"], None, part), []),
+    ]  # fmt: skip
+    for (inputs, workers, part_bytes), expected in cases:
+        calls.clear()
+        build._start_workers_early(tuple(inputs), workers, part_bytes)
+        assert calls == expected, (inputs, workers, part_bytes)
+    monkeypatch.setattr(executors, "_cpus", lambda: 1)
+    build._start_workers_early((str(chat),), None, part)
+    assert calls == []
+
+
 def test_a_start_that_cannot_use_the_warm_pool_stops_it(tmp_path):
     """Started for a single part (in this process), the executor stops the processes ``warm`` started."""
     executor = LocalExecutor(2)

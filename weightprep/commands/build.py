@@ -128,6 +128,38 @@ def _load_early(tokenizer: str | None, pipeline_file: str | None, backend: str |
     click.get_current_context().call_on_close(lambda: prefetch.take(path))
 
 
+#: a file's first bytes that name a message list, ShareGPT's or Alpaca's fields (``_start_workers_early``'s guess of
+#: a file of conversations: ``shapes.is_conversation`` decides)
+_MESSAGES = (b'"messages"', b'"conversations"', b'"instruction"')
+
+
+def _start_workers_early(inputs: tuple[str, ...], workers: int | None, part_bytes: int | None) -> None:
+    """Start the fork server of the build's worker processes now (``executors.prestart``), before this process's
+    imports, where the inputs alone make a plan of several parts likely: local JSON files larger, together, than a
+    part (``--part-bytes``), or than two parts of conversations (``plan.chat_part_bytes``) where the first file's
+    first bytes name a message list (``_MESSAGES``). A guess, not the plan (which reads the first record): where it
+    is wrong a process waits unused, or the pool's processes are spawned once the parts are planned, as without
+    it."""
+    from weightprep.config import ReadConfig
+    from weightprep.distribute.executors import _cpus, prestart
+    from weightprep.distribute.plan import chat_part_bytes
+
+    if workers == 1 or _cpus() < 2 or not inputs:
+        return
+    paths = [Path(p) for p in inputs]
+    if not all(p.suffix in (".jsonl", ".ndjson", ".json") and p.is_file() for p in paths):
+        return  # a URL, a directory, a glob, a compressed or columnar file: left to the plan
+    size = sum(p.stat().st_size for p in paths)
+    part = part_bytes or ReadConfig.part_bytes
+    if size > part or len(paths) > 1:
+        prestart(chat=False)
+    elif size > chat_part_bytes(part):
+        with paths[0].open("rb") as f:
+            head = f.read(1 << 16)
+        if any(name in head for name in _MESSAGES):
+            prestart(chat=True)
+
+
 def _sources(inputs: tuple[str, ...], specs: tuple[str, ...], pipeline_file: str | None) -> list[Source] | None:
     """The build's sources (``--source`` or the pipeline file's ``sources:``), None for a plain build of INPUTS;
     every problem before any work."""
@@ -289,6 +321,8 @@ def build(
     # a build does no linear algebra: numpy's OpenBLAS need not start a spinning thread per core at its import
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     _load_early(flags["tokenizer"], pipeline_file, flags["tokenizer_backend"], flags["trust_remote_code"])
+    if executor == "local" and not resume and not source_specs and pipeline_file is None:
+        _start_workers_early(inputs, workers, flags["part_bytes"] or flags["split_bytes"])
     from weightprep.distribute.executors import make_executor
     from weightprep.pipeline import build as run_build
     from weightprep.pipeline import source_files
