@@ -167,6 +167,37 @@ def test_a_pool_forked_from_the_prestarted_server_runs_as_a_spawned_one(tmp_path
     assert os.getpid() not in forked and spawned == {os.getpid()}
 
 
+def test_a_build_that_started_the_fork_server_stops_it(tmp_path):
+    """A command-line build of two files (two parts: ``_start_workers_early`` starts the fork server) writes what a
+    serial build writes, and stops the server at its end, waiting for it (its workers' CPU counted, no process
+    left)."""
+    from multiprocessing import forkserver
+
+    from click.testing import CliRunner
+    from conftest import SAMPLE_RAW
+
+    from weightprep.cli import main
+
+    lines = SAMPLE_RAW.read_text().splitlines(keepends=True)
+    inputs = [tmp_path / "a.jsonl", tmp_path / "b.jsonl"]
+    inputs[0].write_text("".join(lines[: len(lines) // 2]))
+    inputs[1].write_text("".join(lines[len(lines) // 2 :]))
+    started = []
+    real = executors.prestart
+    outs = {}
+    for name in ("local", "serial"):
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(executors, "_cpus", lambda: 2)
+            patch.setattr(executors, "prestart", lambda chat: started.append(chat) or real(chat))
+            args = ["build", *map(str, inputs), "--out", str(tmp_path / name), "--executor", name]
+            result = CliRunner().invoke(main, args)
+        assert result.exit_code == 0, result.output
+        outs[name] = {p.name: p.read_bytes() for p in (tmp_path / name).glob("*.arrow")}
+    assert started == [False]  # the local build's, and only its
+    assert outs["local"] == outs["serial"] and len(outs["local"]) == 2
+    assert executors._forkserver is None and forkserver._forkserver._forkserver_pid is None
+
+
 def test_the_command_line_starts_the_workers_early_where_the_inputs_make_several_parts_likely(tmp_path, monkeypatch):
     """``weightprep build`` starts the fork server before its imports where its inputs' sizes make several parts
     likely (``_start_workers_early``): a conversation file over two parts of conversations, a file over a part, two

@@ -141,10 +141,16 @@ def _start_workers_early(inputs: tuple[str, ...], workers: int | None, part_byte
     is wrong a process waits unused, or the pool's processes are spawned once the parts are planned, as without
     it."""
     from weightprep.config import ReadConfig
-    from weightprep.distribute.executors import _cpus, prestart
+    from weightprep.distribute import executors
     from weightprep.distribute.plan import chat_part_bytes
 
-    if workers == 1 or _cpus() < 2 or not inputs:
+    def prestart(chat: bool) -> None:
+        if executors.prestart(chat):  # stopped with the command (and waited for: no process left behind)
+            context = click.get_current_context(silent=True)
+            if context is not None:
+                context.call_on_close(executors.stop_prestarted)
+
+    if workers == 1 or executors._cpus() < 2 or not inputs:
         return
     paths = [Path(p) for p in inputs]
     if not all(p.suffix in (".jsonl", ".ndjson", ".json") and p.is_file() for p in paths):

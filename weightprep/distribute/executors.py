@@ -337,6 +337,21 @@ def prestart(chat: bool) -> bool:
     return True
 
 
+def stop_prestarted() -> None:
+    """Stop the fork server that ``prestart`` started and wait for it (its processes' CPU time is then this
+    process's children's, as spawned ones' is); nothing where none runs. multiprocessing has no public call for it:
+    its own ``_stop``, where the server has one (else it ends with this process, as it would anyway)."""
+    global _forkserver
+    if _forkserver is None:
+        return
+    _forkserver = None
+    from multiprocessing import forkserver
+
+    stop = getattr(forkserver._forkserver, "_stop", None)
+    if stop is not None:
+        stop()
+
+
 def _init_local(jobs: Any, warmup: Callable[[int | None], None] | None, threads: int) -> None:
     global _LOCAL_JOB, _LOCAL_JOBS
     bound_heap()  # first in the process, before the tokenizer's threads (weightprep.heap)
