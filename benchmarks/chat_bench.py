@@ -89,6 +89,9 @@ def main() -> None:
     ap.add_argument("--family", default="chatml", help="the tests' chat family whose template renders the conversations "
                     "(tests/chat_support.py FAMILIES: chatml, llama3, llama3_1, gemma, mistral_v1)")  # fmt: skip
     args = ap.parse_args()
+    from build_bench import compile_code
+
+    compile_code()  # as build_bench: no round compiles weightprep's modules (PYTHONDONTWRITEBYTECODE)
     with tempfile.TemporaryDirectory(prefix="chat-bench-") as tmp:
         work = Path(tmp)
         os.environ["WEIGHTPREP_CACHE"] = str(work / "cache")  # this run's own memory of tokenizer classes
