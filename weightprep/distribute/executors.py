@@ -317,10 +317,9 @@ def prestart(chat: bool) -> bool:
     server), importing what they need while this process imports its own: where a build will start a pool
     (``LocalExecutor.warm``, once its parts are planned, after this process's imports), each of its processes then
     starts its part with its imports made (a 2-part build of 20,000 conversations: 1.66 -> 1.59 s,
-    docs/performance.md). The
-    command line calls it where the inputs' sizes make a plan of several parts likely; a build that plans one part
-    starts no pool, and the server waits unused. False where the platform has no fork server (Windows): pools
-    spawn their processes."""
+    docs/performance.md). The command line calls it where the inputs' sizes make a plan of several parts likely; a
+    build that plans one part starts no pool, and the server waits unused. False where the platform has no fork
+    server (Windows): pools spawn their processes."""
     global _forkserver
     if _forkserver is not None:  # one server a process (multiprocessing's): usable while nothing it saw changed
         return _fork_context() is not None
