@@ -165,6 +165,9 @@ def test_a_pool_forked_from_the_prestarted_server_runs_as_a_spawned_one(tmp_path
         runs.append({r["parent"] for r in results})
     forked, spawned = runs
     assert os.getpid() not in forked and spawned == {os.getpid()}
+    monkeypatch.delenv("WEIGHTPREP_TEST_CHANGED")
+    executors.stop_prestarted()  # this test's server: stopped, waited for
+    assert executors._forkserver is None and executors._fork_context() is None
 
 
 def test_a_build_that_started_the_fork_server_stops_it(tmp_path):
