@@ -417,3 +417,30 @@ def test_a_marker_prefilled_after_a_text_role_header_is_in_turn():
     messages = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "<think>r</think>a"}]
     out = renderer.tokens(chat_record(messages))
     assert out.ids.tolist() == tok.apply_chat_template(messages)["input_ids"]
+
+
+def test_a_conversation_longer_than_an_alignment_run_is_aligned_as_its_characters_say():
+    """``tokens_batch`` aligns a batch's documents in runs of about ``_ALIGN_CHARS`` characters
+    (``ChatRenderer._align_exact``): a conversation longer than a run is a run of its own, and every conversation of
+    the batch gets the tokens tokenizers give its render, each weighing the largest of its characters' weights
+    (``chat_support.reference_token_weights``)."""
+    from chat_support import FAMILIES, chat_tokenizer, reference_char_weights, reference_token_weights
+
+    from weightprep.stages import chat as chat_stage
+
+    tok = chat_tokenizer("chatml")
+    renderer = ChatRenderer(tok)
+    long = "word " * (chat_stage._ALIGN_CHARS // 4)
+    conversations = [
+        [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello.", "weight": 2.0}],
+        [{"role": "user", "content": long}, {"role": "assistant", "content": long + "end.", "weight": 0.5}],
+        [{"role": "user", "content": "Bye"}, {"role": "assistant", "content": "Bye."}],
+    ]
+    batch = renderer.tokens_batch([chat_record(m) for m in conversations])
+    for messages, got in zip(conversations, batch, strict=True):
+        text = renderer.char_weights(chat_record(messages))[0]
+        enc = tok.backend_tokenizer.encode(text, add_special_tokens=False)
+        char_w = reference_char_weights(FAMILIES["chatml"], text, messages, {"assistant": 1.0})
+        assert got.ids.tolist() == enc.ids
+        assert got.weights.tolist() == reference_token_weights(enc, char_w)[0].tolist()
+    assert len(text) < chat_stage._ALIGN_CHARS < len(renderer.char_weights(chat_record(conversations[1]))[0])

@@ -163,6 +163,8 @@ _LAST_PART = "the last part of a '/'-split is the same however many splits are a
 _COPY = "a copy of the same values (astype with copy=True): the same ids, weights and turns"
 _FIRST_COUNT = ("the block's counts are a new Counter and its conversations are counted before its pieces: nothing "
                 "to add to yet, = and += give the same")
+_ALIGN_RUNS = ("any cut of a batch's documents into runs of whole documents aligns each the same (align_tokens is "
+               "exact per document); the run's size is only how much of the arrays stays in the cache")
 _PAD = "the padding is read one past the last character only (safe = len(char_w)): a second zero is never read"
 _PRECHECK = ("a quick test for any token across a change: the exact selection under it (across) finds the same tokens, "
              "a looser test only runs it more often")
@@ -439,6 +441,26 @@ EQUIVALENT: dict[str, str] = {
         'a render of more messages than the conversation has is the whole conversation: the extra boundary is never read',
     'stages/chat.py:ChatRenderer._turns:compare0:if a is not None and b is not None and (b > a):#2':
         'b == a: turns[a:b] is empty, so writing it changes nothing',
+    "stages/chat.py:ChatRenderer._cut_weights:compare0:if m['role'] != 'assistant' or not i or start > end or (not text.startswith(generation, a)):#1": (
+        "start == end (the prompt ends where the turn ends): the weight is written nowhere, and the steps the "
+        "mutant hands it to write it nowhere too"
+    ),
+    "stages/chat.py:ChatRenderer._align_exact:int+1:lengths = np.fromiter((len(t[0]) for _, t in items), dtype=np.int64, count=len(items))": (
+        "t[1] is the text's character weights: one per character, as many as the text's characters"
+    ),
+    "stages/chat.py:ChatRenderer._align_exact:int+1:np.cumsum([len(t[3]) for _, t in run], out=tok_base[1:])": (
+        "t[4] is the ids' starts: one per id"
+    ),
+    "stages/chat.py:ChatRenderer._align_exact:binop:b = max(a + 1, int(np.searchsorted(ends, ends[a] - lengths[a] + _ALIGN_CHARS, side='right')))#1": _ALIGN_RUNS,
+    "stages/chat.py:ChatRenderer._align_exact:binop:b = max(a + 1, int(np.searchsorted(ends, ends[a] - lengths[a] + _ALIGN_CHARS, side='right')))#2": _ALIGN_RUNS,
+    "stages/chat.py:ChatRenderer._align_exact:int+1:b = max(a + 1, int(np.searchsorted(ends, ends[a] - lengths[a] + _ALIGN_CHARS, side='right')))": _ALIGN_RUNS,
+    "stages/chat.py:ChatRenderer._align_exact:string:b = max(a + 1, int(np.searchsorted(ends, ends[a] - lengths[a] + _ALIGN_CHARS, side='right')))": _ALIGN_RUNS,
+    "stages/chat.py:ChatRenderer._align_exact:bool:found = align_tokens(char_base, np.concatenate([t[1] for _, t in run]), np.concatenate([t[2] for ...": (
+        "within=False clips the ends to their documents: TokenSpans' spans (the only ones aligned here) end within them"
+    ),
+    "stages/chat.py:ChatRenderer._align_exact:bool:for (k, ((d, _), wrong)) in enumerate(zip(run, found.bad().tolist(), strict=True)):": (
+        "align_tokens says one double_bos per document of the run: strict changes nothing on equal lengths"
+    ),
     'stages/chat.py:ChatRenderer.tokens_batch:bool:for (d, found) in zip(plain, spans, strict=True):':
         '_token_spans returns one result per text: strict changes nothing on equal lengths',
     'stages/chat.py:render_chats:return_none:return records':
