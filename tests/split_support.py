@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -78,7 +79,7 @@ class Delaying(Executor):
 
 class RecordingJob:
     """A stand-in PartJob for the executors' own tests: ``with_options`` merges into ``options``, a call returns the
-    part's index, the options it ran with and the worker's pid (``cwd``: where a Ray actor moves to)."""
+    part's index, the options it ran with, the worker's pid and its parent's, which of ``PRELOADED`` it has imported (``cwd``: where a Ray actor moves to)."""
 
     def __init__(self, options: dict[str, Any] | None = None, cwd: str = "") -> None:
         self.options, self.cwd = dict(options or {}), cwd
@@ -88,7 +89,13 @@ class RecordingJob:
 
     def __call__(self, part: Any, progress: Any = None) -> dict[str, Any]:
         return {"index": part.index, "options": self.options, "pid": os.getpid(), "task": None,
-                "warmed": os.environ.get(WARMED), "parent": os.getppid()}  # fmt: skip
+                "warmed": os.environ.get(WARMED), "parent": os.getppid(),
+                "preloaded": sorted(m for m in PRELOADED if m in sys.modules)}  # fmt: skip
+
+
+#: the modules a fork server may import before it forks a worker (``executors.prestart``); a spawned worker that
+#: runs ``RecordingJob`` imports neither
+PRELOADED = ("weightprep.distribute.job", "weightprep.stages.chat")
 
 
 #: what ``MarkingWarmup`` sets in a worker's environment: the threads it was given

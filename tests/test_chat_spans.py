@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from weightprep.stages.chat import ChatError, ChatRenderer
-from weightprep.stages.chat_spans import answer_start, common_prefix, trailer
+from weightprep.stages.chat_spans import answer_start, common_prefix, plain_answer, trailer
 
 SPECIALS = ("<|user|>", "<|assistant|>", "<|end|>")
 PLAIN = ("<think>", "</think>")
@@ -89,6 +89,21 @@ def test_answer_start_rules_on_strings():
     assert answer_start("U.!", "U.!A", "U.\nAx?", "x", markers, first) == 4  # before it: after the prompt's end
     assert answer_start("U", "UAT", "UAxUAT", "x", markers, first) is None  # the render ends with the prefill
     assert common_prefix("abc", "abd") == 2 and common_prefix("ab", "abc") == 2 and common_prefix("", "a") == 0
+
+
+def test_plain_answer_is_an_answer_whose_head_holds_no_marker():
+    """Rule 3's gate (``plain_answer``): an answer whose content is no string (None for a tool call, content parts)
+    or is empty keeps its start; so does one whose first characters (before ``start``, before its last
+    character) hold no added token; one that opens with a marker does not."""
+    markers = re.compile(r"<think>|</think>")
+    parts = [{"type": "text", "text": "<think>x"}, {"type": "text", "text": "y"}]
+    for content in (None, parts, ""):
+        assert plain_answer(content, 10, markers) is True
+    assert plain_answer("<think>\nr</think>x", 10, markers) is False
+    assert plain_answer("plain <think> later", 6, markers) is True  # the marker starts past the head
+    assert plain_answer("plain <think> later", 13, markers) is False
+    assert plain_answer("<think>", 10, markers) is True  # the head stops before the last character
+    assert plain_answer("<think>x", 0, markers) is True  # nothing before the start to hold one
 
 
 def test_trailer_is_the_text_every_render_ends_with_and_the_next_drops():

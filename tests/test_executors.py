@@ -10,7 +10,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from split_support import DyingJob, MarkingWarmup, RecordingJob, index_task, slow_elsewhere_task
+from split_support import PRELOADED, DyingJob, MarkingWarmup, RecordingJob, index_task, slow_elsewhere_task
 
 from weightprep.distribute import executors
 from weightprep.distribute.executors import RETRIES, Executor, LocalExecutor, RayExecutor, SerialExecutor
@@ -143,16 +143,21 @@ def test_warm_starts_the_workers_before_the_job_and_start_keeps_them(tmp_path, m
 
 def test_a_pool_forked_from_the_prestarted_server_runs_as_a_spawned_one(tmp_path, monkeypatch):
     """After ``prestart`` the pool's processes are forked from the fork server (their parent is the server, not this
-    process) and run the warm-up and the job as spawned ones do; once this process's environment changed (which a
-    forked process would not see), a pool spawns its processes again."""
+    process), with the modules of a chat build imported by the server, and run the warm-up and the job as spawned
+    ones do; once this process's environment changed (which a forked process would not see), a pool spawns its
+    processes again, importing what they need themselves."""
+    from multiprocessing import forkserver
+
     monkeypatch.setattr(executors, "_cpus", lambda: 4)
     monkeypatch.setattr(executors, "_forkserver", None)  # this test's own snapshot of the environment
-    assert executors.prestart(chat=False)
+    assert executors.prestart(chat=True)
+    server = forkserver._forkserver._forkserver_pid  # started now, before any pool
+    assert server is not None and os.waitpid(server, os.WNOHANG) == (0, 0)
     runs = []
     for changed in (False, True):
         if changed:
             monkeypatch.setenv("WEIGHTPREP_TEST_CHANGED", "1")
-            assert executors.prestart(chat=False) is False  # the server cannot see it: not used
+            assert executors.prestart(chat=True) is False  # the server cannot see it: not used
         marks = tmp_path / str(changed)
         marks.mkdir()
         executor = LocalExecutor(2)
@@ -162,11 +167,30 @@ def test_a_pool_forked_from_the_prestarted_server_runs_as_a_spawned_one(tmp_path
             results = list(executor.map(_parts(2)))
         assert sorted(r["index"] for r in results) == [0, 1] and {r["pid"] for r in results} <= set(warmed)
         assert all(r["options"] == {"a": 1, "threads": 2} and r["warmed"] == "2" for r in results)
-        runs.append({r["parent"] for r in results})
-    forked, spawned = runs
+        runs.append(({r["parent"] for r in results}, {tuple(r["preloaded"]) for r in results}))
+    (forked, preloaded), (spawned, imported) = runs
     assert os.getpid() not in forked and spawned == {os.getpid()}
+    assert preloaded == {PRELOADED} and imported == {()}
     monkeypatch.delenv("WEIGHTPREP_TEST_CHANGED")
     executors.stop_prestarted()  # this test's server: stopped, waited for
+    assert executors._forkserver is None and executors._fork_context() is None
+
+
+def test_no_fork_server_no_prestart(monkeypatch):
+    """Where the platform has no fork server (multiprocessing's ``get_context("forkserver")`` raises ValueError, as
+    on Windows), ``prestart`` says so and starts nothing: pools spawn their processes."""
+    import multiprocessing
+
+    real = multiprocessing.get_context
+
+    def get_context(method=None):
+        if method == "forkserver":
+            raise ValueError("cannot find context for 'forkserver'")
+        return real(method)
+
+    monkeypatch.setattr(multiprocessing, "get_context", get_context)
+    monkeypatch.setattr(executors, "_forkserver", None)
+    assert executors.prestart(chat=True) is False
     assert executors._forkserver is None and executors._fork_context() is None
 
 
