@@ -303,3 +303,34 @@ def test_runs_of_documents_are_greedy_and_give_each_document_its_own_offsets(tex
         expected = np.asarray(enc.offsets, dtype=np.int64).reshape(-1, 2)
         np.testing.assert_array_equal(found[0], expected[:, 0], err_msg=f"starts of document {d}")
         np.testing.assert_array_equal(found[1], expected[:, 1], err_msg=f"ends of document {d}")
+
+
+@functools.lru_cache
+def _surfaces(name: str) -> dict[int, bytes]:
+    """Every id's bytes as ``TokenSpans`` holds them (the tests above hold them to tokenizers' offsets)."""
+    spans = _spans(name)
+    return {i: bytes(spans._bytes[spans._starts[i] : spans._starts[i] + n]) for i, n in enumerate(spans._lengths.tolist()) if n >= 0}
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=st.data())
+def test_misspelled_are_the_tokens_whose_bytes_differ_at_their_place(data):
+    """The spelling check (``TokenSpans._misspelled``: a token's first 8 bytes as one word, a longer token's rest
+    byte by byte) finds exactly the tokens whose bytes differ from the text's at their place, against a comparison
+    of bytes strings: any tokens (added ones of 12 bytes and more among them), the text changed at any bytes, or
+    not at all, and bytes past the last token."""
+    name = "chat-chatml"
+    spans, surfaces = _spans(name), _surfaces(name)
+    known = sorted(surfaces)
+    long = [i for i in known if len(surfaces[i]) > 8]
+    assert long and len(long) < len(known)
+    ids = data.draw(st.lists(st.one_of(st.sampled_from(known), st.sampled_from(long)), max_size=24))
+    text = bytearray(b"".join(surfaces[i] for i in ids))
+    for at in data.draw(st.lists(st.integers(0, max(len(text) - 1, 0)), max_size=3)) if text else []:
+        text[at] ^= data.draw(st.integers(1, 255))
+    text += data.draw(st.binary(max_size=9))  # bytes past the last token: never compared
+    lens = np.array([len(surfaces[i]) for i in ids], dtype=np.int64)
+    first = np.cumsum(lens) - lens
+    got = spans._misspelled(np.array(ids, dtype=np.intp), lens, first, np.frombuffer(bytes(text), dtype=np.uint8))
+    want = [t for t, i in enumerate(ids) if bytes(text[first[t] : first[t] + lens[t]]) != surfaces[i]]
+    assert got.tolist() == want

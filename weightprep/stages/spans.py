@@ -37,6 +37,10 @@ __all__ = ["TokenSpans"]
 _BYTE_FALLBACK = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 #: tokens per run of documents in ``TokenSpans.spans``: its arrays stay small enough to be reused, not faulted in
 _CHUNK_TOKENS = 1 << 15
+#: the bytes of a token that the spelling check compares as one little-endian word (``TokenSpans._misspelled``)
+_WORD = 8
+#: a word's low ``n`` bytes, for ``n`` from 0 to ``_WORD``
+_MASKS = np.array([(1 << (8 * n)) - 1 for n in range(_WORD + 1)], dtype=np.uint64)
 
 
 def _byte_level_alphabet() -> dict[str, int]:
@@ -95,6 +99,7 @@ class TokenSpans:
         self._starts = np.zeros(size + 1, dtype=np.int64)
         np.cumsum(np.maximum(self._lengths, 0), out=self._starts[1:])
         self._bytes = np.frombuffer(b"".join(s for s in surfaces if s is not None), dtype=np.uint8)
+        self._words = _first_words(self._bytes, self._starts[:-1], np.maximum(self._lengths, 0))
 
     def spans(self, texts: list[str], ids: np.ndarray, offsets: np.ndarray) -> list[tuple[np.ndarray, np.ndarray] | None]:
         """Per document ``d`` (tokens ``ids[offsets[d]:offsets[d + 1]]`` of ``texts[d]``): the character (start,
@@ -124,6 +129,7 @@ class TokenSpans:
         arithmetic."""
         encoded = [t.encode("utf-8") for t in texts]
         counts = np.diff(offsets)
+        ids = ids.astype(np.intp, copy=False)  # once: numpy widens other ids at every lookup
         if len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= len(self._lengths)):
             known = (ids >= 0) & (ids < len(self._lengths))
             lengths = np.full(len(ids), -1, dtype=np.int64)  # -1: an id with no bytes (unknown, or none in the vocabulary)
@@ -145,18 +151,15 @@ class TokenSpans:
         raw = np.frombuffer(b"".join(encoded), dtype=np.uint8)
         if ok.any():  # the tokens' bytes of the documents whose byte counts match, against their text bytes
             if ok.all():
-                lens, first, text_bytes = size, before[:-1], raw
-                starts_of = self._starts[ids]
+                tokens, lens, first, text_bytes, bounds = ids, size, before[:-1], raw, offsets[1:]
             else:
                 take = np.repeat(ok, counts)
-                lens = size[take]
+                tokens, lens = ids[take], size[take]
                 first = np.cumsum(lens) - lens
-                starts_of = self._starts[ids[take]]
                 text_bytes = np.frombuffer(b"".join(e for e, good in zip(encoded, ok, strict=True) if good), dtype=np.uint8)
-            spelled = self._bytes[np.repeat(starts_of - first, lens) + np.arange(len(text_bytes))]
-            wrong = np.flatnonzero(spelled != text_bytes)
+                bounds = np.cumsum(counts[ok])  # where each of those documents' tokens end
+            wrong = self._misspelled(tokens, lens, first, text_bytes)
             if len(wrong):
-                bounds = np.cumsum(sizes[ok])
                 ok[np.flatnonzero(ok)[np.unique(np.searchsorted(bounds, wrong, side="right"))]] = False
         # every token's bytes, then characters, placed in the documents' text bytes put end to end
         byte_start = before[:-1]
@@ -185,6 +188,33 @@ class TokenSpans:
             (starts[offsets[d] : offsets[d + 1]], ends[offsets[d] : offsets[d + 1]]) if good else None
             for d, good in enumerate(ok.tolist())
         ]
+
+    def _misspelled(self, ids: np.ndarray, lens: np.ndarray, first: np.ndarray, text_bytes: np.ndarray) -> np.ndarray:
+        """The tokens (indices into ``ids``) whose bytes are not ``text_bytes[first[t]:first[t] + lens[t]]``
+        (``lens``: their bytes' lengths). A token's first ``_WORD`` bytes are compared as one word with the text's
+        word at its place, the bytes of a longer token past those one by one: a check per token, not per byte."""
+        n = len(text_bytes)
+        padded = np.zeros(n + _WORD, dtype=np.uint8)
+        padded[:n] = text_bytes
+        windows = np.ndarray((n + 1,), dtype="<u8", buffer=padded, strides=(1,))  # the word at every byte
+        bad = (windows[first] & _MASKS[np.minimum(lens, _WORD)]) != self._words[ids]
+        long = np.flatnonzero(lens > _WORD)
+        if len(long):
+            rest = lens[long] - _WORD
+            owner = np.repeat(np.arange(len(long)), rest)
+            at = np.arange(int(rest.sum())) - np.repeat(np.cumsum(rest) - rest, rest) + _WORD  # byte within its token
+            differs = self._bytes[self._starts[ids[long]][owner] + at] != padded[first[long][owner] + at]
+            bad[long[owner[differs]]] = True
+        return np.flatnonzero(bad)
+
+
+def _first_words(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """The first ``_WORD`` bytes of each byte string ``data[starts[i]:starts[i] + lengths[i]]`` as one
+    little-endian uint64, the bytes past its end zero."""
+    k = np.arange(_WORD)
+    padded = np.concatenate([data, np.zeros(_WORD, dtype=np.uint8)])
+    grid = np.where(k < lengths[:, None], padded[starts[:, None] + k], 0).astype(np.uint8)
+    return grid.view("<u8").reshape(-1)
 
 
 def _model_bytes(token: str, kind: str, alphabet: dict[str, int], fallback: bool) -> bytes | None:
