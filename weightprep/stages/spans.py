@@ -99,7 +99,9 @@ class TokenSpans:
         self._starts = np.zeros(size + 1, dtype=np.int64)
         np.cumsum(np.maximum(self._lengths, 0), out=self._starts[1:])
         self._bytes = np.frombuffer(b"".join(s for s in surfaces if s is not None), dtype=np.uint8)
-        self._words = _first_words(self._bytes, self._starts[:-1], np.maximum(self._lengths, 0))
+        # per id: its first _WORD bytes as a word, and the mask of its bytes' part of a word (``_misspelled``)
+        known = np.maximum(self._lengths, 0)
+        self._words = np.stack([_first_words(self._bytes, self._starts[:-1], known), _MASKS[np.minimum(known, _WORD)]], axis=1)
 
     def spans(self, texts: list[str], ids: np.ndarray, offsets: np.ndarray) -> list[tuple[np.ndarray, np.ndarray] | None]:
         """Per document ``d`` (tokens ``ids[offsets[d]:offsets[d + 1]]`` of ``texts[d]``): the character (start,
@@ -197,7 +199,8 @@ class TokenSpans:
         padded = np.zeros(n + _WORD, dtype=np.uint8)
         padded[:n] = text_bytes
         windows = np.ndarray((n + 1,), dtype="<u8", buffer=padded, strides=(1,))  # the word at every byte
-        bad = (windows[first] & _MASKS[np.minimum(lens, _WORD)]) != self._words[ids]
+        words = self._words.take(ids, axis=0)  # (``take``: faster than indexing, on these unaligned words too)
+        bad = (windows.take(first) & words[:, 1]) != words[:, 0]
         long = np.flatnonzero(lens > _WORD)
         if len(long):
             rest = lens[long] - _WORD
