@@ -230,6 +230,8 @@ def test_one_run_of_holes_empty_tokens_and_wrong_byte_counts_keeps_each_document
     found = _one(spans, texts, docs)
     assert found == [exact, None, exact, [(0, 1), (1, 1), (1, 2)], None, exact, None, None, exact, None, exact]
     assert _one(spans, texts[:1] + [text + "!"] + texts[:1], [plain, plain, plain]) == [exact, None, exact]
+    # a hole, then ids that spell only the start of their text: neither is checked against the others' bytes
+    assert _one(spans, texts[:4], [[1, 3, second], plain, [1], plain]) == [None, exact, None, exact]
 
 
 def test_a_byte_fallback_lookalike_is_its_own_text_without_byte_fallback():

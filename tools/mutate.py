@@ -301,6 +301,13 @@ EQUIVALENT: dict[str, str] = {
         "a zero-length token then counts as a possible hole: np.maximum(lengths, 0) is lengths, and no length is < 0",
     "stages/spans.py:TokenSpans._run:int+1:holes = len(lengths) > 0 and int(lengths.min()) < 0#1":
         "a zero-length token then counts as a possible hole: np.maximum(lengths, 0) is lengths, and no length is < 0",
+    "stages/spans.py:TokenSpans._run:bool:ids = ids.astype(np.intp, copy=False)": _COPY,
+    "stages/spans.py:TokenSpans._misspelled:compare0:long = np.flatnonzero(lens > _WORD)": (
+        "a token of exactly _WORD bytes has no bytes past its word: its byte-by-byte part compares nothing"
+    ),
+    "stages/spans.py:_first_words:int+1:return grid.view('<u8').reshape(-1)": (
+        "numpy reads any negative size in reshape as the one to infer: -2 is -1"
+    ),
     "stages/spans.py:TokenSpans._run:bool:text_bytes = np.frombuffer(b''.join((e for e, good in zip(encoded, ok, strict=True) if good)), dt...":
         'encoded and ok both have len(texts) entries: strict never raises',
     "distribute/merge.py:_ranges:bool:out.extend(zip(part.segments, result['inputs'], index, result['rejects_files'], strict=True))":
