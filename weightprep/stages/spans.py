@@ -108,7 +108,7 @@ class TokenSpans:
         end) of each token, or None where its tokens' bytes are not exactly the text's.
 
         Worked out over runs of documents of about ``_CHUNK_TOKENS`` tokens: the arrays of a whole block (millions
-        of tokens, one int64 per byte for the spelling check) are fresh pages at every call, and faulting them in
+        of tokens, several int64 per token) are fresh pages at every call, and faulting them in
         cost more than the arithmetic (10 s of system time for 20,000 conversations)."""
         ids = np.asarray(ids)  # widened run by run (``_run``): a block's ids as int64 would be fresh pages again
         offsets = np.asarray(offsets, dtype=np.int64)
