@@ -32,6 +32,7 @@ from weightprep.constants import IGNORE_INDEX, MANIFEST_NAME
 from weightprep.errors import InputError, UsageError
 from weightprep.pipeline import build
 from weightprep.stages.chat import ChatError, ChatRenderer, parse_role_weights
+from weightprep.stages.chat_align import char_runs
 from weightprep.stages.spans import TokenSpans
 from weightprep.stages.tokenize import PieceTokenizer
 from weightprep.stages.validate import check_line
@@ -585,7 +586,10 @@ def test_a_token_merged_into_a_multibyte_character_at_a_weight_change_carries_th
     across = [(t, s, e) for t, (s, e) in zip(enc.tokens, enc.offsets, strict=True) if s < change < e]
     assert across == [("Aæ", change - 1, change + 1)]  # the premise: one token holds "A" and a byte of "東"
     if source == "offsets":  # as for a document whose ids do not spell it
-        monkeypatch.setattr(TokenSpans, "spans", lambda self, texts, ids, offsets: [None] * len(texts))
+        none = np.zeros(0, dtype=np.int64)
+        monkeypatch.setattr(
+            TokenSpans, "runs", lambda self, texts, ids, offsets: iter([(0, len(texts), none, none, np.zeros(len(texts), bool))])
+        )  # fmt: skip
     calls: list[str] = []
     align, batch = ChatRenderer.align, ChatRenderer._align_exact
 
@@ -593,9 +597,9 @@ def test_a_token_merged_into_a_multibyte_character_at_a_weight_change_carries_th
         calls.append("offsets" if not kwargs["exact"] else "bytes, alone")
         return align(self, *args, **kwargs)
 
-    def spy_batch(self, tokenized):
-        calls.extend(["bytes"] * len(tokenized))
-        return batch(self, tokenized)
+    def spy_batch(self, texts, *args):
+        calls.extend(["bytes"] * len(texts))
+        return batch(self, texts, *args)
 
     monkeypatch.setattr(ChatRenderer, "align", spy_align)
     monkeypatch.setattr(ChatRenderer, "_align_exact", spy_batch)
@@ -632,14 +636,14 @@ def test_offsets_that_go_backwards_or_miss_a_weighted_character_are_refused():
     n = len(text)
     backwards = (np.array([0, 5, 4]), np.array([5, 6, n]))
     with pytest.raises(ChatError, match="go backwards") as err:
-        renderer.align(chat, text, char_w, turns, ids, *backwards)
+        renderer.align(chat, text, char_runs(char_w, turns), ids, *backwards)
     assert err.value.reason == "bad_offsets"
     gap = int(np.flatnonzero(char_w > 0)[0])  # the first weighted character, in no token
     missing = (np.array([0, gap + 1, n]), np.array([gap, n, n]))
     with pytest.raises(ChatError, match=f"weighted character {gap} ") as err:
-        renderer.align(chat, text, char_w, turns, ids, *missing)
+        renderer.align(chat, text, char_runs(char_w, turns), ids, *missing)
     assert err.value.reason == "bad_offsets"
-    out = renderer.align(chat, text, char_w, turns, ids, *missing, exact=True)  # trusted: no check
+    out = renderer.align(chat, text, char_runs(char_w, turns), ids, *missing, exact=True)  # trusted: no check
     assert len(out.ids) == 3
 
 

@@ -13,6 +13,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from weightprep.stages.chat import ChatError, ChatRenderer
+from weightprep.stages.chat_align import char_runs
 
 SPECIALS = ("<s>", "</s>", "<|user|>", "<|assistant|>", "<|end|>")
 
@@ -251,7 +252,8 @@ def _align(text: str, char_w: list[float], spans: list[tuple[int, int]], ids=Non
     ids = np.arange(10, 10 + len(spans), dtype=np.int32) if ids is None else np.asarray(ids, dtype=np.int32)
     starts, ends = (np.array([s[k] for s in spans], dtype=np.int64) for k in (0, 1))
     w = np.asarray(char_w, dtype=np.float32)
-    return ChatRenderer(tok).align(chat, text, w, np.zeros(len(text), dtype=np.int32), ids, starts, ends, exact=exact)
+    runs = char_runs(w, np.zeros(len(text), dtype=np.int32))
+    return ChatRenderer(tok).align(chat, text, runs, ids, starts, ends, exact=exact)
 
 
 @pytest.mark.parametrize(
@@ -317,9 +319,9 @@ def test_a_token_across_a_turn_boundary_takes_the_turn_of_its_heaviest_character
     w = np.array([0, 0, 1, 1, 2, 2], dtype=np.float32)
     turns = np.array([5, 5, 6, 6, 7, 7], dtype=np.int32)
     ids = np.array([10, 11], dtype=np.int32)
-    out = renderer.align(chat, text[:4], w[:4], turns[:4], ids, np.array([0, 1]), np.array([1, 4]))
+    out = renderer.align(chat, text[:4], char_runs(w[:4], turns[:4]), ids, np.array([0, 1]), np.array([1, 4]))
     assert (out.weights.tolist(), out.turns.tolist(), out.straddling) == ([0.0, 1.0], [5, 6], 1)
-    out = renderer.align(chat, text, w, turns, ids, np.array([0, 1]), np.array([1, 6]))
+    out = renderer.align(chat, text, char_runs(w, turns), ids, np.array([0, 1]), np.array([1, 6]))
     assert (out.weights.tolist(), out.turns.tolist(), out.straddling) == ([0.0, 2.0], [5, 7], 1)
 
 
@@ -420,17 +422,17 @@ def test_a_marker_prefilled_after_a_text_role_header_is_in_turn():
 
 
 def test_a_conversation_longer_than_an_alignment_run_is_aligned_as_its_characters_say():
-    """``tokens_batch`` aligns a batch's documents in runs of about ``_ALIGN_CHARS`` characters
-    (``ChatRenderer._align_exact``): a conversation longer than a run is a run of its own, and every conversation of
-    the batch gets the tokens tokenizers give its render, each weighing the largest of its characters' weights
-    (``chat_support.reference_token_weights``)."""
+    """``tokens_batch`` aligns a batch's documents in the runs of about ``_CHUNK_TOKENS`` tokens that their spans
+    come in (``TokenSpans.runs``, ``ChatRenderer._align_exact``): a conversation longer than a run is a run of its
+    own, and every conversation of the batch gets the tokens tokenizers give its render, each weighing the largest
+    of its characters' weights (``chat_support.reference_token_weights``)."""
     from chat_support import FAMILIES, chat_tokenizer, reference_char_weights, reference_token_weights
 
-    from weightprep.stages import chat as chat_stage
+    from weightprep.stages import spans
 
     tok = chat_tokenizer("chatml")
     renderer = ChatRenderer(tok)
-    long = "word " * (chat_stage._ALIGN_CHARS // 4)
+    long = "word " * spans._CHUNK_TOKENS
     conversations = [
         [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello.", "weight": 2.0}],
         [{"role": "user", "content": long}, {"role": "assistant", "content": long + "end.", "weight": 0.5}],
@@ -443,4 +445,4 @@ def test_a_conversation_longer_than_an_alignment_run_is_aligned_as_its_character
         char_w = reference_char_weights(FAMILIES["chatml"], text, messages, {"assistant": 1.0})
         assert got.ids.tolist() == enc.ids
         assert got.weights.tolist() == reference_token_weights(enc, char_w)[0].tolist()
-    assert len(text) < chat_stage._ALIGN_CHARS < len(renderer.char_weights(chat_record(conversations[1]))[0])
+    assert len(batch[0].ids) + len(batch[2].ids) < spans._CHUNK_TOKENS < len(batch[1].ids)

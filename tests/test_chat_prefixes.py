@@ -167,7 +167,7 @@ _THINK_PROMPT = (
 
 @pytest.mark.parametrize("corpus", ["trl", "real"])
 def test_weights_from_the_cuts_lengths_are_the_renders(corpus, tmp_path):
-    """``ChatRenderer._cut_weights`` (the weights and turns from where the prefixes are cut, no render made) gives
+    """``ChatRenderer._cut_runs`` (the weights and turns from where the prefixes are cut, no render made) gives
     what the steps give from the renders themselves, or leaves it to them, on every template of TRL and of the real
     corpus, for conversations that reach each step; where the prefixes are cut, it serves most of them."""
     from chat_coverage_support import coverage_tokenizer
@@ -184,8 +184,8 @@ def test_weights_from_the_cuts_lengths_are_the_renders(corpus, tmp_path):
             continue  # {% generation %} spans: weighed from the template's spans
         tok = coverage_tokenizer(name, str(tmp_path / name))
         fast, steps = ChatRenderer(tok, template), ChatRenderer(tok, template)
-        steps._cut_weights = lambda *args: None  # type: ignore[method-assign]
-        taken = fast._cut_weights
+        steps._cut_runs = lambda *args: None  # type: ignore[method-assign]
+        taken = fast._cut_runs
         hits = []
 
         def counted(*args, taken=taken, hits=hits):
@@ -193,7 +193,7 @@ def test_weights_from_the_cuts_lengths_are_the_renders(corpus, tmp_path):
             hits.append(found is not None)
             return found
 
-        fast._cut_weights = counted  # type: ignore[method-assign]
+        fast._cut_runs = counted  # type: ignore[method-assign]
         records = [{"messages": m} for m in _WEIGHED] + [shape_record(s, template) for s in SHAPES]
         for record in records:
             outs = []

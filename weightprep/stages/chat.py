@@ -82,7 +82,7 @@ import numpy as np
 from weightprep.batches import Chat, ChatTokens, Records, Reject, turn_code
 from weightprep.errors import UsageError
 from weightprep.stages import chat_prefixes
-from weightprep.stages.chat_align import align_tokens
+from weightprep.stages.chat_align import Runs, align_runs, char_runs, run_chars
 from weightprep.stages.chat_common import CHAT_REASONS, ChatError, diverge, snippet, template_messages
 from weightprep.stages.chat_control import (
     PROBE_TOOLS,
@@ -119,8 +119,6 @@ RESERVED_KWARGS = (
 #: (transformers' ``_CONTROL_TOKEN_START`` / ``_CONTROL_TOKEN_END``), and so does ``prepare`` with ``sanitize``.
 _MARKS = re.compile("[\U000f0000\U000f0001]")
 _GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%\}")
-#: characters per run of documents that ``_align_exact`` aligns in one call
-_ALIGN_CHARS = 1 << 16
 #: input bytes of the conversations that ``render_chats`` renders in one ``tokens_batch`` call: a rendered
 #: conversation holds ~10 bytes a character until its tokens are aligned (its text, a float32 weight and an int32
 #: turn per character), ~60 MB for a block of 8 MiB rendered at once
@@ -559,10 +557,16 @@ class ChatRenderer(HistoryModes):
         return w
 
     def char_weights(self, chat: Chat, *, derive: bool = False) -> tuple[str, np.ndarray, np.ndarray]:
-        """The rendered text, one weight per character (steps 1-4 of the module docstring) and one turn code per
-        character (``turn_code``: the message whose span holds it; 0 for template text outside every message).
-        ``derive``: an assistant turn's weight may start where the renders say it does where its generation
-        prompt is not a prefix of it (``chat_spans.answer_start``), and a message of weight 0 may be rewritten."""
+        """``runs``, a weight and a turn code per character."""
+        text, runs = self.runs(chat, derive=derive)
+        return (text, *run_chars(runs, len(text)))
+
+    def runs(self, chat: Chat, *, derive: bool = False) -> tuple[str, Runs]:
+        """The rendered text and its characters' weights (steps 1-4 of the module docstring) and turn codes
+        (``turn_code``: the message whose span holds a character; 0 for template text outside every message), as
+        runs (``chat_align.Runs``). ``derive``: an assistant turn's weight may start where the renders say it does
+        where its generation prompt is not a prefix of it (``chat_spans.answer_start``), and a message of weight 0
+        may be rewritten."""
         self._check_kwargs(chat)
         reasoning = self._compiled().reasoning
         # the messages, their strings and shape in one pass where they are plain (``_Template.prepare(scanned=...)``)
@@ -576,9 +580,9 @@ class ChatRenderer(HistoryModes):
         prepared = self.prepare(chat, messages, scanned)
         text, tagged_spans = self.render(prepared, len(messages))
         if not derive and not self.tagged:
-            cut = self._cut_weights(chat, messages, prepared, text)
+            cut = self._cut_runs(chat, messages, prepared, text)
             if cut is not None:
-                return text, *cut
+                return text, cut
         weights = np.zeros(len(text), dtype=np.float32)
         assistants = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
         # SFTTrainer's mask, whatever the template rewrites: block k to assistant k, or every block where all
@@ -680,27 +684,29 @@ class ChatRenderer(HistoryModes):
                 "messages", f"the template's {{% generation %}} block {text[a:b][:40]!r} (characters {a}-{b}) ends "
                 "outside every assistant turn", "generation_tag_mismatch",
             )  # fmt: skip
-        return text, weights, self._char_turns(messages, text, prefix)
+        return text, char_runs(weights, self._char_turns(messages, text, prefix))
 
-    def _cut_weights(
-        self, chat: Chat, messages: list[dict[str, Any]], prepared: _Prepared, text: str
-    ) -> tuple[np.ndarray, np.ndarray] | None:
-        """``char_weights``' weights and turns where the template's renders are cuts of the whole conversation's
-        (``_Template.cuts``, no trailer) and every weighted message is an answer after its generation prompt: the
-        same steps on the renders' lengths, without making the renders. None where another step is needed (a
-        weighted message that is no answer, an answer not after its prompt): ``char_weights`` takes the renders."""
+    def _cut_runs(self, chat: Chat, messages: list[dict[str, Any]], prepared: _Prepared, text: str) -> Runs | None:
+        """``runs`` where the template's renders are cuts of the whole conversation's (``_Template.cuts``, no
+        trailer) and every weighted message is an answer after its generation prompt: the same steps on the renders'
+        lengths, without making the renders, each message two runs (its prompt, weight 0; its answer). None where
+        another step is needed (a weighted message that is no answer, an answer not after its prompt, a start that
+        is not within its message): ``runs`` takes the renders."""
         assert self._template is not None
         found = self._template.cuts(prepared, len(messages))
         if found is None or self._trailer():
             return None
         cuts, generation = found
         bounds = [len(self._empty(chat, prepared, text)), *cuts[: len(messages)]]
-        weights = np.zeros(len(text), dtype=np.float32)
+        answers: list[tuple[int, float]] = []  # per message: where its weight starts, and its weight
         for i, m in enumerate(messages):
-            w = self._scaled_weight(i, chat.messages[i])
-            if w == 0:
-                continue
             a, end = bounds[i], bounds[i + 1]
+            w = self._scaled_weight(i, chat.messages[i])
+            if end < a:
+                return None
+            if w == 0:
+                answers.append((end, 0.0))
+                continue
             start = a + len(generation)  # where the generation prompt ``P_i + generation`` ends
             if m["role"] != "assistant" or not i or start > end or not text.startswith(generation, a):
                 return None
@@ -709,8 +715,25 @@ class ChatRenderer(HistoryModes):
                 prompt = text[:a] + generation
                 at = answer_start(text[:a], prompt, text[:end], content, self._markers())
                 start = len(prompt) if at is None else at
-            weights[start:end] = w
-        return weights, self._turns(messages, len(text), bounds)
+                if start < a:
+                    return None
+            answers.append((start, w))
+        starts, weights, turns = [0], [0.0], [0]  # the text before the first message: no turn's
+        codes = self._turn_codes
+        for i, (m, (start, w)) in enumerate(zip(messages, answers, strict=True)):
+            a, end = bounds[i], bounds[i + 1]
+            if end > a:
+                key = (str(m["role"]), i)
+                code = codes.get(key)
+                if code is None:  # a role's code never changes once given (``roles`` only grows)
+                    code = codes[key] = turn_code(self.roles, key[0], i)
+                starts += (a, start)
+                weights += (0.0, w)
+                turns += (code, code)
+        starts.append(bounds[-1])  # the text after the last message: no turn's
+        weights.append(0.0)
+        turns.append(0)
+        return Runs(starts, weights, turns)
 
     def _markers(self) -> re.Pattern[str]:
         """The tokenizer's added tokens (whitespace ones aside), longest first: where a render's boundary may fall
@@ -874,26 +897,29 @@ class ChatRenderer(HistoryModes):
                 if not isinstance(rendered[c], ChatError) and _MARKS.search(doc.text):
                     sanitized[c] = sanitized.get(c, 0) + len(_MARKS.findall(doc.text)) // 2
                     try:
-                        tokenized[d] = self._sanitized(doc.chat, doc.text, doc.weights, doc.turns)
+                        tokenized[d] = self._sanitized(doc.chat, doc.text, doc.runs)
                     except ChatError as exc:
                         rendered[c] = exc
         plain = [d for d, (c, _) in enumerate(docs) if d not in tokenized and not isinstance(rendered[c], ChatError)]
         located = where or (lambda c: ("<conversations>", c + 1))
-        spans = self._token_spans([docs[d][1].text for d in plain], lambda i: (*located(docs[plain[i]][0]), "messages"))
+        spans = self._token_spans(
+            [docs[d][1].text for d in plain], [docs[d][1].runs for d in plain],
+            lambda i: (*located(docs[plain[i]][0]), "messages"),
+        )  # fmt: skip
         for d, found in zip(plain, spans, strict=True):
             doc = docs[d][1]
-            tokenized[d] = (doc.text, doc.weights, doc.turns, *found)
+            tokenized[d] = found if isinstance(found, ChatTokens) else (doc.text, doc.runs, *found)
         out: list[ChatTokens | ChatError] = list(rendered)  # type: ignore[arg-type]
-        batch = self._align_exact({d: tokenized[d] for d, (c, _) in enumerate(docs) if d in tokenized and tokenized[d][-1]
-                                   and not isinstance(out[c], ChatError)})  # fmt: skip
         aligned: dict[int, list[ChatTokens]] = {}
         for d, (c, doc) in enumerate(docs):
             if isinstance(out[c], ChatError):
                 continue
-            *args, exact = tokenized[d]
+            done = tokenized[d]  # (``joined`` names the conversation as the source of its documents)
             try:
-                done = batch.get(d)  # (``joined`` names the conversation as the source of its documents)
-                aligned.setdefault(c, []).append(done if done is not None else self.align(doc.chat, *args, exact=exact))
+                if not isinstance(done, ChatTokens):
+                    *args, exact = done
+                    done = self.align(doc.chat, *args, exact=exact)
+                aligned.setdefault(c, []).append(done)
             except ChatError as exc:
                 out[c] = exc
         for c, parts in aligned.items():
@@ -902,43 +928,30 @@ class ChatRenderer(HistoryModes):
                 out[c] = joined(chats[c], parts, per_turn, sum(d.training for d in documents), sanitized.get(c, 0))
         return out
 
-    def _align_exact(self, tokenized: dict[int, tuple]) -> dict[int, ChatTokens]:
-        """Step 5 for the documents whose spans come from their ids' bytes (``tokenized[d]``: text, character
-        weights and turns, ids, starts, ends, True), ``align_tokens`` over runs of documents of about
-        ``_ALIGN_CHARS`` characters (arrays that stay in the cache, as ``TokenSpans.spans`` keeps its own): each
-        document's tokens, without its source (the caller's). A document found wrong is left out: ``align`` says
-        why."""
-        items = list(tokenized.items())
-        lengths = np.fromiter((len(t[0]) for _, t in items), dtype=np.int64, count=len(items))
-        ends = np.cumsum(lengths)
-        none = Chat([], None, None, b"")
-        out: dict[int, ChatTokens] = {}
-        a = 0
-        while a < len(items):
-            b = max(a + 1, int(np.searchsorted(ends, ends[a] - lengths[a] + _ALIGN_CHARS, side="right")))
-            run = items[a:b]
-            char_base = np.zeros(len(run) + 1, dtype=np.int64)
-            np.cumsum(lengths[a:b], out=char_base[1:])
-            tok_base = np.zeros(len(run) + 1, dtype=np.int64)
-            np.cumsum([len(t[3]) for _, t in run], out=tok_base[1:])
-            ids = np.concatenate([np.asarray(t[3], dtype=np.int32) for _, t in run])
-            found = align_tokens(
-                char_base, np.concatenate([t[1] for _, t in run]), np.concatenate([t[2] for _, t in run]), tok_base,
-                ids, np.concatenate([t[4] for _, t in run]), np.concatenate([t[5] for _, t in run]), self._bos,
-                within=True,
-            )  # fmt: skip
-            cuts = tok_base.tolist()
-            for k, ((d, _), wrong) in enumerate(zip(run, found.bad().tolist(), strict=True)):
-                if not wrong:
-                    out[d] = ChatTokens(ids[cuts[k] : cuts[k + 1]], found.weights[cuts[k] : cuts[k + 1]], none,
-                                        found.turns[cuts[k] : cuts[k + 1]],
-                                        straddling=int(found.straddling[k]))  # fmt: skip
-            a = b
-        return out
+    def _align_exact(
+        self, texts: list[str], runs: list[Runs], ids: np.ndarray, tok_base: np.ndarray, starts: np.ndarray,
+        ends: np.ndarray,
+    ) -> Any:  # fmt: skip
+        """Step 5 for documents end to end whose spans come from their ids' bytes (``TokenSpans.runs``: ``starts``,
+        ``ends`` from each document's first character; ``tok_base`` cuts ``ids``): ``align_runs`` over their runs
+        put end to end, a few per document, gathered without an array per document."""
+        lengths = np.fromiter(map(len, texts), dtype=np.int64, count=len(texts))
+        char_base = np.zeros(len(texts) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=char_base[1:])
+        counts = np.fromiter((len(r.starts) for r in runs), dtype=np.int64, count=len(runs))
+        total = int(counts.sum())
+        run_starts = np.fromiter(itertools.chain.from_iterable(r.starts for r in runs), dtype=np.int64, count=total)
+        run_starts += np.repeat(char_base[:-1], counts)
+        joined_runs = Runs(
+            run_starts,
+            np.fromiter(itertools.chain.from_iterable(r.weights for r in runs), dtype=np.float32, count=total),
+            np.fromiter(itertools.chain.from_iterable(r.turns for r in runs), dtype=np.int32, count=total),
+        )  # fmt: skip
+        return align_runs(char_base, joined_runs, tok_base, ids, starts, ends, self._bos, within=True)
 
     def _sanitized(
-        self, chat: Chat, text: str, char_w: np.ndarray, char_turns: np.ndarray
-    ) -> tuple[str, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, bool]:
+        self, chat: Chat, text: str, runs: Runs
+    ) -> tuple[str, Runs, np.ndarray, np.ndarray, np.ndarray, bool]:
         """A conversation rendered from marked inputs (``prepare``), tokenized as ``apply_chat_template(...,
         sanitize_control_tokens=True)`` tokenizes it (transformers' ``encode_marked_chat``: a marked token as plain
         text, the text between marks encoded apart): the text without its marks, their characters' weights and
@@ -960,12 +973,14 @@ class ChatRenderer(HistoryModes):
         keep = np.ones(len(text), dtype=bool)
         keep[[m.start() for m in _MARKS.finditer(text)]] = False
         clean = _MARKS.sub("", text)
+        char_w, char_turns = run_chars(runs, len(text))
+        kept = char_runs(char_w[keep], char_turns[keep])
         if self._spans is None:
             self._spans = TokenSpans(self.tokenize.backend_tokenizer)
         found = self._spans.spans([clean], ids, np.array([0, len(ids)])) if self._spans.supported else [None]
         if found[0] is not None:
-            return clean, char_w[keep], char_turns[keep], ids, *found[0], True
-        return clean, char_w[keep], char_turns[keep], ids, *self._marked_offsets(text, ids), False
+            return clean, kept, ids, *found[0], True
+        return clean, kept, ids, *self._marked_offsets(text, ids), False
 
     def _marked_offsets(self, text: str, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """tokenizers' offsets of ``encode_marked_chat(text)``'s tokens in ``text`` without its marks, its pieces
@@ -1001,51 +1016,79 @@ class ChatRenderer(HistoryModes):
         return np.asarray(starts, dtype=np.int64), np.asarray(ends, dtype=np.int64)
 
     def _token_spans(
-        self, texts: list[str], where: Callable[[int], tuple[str, int, str]]
-    ) -> list[tuple[np.ndarray, np.ndarray, np.ndarray, bool]]:
-        """Each text's token ids, their characters' (start, end), and whether those came from the ids' bytes: the
-        build's tokenizer gives the ids, their bytes the spans (``TokenSpans``); where those do not spell the text,
-        tokenizers' ids and offsets."""
+        self, texts: list[str], runs: list[Runs], where: Callable[[int], tuple[str, int, str]]
+    ) -> list[ChatTokens | tuple[np.ndarray, np.ndarray, np.ndarray, bool]]:
+        """Each text's tokens: the build's tokenizer gives the ids, their bytes the spans (``TokenSpans``), and
+        where those spell the text its ``ChatTokens``, aligned here with the others of its run (without a source:
+        the caller's); elsewhere its ids, their characters' (start, end) and whether those came from the ids' bytes,
+        for ``align`` (tokenizers' ids and offsets where the bytes do not spell the text; two leading BOS, which
+        ``align`` refuses)."""
         if not texts:
             return []
         tokenize = self.tokenize
         if self._spans is None:
             self._spans = TokenSpans(tokenize.backend_tokenizer)
-        spans: list[Any] = [None] * len(texts)
+        found: list[Any] = [None] * len(texts)
         if self._spans.supported:
             ids, offsets = tokenize.documents(texts, where)
-            for d, found in enumerate(self._spans.spans(texts, ids, offsets)):
-                if found is not None:
-                    spans[d] = (ids[offsets[d] : offsets[d + 1]], *found, True)
-        missing = [d for d, found in enumerate(spans) if found is None]
+            ids = np.asarray(ids, dtype=np.int32)
+            offsets = np.asarray(offsets, dtype=np.int64)
+            # the batch's weights and turns, each run's written in place: its documents' arrays are views of them
+            weights, turns = np.zeros(len(ids), dtype=np.float32), np.zeros(len(ids), dtype=np.int32)
+            none = Chat([], None, None, b"")
+            for d, e, starts, ends, ok in self._spans.runs(texts, ids, offsets):
+                a, b = int(offsets[d]), int(offsets[e])
+                tok_base = offsets[d : e + 1] - a
+                good = np.flatnonzero(ok)
+                if len(good) == e - d:  # every document's spans (the usual case): the run as it is
+                    take: Any = slice(None)
+                    base = tok_base
+                else:
+                    take = np.repeat(ok, np.diff(tok_base))
+                    base = np.zeros(len(good) + 1, dtype=np.int64)
+                    np.cumsum(np.diff(tok_base)[good], out=base[1:])
+                if len(good):
+                    got = self._align_exact(
+                        [texts[d + k] for k in good], [runs[d + k] for k in good], ids[a:b][take], base,
+                        starts[take], ends[take],
+                    )  # fmt: skip
+                    weights[a:b][take], turns[a:b][take] = got.weights, got.turns
+                    cuts = tok_base.tolist()
+                    for k, two, straddling in zip(good.tolist(), got.double_bos.tolist(), got.straddling.tolist(), strict=True):
+                        x, y = a + cuts[k], a + cuts[k + 1]
+                        if two:  # ``align`` says why
+                            found[d + k] = (ids[x:y], starts[cuts[k] : cuts[k + 1]], ends[cuts[k] : cuts[k + 1]], True)
+                        else:
+                            found[d + k] = ChatTokens(ids[x:y], weights[x:y], none, turns[x:y], straddling=straddling)
+        missing = [d for d, got in enumerate(found) if got is None]
         for d, enc in zip(missing, tokenize.encodings([texts[d] for d in missing]), strict=True):
             pairs = np.fromiter(itertools.chain.from_iterable(enc.offsets), dtype=np.int64, count=2 * len(enc.ids))
-            spans[d] = (np.asarray(enc.ids, dtype=np.int32), pairs[0::2], pairs[1::2], False)
-        return spans
+            found[d] = (np.asarray(enc.ids, dtype=np.int32), pairs[0::2], pairs[1::2], False)
+        return found
 
     @staticmethod
-    def _check_offsets(text: str, char_w: np.ndarray, ids: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> None:
+    def _check_offsets(text: str, runs: Runs, ids: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> None:
         """Offsets must go forwards and cover every weighted character (``bad_offsets``)."""
         if len(ids) and ((np.diff(starts) < 0).any() or (np.diff(ends) < 0).any() or (ends < starts).any()):
             raise ChatError("messages", "the tokenizer's offsets go backwards; cannot align weights", "bad_offsets")
         covered = np.bincount(starts, minlength=len(text) + 1) - np.bincount(ends, minlength=len(text) + 1)
-        uncovered = (np.cumsum(covered)[: len(text)] == 0) & (char_w > 0)
+        uncovered = (np.cumsum(covered)[: len(text)] == 0) & (run_chars(runs, len(text))[0] > 0)
         if uncovered.any():
             at = int(np.argmax(uncovered))
             raise ChatError("messages", f"weighted character {at} ({snippet(text, at)}) is in no token", "bad_offsets")
 
     def align(
-        self, chat: Chat, text: str, char_w: np.ndarray, char_turns: np.ndarray, ids: np.ndarray, starts: np.ndarray,
-        ends: np.ndarray, *, exact: bool = False,
+        self, chat: Chat, text: str, runs: Runs, ids: np.ndarray, starts: np.ndarray, ends: np.ndarray, *,
+        exact: bool = False,
     ) -> ChatTokens:  # fmt: skip
-        """Step 5: the weights (and turn codes) of the characters put on the tokens ``ids`` of ``text``, whose
-        characters are ``[starts[t], ends[t])``: a token takes the largest weight of its characters and the turn
-        of the first character of that weight (``chat_align``)."""
+        """Step 5: the weights (and turn codes) of the characters (``runs``) put on the tokens ``ids`` of ``text``,
+        whose characters are ``[starts[t], ends[t])``: a token takes the largest weight of its characters and the
+        turn of the first character of that weight (``chat_align``)."""
         ids = np.asarray(ids, dtype=np.int32)
         if not exact:  # tokenizers' offsets; spans from the ids' bytes are in order and cover the text by construction
-            self._check_offsets(text, char_w, ids, starts, ends)
-        found = align_tokens(
-            np.array([0, len(text)]), char_w, char_turns, np.array([0, len(ids)]), ids, starts, ends, self._bos
+            self._check_offsets(text, runs, ids, starts, ends)
+        found = align_runs(
+            np.array([0, len(text)]), runs, np.array([0, len(ids)]), ids, starts, ends, self._bos
         )  # fmt: skip
         if found.double_bos[0]:
             raise ChatError("messages", "the rendered conversation starts with two BOS tokens", "double_bos")

@@ -29,11 +29,11 @@ Example: ``"Hi!"`` with weights ``[0, 1, 1]`` and tokens ``H`` ``i!`` -> token w
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
-__all__ = ["Aligned", "align_tokens"]
+__all__ = ["Aligned", "Runs", "align_runs", "align_tokens", "char_runs", "run_chars"]
 
 
 class Aligned(NamedTuple):
@@ -51,13 +51,59 @@ class Aligned(NamedTuple):
         return self.double_bos
 
 
+class Runs(NamedTuple):
+    """A document's characters as runs of one weight and turn code: run ``j`` holds the characters from
+    ``starts[j]`` up to ``starts[j + 1]`` (the last up to the document's end), each of weight ``weights[j]`` and turn
+    ``turns[j]``. The runs of a document with characters start at 0 and go forwards; a run may hold no character
+    (a start repeated, or the document's end), and two side by side may hold the same weight and turn (what a
+    template's cuts give). A run's weight is the very float32 its characters have (``-0.0`` is not ``0.0``: the
+    shards keep the bits)."""
+
+    starts: Any  # int64[R] (an array, or a list of ints: the cut renders' runs, never copied into an array alone)
+    weights: Any  # float32[R] (or a list of floats, each taken as float32)
+    turns: Any  # int32[R] (or a list of ints)
+
+
+
+def char_runs(char_w: np.ndarray, char_turns: np.ndarray) -> Runs:
+    """The runs of one document's characters, from their weights and turn codes: a run starts where either changes
+    (the weights' bits: ``-0.0`` after ``0.0`` is another run)."""
+    w = np.asarray(char_w, dtype=np.float32)
+    t = np.asarray(char_turns, dtype=np.int32)
+    if not len(w):
+        return Runs(np.zeros(0, dtype=np.int64), w[:0], t[:0])
+    bits = w.view(np.uint32)
+    starts = np.flatnonzero(np.concatenate([[True], (bits[1:] != bits[:-1]) | (t[1:] != t[:-1])]))
+    return Runs(starts.astype(np.int64, copy=False), w[starts], t[starts])
+
+
+def run_chars(runs: Runs, length: int) -> tuple[np.ndarray, np.ndarray]:
+    """``char_runs`` undone: each of ``length`` characters' weight and turn code."""
+    counts = np.diff(np.append(np.asarray(runs.starts, dtype=np.int64), length))
+    return (
+        np.repeat(np.asarray(runs.weights, dtype=np.float32), counts),
+        np.repeat(np.asarray(runs.turns, dtype=np.int32), counts),
+    )
+
+
 def align_tokens(
     char_base: np.ndarray, char_w: np.ndarray, char_turns: np.ndarray, tok_base: np.ndarray, ids: np.ndarray,
     starts: np.ndarray, ends: np.ndarray, bos: int | None, *, within: bool = False,
 ) -> Aligned:  # fmt: skip
+    """``align_runs`` of documents given a weight and turn code per character (``char_w``, ``char_turns``: the
+    documents' characters end to end, ``char_base`` cuts them)."""
+    runs = char_runs(char_w, char_turns)
+    return align_runs(char_base, runs, tok_base, ids, starts, ends, bos, within=within)
+
+
+def align_runs(
+    char_base: np.ndarray, runs: Runs, tok_base: np.ndarray, ids: np.ndarray, starts: np.ndarray, ends: np.ndarray,
+    bos: int | None, *, within: bool = False,
+) -> Aligned:  # fmt: skip
     """The tokens' weights and turns of documents end to end (module docstring): ``char_base`` and ``tok_base``
-    (int64[D + 1]) cut ``char_w``/``char_turns`` and ``ids``/``starts``/``ends`` into documents. ``within``: no
-    token ends past its document's last character (``TokenSpans``' spans), so none is clipped there."""
+    (int64[D + 1]) cut the characters and ``ids``/``starts``/``ends`` into documents; ``runs`` are the runs of all
+    the documents' characters end to end (a run may go on into the next document). ``within``: no token ends past
+    its document's last character (``TokenSpans``' spans), so none is clipped there."""
     n_docs = len(char_base) - 1
     counts = np.diff(tok_base)
     shift = np.repeat(char_base[:-1], counts)  # each token's document's first character
@@ -70,33 +116,45 @@ def align_tokens(
         two = np.flatnonzero(counts > 1)
         lead = tok_base[two]
         double_bos[two] = (ids[lead] == bos) & (ids[lead + 1] == bos)
-    char_w = np.asarray(char_w, dtype=np.float32)
-    char_turns = np.asarray(char_turns, dtype=np.int32)
-    has_chars = g_ends > g_starts
-    if has_chars.all():  # every token starts on a character of its document: that character's
-        weights, turns = char_w[g_starts], char_turns[g_starts]
-    else:
-        # each token's first character; one past a document's last (an empty document, or a token with no
-        # characters at its end) reads the padding: weight 0, turn 0, as a token with no characters gets anyway
-        length = np.diff(char_base)
-        safe = np.minimum(g_starts, np.repeat(np.maximum(char_base[1:] - 1, char_base[:-1]), counts))
-        safe = np.where(np.repeat(length > 0, counts), safe, len(char_w))
-        padded_w = np.concatenate([char_w, np.zeros(1, np.float32)])
-        padded_t = np.concatenate([char_turns, np.zeros(1, np.int32)])
-        weights = np.where(has_chars, padded_w[safe], np.float32(0)).astype(np.float32, copy=False)
-        turns = padded_t[safe]
+    run_starts = np.asarray(runs.starts, dtype=np.int64)
+    run_w = np.asarray(runs.weights, dtype=np.float32)
+    run_t = np.asarray(runs.turns, dtype=np.int32)
+    held = run_starts < np.append(run_starts[1:], char_base[-1])
+    if not held.all():  # runs that hold no character (a message the template writes nothing for)
+        run_starts, run_w, run_t = run_starts[held], run_w[held], run_t[held]
+    n = len(g_starts)
     straddling = np.zeros(n_docs, dtype=np.int64)
-    # first character of each new weight (a document's first character may count as one: no token crosses it)
-    changes = np.flatnonzero(char_w[1:] != char_w[:-1]) + 1  # (weights are finite: as np.diff(char_w) != 0)
-    if len(changes) and len(ids):
-        k = np.minimum(np.searchsorted(g_ends, changes, side="right"), len(ids) - 1)
+    if not len(run_starts):  # no characters: no token has any
+        return Aligned(np.zeros(n, dtype=np.float32), np.zeros(n, dtype=np.int32), straddling, double_bos)
+    # the run of each token's first character: the runs that start at or before it, counted through the tokens
+    # (the spans go forwards over the block), less one
+    found = np.bincount(np.searchsorted(g_starts, run_starts, side="left"), minlength=n + 1)
+    first = np.cumsum(found[:n]) - 1
+    has_chars = g_ends > g_starts
+    if has_chars.all():  # every token starts on a character of its document: that character's run
+        weights, turns = run_w[first], run_t[first]
+    else:
+        # a token with no characters (an added EOS after the text): weight 0, and the turn of its place, clipped to
+        # its document's last character (turn 0 in an empty document)
+        none = np.flatnonzero(~has_chars)
+        doc = np.searchsorted(tok_base, none, side="right") - 1
+        place = np.minimum(g_starts[none], char_base[doc + 1] - 1)
+        first[none] = np.searchsorted(run_starts, place, side="right") - 1
+        weights, turns = run_w[first], run_t[first]
+        weights[none] = 0
+        turns[none] = np.where(char_base[doc + 1] > char_base[doc], turns[none], 0)
+    # the first character of each new weight (a document's first character may count as one: no token crosses it)
+    changes = run_starts[1:][run_w[1:] != run_w[:-1]]  # (weights are finite: as np.diff(run_w) != 0)
+    if len(changes) and n:
+        k = np.minimum(np.searchsorted(g_ends, changes, side="right"), n - 1)
         if ((g_starts[k] < changes) & (g_ends[k] > changes)).any():
             # the tokens with a change strictly inside them: start < change < end
             across = np.flatnonzero(
                 np.searchsorted(changes, g_ends, side="left")
                 > np.searchsorted(changes, g_starts, side="right")
             )
-            top, turn = _heaviest(char_w, char_turns, g_starts[across], g_ends[across])
+            last = np.searchsorted(run_starts, g_ends[across] - 1, side="right")  # one past each one's last run
+            top, turn = _heaviest(run_w, run_t, first[across], last)
             doc = np.searchsorted(tok_base, across[top > weights[across]], side="right") - 1  # their documents
             straddling = np.bincount(doc, minlength=n_docs).astype(np.int64)
             weights[across], turns[across] = top, turn
@@ -104,17 +162,17 @@ def align_tokens(
 
 
 def _heaviest(
-    char_w: np.ndarray, char_turns: np.ndarray, starts: np.ndarray, ends: np.ndarray
+    run_w: np.ndarray, run_t: np.ndarray, starts: np.ndarray, ends: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
-    """The largest weight of the characters ``[starts[t], ends[t])`` of a few tokens (each with at least two), and
-    the turn of the first character of that weight: their characters gathered end to end, one
-    ``maximum.reduceat`` over them, one comparison; cost proportional to those tokens' characters."""
+    """The largest weight of the runs ``[starts[t], ends[t])`` of a few tokens (each across at least two), and
+    the turn of the first run of that weight: their runs gathered end to end, one ``maximum.reduceat`` over them,
+    one comparison; cost proportional to those tokens' runs."""
     lengths = ends - starts
-    group = np.cumsum(lengths) - lengths  # where each token's characters start in the gathered array
+    group = np.cumsum(lengths) - lengths  # where each token's runs start in the gathered array
     owner = np.repeat(np.arange(len(starts)), lengths)
     at = np.arange(int(lengths.sum())) - group[owner] + starts[owner]
-    values = char_w[at]
+    values = run_w[at]
     top = np.maximum.reduceat(values, group)
     hits = np.flatnonzero(values == top[owner])
-    first = np.searchsorted(owner[hits], np.arange(len(starts)))  # each token's first character of its weight
-    return top, char_turns[at[hits[first]]]
+    first = np.searchsorted(owner[hits], np.arange(len(starts)))  # each token's first run of its weight
+    return top, run_t[at[hits[first]]]

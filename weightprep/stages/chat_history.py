@@ -11,7 +11,7 @@ generation prompt and TRL has a training template for it, the whole conversation
 (what SFTTrainer trains on with ``assistant_only_loss``: ``_trained``); else the spans from the template's own
 renders; else (a template that rewrites a *weighted* turn: Qwen3, gpt-oss) ``per-turn``.
 
-``HistoryModes`` is a part of ``ChatRenderer``: it calls the renderer's ``char_weights``, ``render``,
+``HistoryModes`` is a part of ``ChatRenderer``: it calls the renderer's ``runs``, ``render``,
 ``prepare`` and its attributes (``history``, ``original``, ``tok``, ...).
 """
 
@@ -22,6 +22,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from weightprep.batches import Chat, ChatTokens
+from weightprep.stages.chat_align import Runs, char_runs
 from weightprep.stages.chat_common import ChatError, template_messages
 from weightprep.stages.chat_templates import TrlMissing, training_template
 
@@ -35,14 +36,13 @@ _REWRITTEN = ("not_prefix_preserving", "generation_prompt_mismatch")
 
 
 class Document(NamedTuple):
-    """A document's rendered text, its characters' weights and turn codes, the conversation it was rendered
-    from (truncated after its turn for a per-turn document; named in errors), and how many of its weighted turns
-    TRL's training template rendered (the template itself could not)."""
+    """A document's rendered text, its characters' weights and turn codes as runs, the conversation it was
+    rendered from (truncated after its turn for a per-turn document; named in errors), and how many of its weighted
+    turns TRL's training template rendered (the template itself could not)."""
 
     chat: Chat
     text: str
-    weights: np.ndarray
-    turns: np.ndarray
+    runs: Runs
     training: int = 0
 
 
@@ -79,7 +79,7 @@ class HistoryModes:
     _context: Any
     _training: Any
     _trl_missing: TrlMissing | None
-    char_weights: Any
+    runs: Any
     render: Any
     prepare: Any
     _empty: Any
@@ -94,14 +94,14 @@ class HistoryModes:
         per-turn."""
         if self.history != "per-turn":
             try:
-                return [Document(chat, *self.char_weights(chat))], False
+                return [Document(chat, *self.runs(chat))], False
             except ChatError as exc:
                 if exc.reason not in _REWRITTEN:
                     raise
                 if self.history == "auto" and exc.reason == "generation_prompt_mismatch" and self._has_training():
                     return [self._trained(chat, exc)], False  # where TRL has a training template: SFTTrainer's
                 try:  # the weighted spans from the template's own renders (``chat_spans``)
-                    return [Document(chat, *self.char_weights(chat, derive=True))], False
+                    return [Document(chat, *self.runs(chat, derive=True))], False
                 except ChatError as derived:
                     if self.history == "full" and derived.reason == "not_prefix_preserving":
                         raise ChatError(derived.field, f"{derived.problem}; --chat-history full asks one document "
@@ -123,7 +123,7 @@ class HistoryModes:
                         raise
                     return [self._trained(chat, exc)], False
         if not docs:  # nothing weighted: one document, which the filter drops (and counts) as unsupervised
-            return [Document(chat, *self.char_weights(chat))], False
+            return [Document(chat, *self.runs(chat))], False
         return docs, True
 
     def _turn(self, turn: Chat, i: int) -> Document:
@@ -136,16 +136,16 @@ class HistoryModes:
         if self.original is not None:  # --chat-template training: the context by the template inference uses
             context = self._context_renderer()
             if not assistant:
-                return Document(turn, *context.char_weights(turn))
+                return Document(turn, *context.runs(turn))
             return self._spliced(turn, i, context, self)
         try:
-            return Document(turn, *self.char_weights(turn))
+            return Document(turn, *self.runs(turn))
         except ChatError as exc:
             if exc.reason in _REWRITTEN and self.history == "auto":  # TRL's training template where it has one
                 if exc.reason == "generation_prompt_mismatch" and self._has_training():  # (``documents``), else
                     raise  # the spans from the template's own renders
                 try:
-                    return Document(turn, *self.char_weights(turn, derive=True))
+                    return Document(turn, *self.runs(turn, derive=True))
                 except ChatError:
                     raise exc from None
             if exc.reason != "generation_prompt_mismatch" or not assistant:
@@ -191,16 +191,16 @@ class HistoryModes:
                 "prompt begins each assistant turn as it renders it",
                 exc.reason,
             ) from None
-        text, weights, turns = training.char_weights(chat)
+        text, runs = training.runs(chat)
         weighted = sum(self._weight(i, m) > 0 for i, m in enumerate(chat.messages) if m["role"] == "assistant")
-        return Document(chat, text, weights, turns, weighted)
+        return Document(chat, text, runs, weighted)
 
     def _spliced(self, turn: Chat, i: int, context: Any, turns: Any) -> Document:
         """``G_i`` of ``context`` (the conversation before message ``i`` and the generation prompt, as
         inference renders it), then what ``turns`` renders after that same generation prompt when message
         ``i`` is the last. Only those characters are weighted: the generation prompt, prefilled ``<think>\\n``
         included, stays 0."""
-        full = turns.char_weights(turn)[0]  # also checks the contents and kwargs as for any document
+        full = turns.runs(turn)[0]  # also checks the contents and kwargs as for any document
         messages = template_messages(turn)
         ours, theirs = context.prepare(turn, messages), turns.prepare(turn, messages)
         before, prompt = context.render(ours, i)[0], context.render(ours, i, generation=True)[0]
@@ -237,7 +237,7 @@ class HistoryModes:
             return here
 
         char_turns = context._char_turns(messages, text, prefix)
-        return Document(turn, text, weights, char_turns, 1 if turns is not self else 0)
+        return Document(turn, text, char_runs(weights, char_turns), 1 if turns is not self else 0)
 
     def _context_renderer(self) -> Any:
         """Renders ``original``, the template inference uses (``--chat-template training``)."""

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -110,20 +111,34 @@ class TokenSpans:
         Worked out over runs of documents of about ``_CHUNK_TOKENS`` tokens: the arrays of a whole block (millions
         of tokens, several int64 per token) are fresh pages at every call, and faulting them in
         cost more than the arithmetic (10 s of system time for 20,000 conversations)."""
-        ids = np.asarray(ids)  # widened run by run (``_run``): a block's ids as int64 would be fresh pages again
         offsets = np.asarray(offsets, dtype=np.int64)
         found: list[tuple[np.ndarray, np.ndarray] | None] = []
+        for d, e, starts, ends, ok in self.runs(texts, ids, offsets):
+            cuts = (offsets[d : e + 1] - offsets[d]).tolist()
+            found += [
+                (starts[cuts[k] : cuts[k + 1]], ends[cuts[k] : cuts[k + 1]]) if good else None
+                for k, good in enumerate(ok.tolist())
+            ]
+        return found
+
+    def runs(
+        self, texts: list[str], ids: np.ndarray, offsets: np.ndarray
+    ) -> Iterator[tuple[int, int, np.ndarray, np.ndarray, np.ndarray]]:
+        """``spans`` run by run (``_CHUNK_TOKENS`` tokens): ``(d, e, starts, ends, ok)``, documents ``d`` to ``e``
+        (exclusive), the (start, end) of each of their tokens (``ids[offsets[d]:offsets[e]]``) in its document's
+        characters, and per document whether those spell its text (where not, its spans are not to be read)."""
+        ids = np.asarray(ids)  # widened run by run (``_run``): a block's ids as int64 would be fresh pages again
+        offsets = np.asarray(offsets, dtype=np.int64)
         d = 0
         while d < len(texts):
             e = max(d + 1, int(np.searchsorted(offsets, offsets[d] + _CHUNK_TOKENS, side="right")) - 1)
             e = min(e, len(texts))
             a = int(offsets[d])
-            found += self._run(texts[d:e], ids[a : offsets[e]], offsets[d : e + 1] - a)
+            yield d, e, *self._run(texts[d:e], ids[a : offsets[e]], offsets[d : e + 1] - a)
             d = e
-        return found
 
-    def _run(self, texts: list[str], ids: np.ndarray, offsets: np.ndarray) -> list[tuple[np.ndarray, np.ndarray] | None]:
-        """``spans`` of documents whose tokens are all of ``ids`` (``offsets`` from 0).
+    def _run(self, texts: list[str], ids: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``runs``' spans and ``ok`` of documents whose tokens are all of ``ids`` (``offsets`` from 0).
 
         Every token's bytes are placed at the running sum of the bytes before it (``before``); where every
         document's tokens have as many bytes as its text (the usual case), that is where they are in the texts put
@@ -186,10 +201,7 @@ class TokenSpans:
             base = np.repeat(char_base, counts)
             starts = byte_start - base
             ends = np.where(size > 0, last + 1 - base, starts)
-        return [
-            (starts[offsets[d] : offsets[d + 1]], ends[offsets[d] : offsets[d + 1]]) if good else None
-            for d, good in enumerate(ok.tolist())
-        ]
+        return starts, ends, ok
 
     def _misspelled(self, ids: np.ndarray, lens: np.ndarray, first: np.ndarray, text_bytes: np.ndarray) -> np.ndarray:
         """The tokens (indices into ``ids``) whose bytes are not ``text_bytes[first[t]:first[t] + lens[t]]``
