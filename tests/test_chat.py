@@ -770,3 +770,56 @@ def test_a_conversation_rendered_as_nothing_is_an_empty_document_counted_and_dro
     assert c["accounting"]["weight"]["written"] == reference["accounting"]["weight"]["written"]
     shards = sorted(p.name for p in (tmp_path / "b").glob("*.arrow"))
     assert shards and all((tmp_path / "a" / s).read_bytes() == (tmp_path / "b" / s).read_bytes() for s in shards)
+
+
+@settings(max_examples=100, deadline=None)
+@given(picks=st.lists(st.tuples(st.sampled_from([0, 1, None]), st.integers(0, 12), st.integers(0, 5)), min_size=1, max_size=8))
+def test_a_blocks_conversations_join_in_order_and_stay_views_where_they_lie_end_to_end(picks):
+    """``blocks._joined``: the ids, weights and turns of a block's rendered conversations are theirs end to end, in
+    order, whether a conversation's arrays are a slice of a batch's (``ChatTokens.batch``, as ``tokens_batch``
+    gives them), follow the slice before it in the same batch, or are its own (a per-turn conversation's joined
+    documents); where all lie end to end in one batch, no copy is made."""
+    from weightprep.batches import ChatTokens, TokenBatch
+    from weightprep.blocks import _joined
+
+    batches = [
+        TokenBatch(np.arange(k * 100, k * 100 + 20, dtype=np.int32), np.arange(20, dtype=np.float32) + k / 2,
+                   np.arange(20, dtype=np.int32) + 50 * k)
+        for k in range(2)
+    ]  # fmt: skip
+    source = Chat([], None, None, b"")
+    rendered = []
+    for which, start, length in picks:
+        if which is None:  # arrays of its own
+            own = np.arange(length, dtype=np.int32) + 1000
+            rendered.append(ChatTokens(own, own.astype(np.float32) * 3, source, own + 7))
+        else:
+            b = batches[which]
+            x, y = start, min(start + length, 20)
+            rendered.append(ChatTokens(b.ids[x:y], b.weights[x:y], source, b.turns[x:y], batch=b, start=x))
+    ids, weights, turns = _joined(rendered)
+    assert ids.tolist() == [i for c in rendered for i in c.ids.tolist()]
+    assert weights.tolist() == [w for c in rendered for w in c.weights.tolist()]
+    assert turns.tolist() == [t for c in rendered for t in c.turns.tolist()]
+    # one batch's conversations end to end: its arrays' slices, no copy
+    lengths = [3, 0, 5, 2]
+    cuts = np.cumsum([0, *lengths]).tolist()
+    b = batches[0]
+    chained = [ChatTokens(b.ids[x:y], b.weights[x:y], source, b.turns[x:y], batch=b, start=x) for x, y in zip(cuts[:-1], cuts[1:], strict=True)]
+    ids, weights, turns = _joined(chained)
+    assert ids.tolist() == b.ids[: cuts[-1]].tolist()
+    assert all(np.shares_memory(got, whole) for got, whole in zip((ids, weights, turns), b, strict=True))
+
+
+def test_a_rendered_blocks_documents_are_views_of_its_batch():
+    """``tokens_batch`` gives each conversation slices of its batch's arrays, end to end (``ChatTokens.batch``), so a
+    block's documents (``blocks._chat_documents``) are those arrays, not a copy of them."""
+    from weightprep.blocks import _joined
+
+    renderer = ChatRenderer(chat_tokenizer("chatml"))
+    conversations = [[{"role": "user", "content": f"q{k}"}, {"role": "assistant", "content": "a" * k}] for k in range(4)]
+    out = renderer.tokens_batch([chat_record(m) for m in conversations])
+    assert all(c.batch is out[0].batch for c in out)
+    assert [c.start for c in out] == np.cumsum([0, *(len(c.ids) for c in out[:-1])]).tolist()
+    ids, _, _ = _joined(out)
+    assert np.shares_memory(ids, out[0].batch.ids) and ids.tolist() == [i for c in out for i in c.ids.tolist()]

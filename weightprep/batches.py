@@ -97,6 +97,16 @@ def split_turn_code(code: int) -> tuple[int, int]:
     return (code >> _ROLE_SHIFT) - 1, (code & ((1 << _ROLE_SHIFT) - 1)) - 1
 
 
+class TokenBatch(NamedTuple):
+    """The ids, weights and turn codes of a batch of rendered conversations end to end (``ChatRenderer.tokens_batch``):
+    the arrays that a conversation's ``ChatTokens`` are views of, so that a block's documents need not copy them
+    again (``blocks._chat_documents``)."""
+
+    ids: np.ndarray  # int32
+    weights: np.ndarray  # float32
+    turns: np.ndarray  # int32
+
+
 class ChatTokens(NamedTuple):
     """A rendered conversation: its token ids and per-token weights (template specials included), each token's
     turn, and the record it came from (whose canonical JSON the validation split hashes). A conversation built
@@ -105,7 +115,7 @@ class ChatTokens(NamedTuple):
     (the template itself could not); ``sanitized``: how many control tokens of its strings were encoded as text
     (``--sanitize-control-tokens``); ``straddling``: how many of its tokens hold the end of a span of one weight
     and the start of a heavier one (a generation prompt's end and its answer's start) and so took the heavier
-    weight."""
+    weight. ``batch``: the batch's arrays that its own are ``[start, start + N)`` of (None: arrays of its own)."""
 
     ids: np.ndarray  # int32[N]
     weights: np.ndarray  # float32[N]
@@ -115,6 +125,8 @@ class ChatTokens(NamedTuple):
     training: int = 0
     sanitized: int = 0
     straddling: int = 0
+    batch: TokenBatch | None = None
+    start: int = 0
 
     @property
     def canonical(self) -> str:

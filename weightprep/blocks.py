@@ -111,15 +111,33 @@ def _chat_documents(chats: Records, counts: Counter[str]) -> Documents:
         chat_sanitized_control_tokens=sum(map(_SANITIZED, rendered)),
         chat_straddling_tokens=sum(map(_STRADDLING, rendered)),
     )
-    ids = np.concatenate(list(map(_IDS, rendered)))
-    weights = np.concatenate(list(map(_WEIGHTS, rendered)))
-    turns = np.concatenate(list(map(_TURNS, rendered)))
+    ids, weights, turns = _joined(rendered)
     counts.update(documents=len(lengths), chat_documents=len(lengths), tokens_accepted=len(ids))
     counts["empty_documents"] += int((lengths == 0).sum())
     counts["weight_accepted"] += float(weights.sum(dtype=np.float64))
     return Documents(
         input_ids=ids.astype(np.int32, copy=False), weights=weights.astype(np.float32, copy=False), offsets=offsets,
         lines=lines, turns=turns.astype(np.int32, copy=False),
+    )  # fmt: skip
+
+
+def _joined(rendered: list[Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The ids, weights and turns of rendered conversations end to end: where they lie end to end in their batch's
+    arrays already (``ChatTokens.batch``: the usual case, one batch a block), those arrays' slices, copied only to
+    join several."""
+    runs: list[tuple[Any, int, int]] = []  # (batch or a conversation's ChatTokens, start, end)
+    for c in rendered:
+        b = c.batch
+        if b is not None and runs and runs[-1][0] is b and runs[-1][2] == c.start:
+            runs[-1] = (b, runs[-1][1], c.start + len(c.ids))
+        else:
+            runs.append((c, 0, len(c.ids)) if b is None else (b, c.start, c.start + len(c.ids)))
+    if len(runs) == 1:
+        whole, a, b = runs[0]
+        return whole.ids[a:b], whole.weights[a:b], whole.turns[a:b]
+    return (
+        np.concatenate([r.ids[a:b] for r, a, b in runs]), np.concatenate([r.weights[a:b] for r, a, b in runs]),
+        np.concatenate([r.turns[a:b] for r, a, b in runs]),
     )  # fmt: skip
 
 

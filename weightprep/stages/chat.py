@@ -79,7 +79,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from weightprep.batches import Chat, ChatTokens, Records, Reject, turn_code
+from weightprep.batches import Chat, ChatTokens, Records, Reject, TokenBatch, turn_code
 from weightprep.errors import UsageError
 from weightprep.stages import chat_prefixes
 from weightprep.stages.chat_align import Runs, align_runs, char_runs, run_chars
@@ -119,10 +119,10 @@ RESERVED_KWARGS = (
 #: (transformers' ``_CONTROL_TOKEN_START`` / ``_CONTROL_TOKEN_END``), and so does ``prepare`` with ``sanitize``.
 _MARKS = re.compile("[\U000f0000\U000f0001]")
 _GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%\}")
-#: input bytes of the conversations that ``render_chats`` renders in one ``tokens_batch`` call: a rendered
-#: conversation holds ~10 bytes a character until its tokens are aligned (its text, a float32 weight and an int32
-#: turn per character), ~60 MB for a block of 8 MiB rendered at once
-RENDER_BYTES = 2 << 20
+#: input bytes of the conversations that ``render_chats`` renders in one ``tokens_batch`` call: a block of the
+#: default ``read.block_bytes``. A rendered conversation holds its text and a few runs until its tokens are
+#: aligned, and a block's documents are then views of its batch's arrays (``blocks._chat_documents``): no copy
+RENDER_BYTES = 8 << 20
 _PROBES = ("\ue000weightprep-probe-a\ue000", "\ue001weightprep-probe-b\ue001")
 
 
@@ -1035,6 +1035,7 @@ class ChatRenderer(HistoryModes):
             offsets = np.asarray(offsets, dtype=np.int64)
             # the batch's weights and turns, each run's written in place: its documents' arrays are views of them
             weights, turns = np.zeros(len(ids), dtype=np.float32), np.zeros(len(ids), dtype=np.int32)
+            batch = TokenBatch(ids, weights, turns)
             none = Chat([], None, None, b"")
             for d, e, starts, ends, ok in self._spans.runs(texts, ids, offsets):
                 a, b = int(offsets[d]), int(offsets[e])
@@ -1059,7 +1060,8 @@ class ChatRenderer(HistoryModes):
                         if two:  # ``align`` says why
                             found[d + k] = (ids[x:y], starts[cuts[k] : cuts[k + 1]], ends[cuts[k] : cuts[k + 1]], True)
                         else:
-                            found[d + k] = ChatTokens(ids[x:y], weights[x:y], none, turns[x:y], straddling=straddling)
+                            found[d + k] = ChatTokens(ids[x:y], weights[x:y], none, turns[x:y], None, 0, 0, straddling,
+                                                      batch, x)  # fmt: skip
         missing = [d for d, got in enumerate(found) if got is None]
         for d, enc in zip(missing, tokenize.encodings([texts[d] for d in missing]), strict=True):
             pairs = np.fromiter(itertools.chain.from_iterable(enc.offsets), dtype=np.int64, count=2 * len(enc.ids))

@@ -53,8 +53,9 @@ def joined(chat: Chat, parts: list[ChatTokens], per_turn: bool, training: int, s
     if not per_turn:
         part = parts[0]
         return ChatTokens(
-            part.ids, part.weights, source, part.turns, None, training, sanitized, part.straddling
-        )
+            part.ids, part.weights, source, part.turns, None, training, sanitized, part.straddling, part.batch,
+            part.start,
+        )  # fmt: skip
     offsets = np.zeros(len(parts) + 1, dtype=np.int64)
     np.cumsum([len(p.ids) for p in parts], out=offsets[1:])
     return ChatTokens(

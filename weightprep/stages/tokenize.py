@@ -136,9 +136,9 @@ AGREEMENT_PROBES: tuple[str, ...] = (
 #: Pieces per block that the guard re-encodes with tokenizers when fastokens runs.
 GUARD_PIECES = 64
 #: Documents (rendered conversations, hundreds of tokens each) per ``documents`` call that the guard re-encodes:
-#: the chat stage's calls are batches of ~2 MiB of input (``chat.RENDER_BYTES``), so 16 a call is about the
-#: pieces' 64 per 8 MiB block.
-GUARD_DOCUMENTS = 16
+#: the chat stage's calls are batches of ~8 MiB of input (``chat.RENDER_BYTES``), so 64 a call is the pieces' 64
+#: per 8 MiB block.
+GUARD_DOCUMENTS = 64
 BACKENDS = ("auto", "fastokens", "hf")
 
 
