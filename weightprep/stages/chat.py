@@ -697,40 +697,43 @@ class ChatRenderer(HistoryModes):
         if found is None or self._trailer():
             return None
         cuts, generation = found
-        bounds = [len(self._empty(chat, prepared, text)), *cuts[: len(messages)]]
-        answers: list[tuple[int, float]] = []  # per message: where its weight starts, and its weight
+        a = len(self._empty(chat, prepared, text))
+        starts, weights, turns = [0], [0.0], [0]  # the text before the first message: no turn's
+        codes = self._turn_codes
+        unknown: list[tuple[int, str, int]] = []  # (index into turns, role, message): codes given once all is known
+        markers = self._markers()
         for i, m in enumerate(messages):
-            a, end = bounds[i], bounds[i + 1]
+            end = cuts[i]
             w = self._scaled_weight(i, chat.messages[i])
             if end < a:
                 return None
-            if w == 0:
-                answers.append((end, 0.0))
-                continue
-            start = a + len(generation)  # where the generation prompt ``P_i + generation`` ends
-            if m["role"] != "assistant" or not i or start > end or not text.startswith(generation, a):
-                return None
-            content = m.get("content")
-            if not plain_answer(content, start, self._markers()):  # rule 3 may move the start (``chat_spans``)
-                prompt = text[:a] + generation
-                at = answer_start(text[:a], prompt, text[:end], content, self._markers())
-                start = len(prompt) if at is None else at
-                if start < a:
+            start = end
+            if w != 0:
+                start = a + len(generation)  # where the generation prompt ``P_i + generation`` ends
+                if m["role"] != "assistant" or not i or start > end or not text.startswith(generation, a):
                     return None
-            answers.append((start, w))
-        starts, weights, turns = [0], [0.0], [0]  # the text before the first message: no turn's
-        codes = self._turn_codes
-        for i, (m, (start, w)) in enumerate(zip(messages, answers, strict=True)):
-            a, end = bounds[i], bounds[i + 1]
-            if end > a:
-                key = (str(m["role"]), i)
-                code = codes.get(key)
+                content = m.get("content")
+                if not plain_answer(content, start, markers):  # rule 3 may move the start (``chat_spans``)
+                    prompt = text[:a] + generation
+                    at = answer_start(text[:a], prompt, text[:end], content, markers)
+                    start = len(prompt) if at is None else at
+                    if start < a:
+                        return None
+            if end > a:  # the message's prompt (weight 0), then its answer
+                role = str(m["role"])
+                code = codes.get((role, i))
                 if code is None:  # a role's code never changes once given (``roles`` only grows)
-                    code = codes[key] = turn_code(self.roles, key[0], i)
+                    unknown.append((len(turns), role, i))
                 starts += (a, start)
                 weights += (0.0, w)
                 turns += (code, code)
-        starts.append(bounds[-1])  # the text after the last message: no turn's
+            a = end
+        for at_, role, i in unknown:  # in message order, as the renders' steps give them (``_turns``)
+            code = codes.get((role, i))
+            if code is None:
+                code = codes[role, i] = turn_code(self.roles, role, i)
+            turns[at_] = turns[at_ + 1] = code
+        starts.append(a)  # the text after the last message: no turn's
         weights.append(0.0)
         turns.append(0)
         return Runs(starts, weights, turns)
