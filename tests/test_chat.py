@@ -823,3 +823,39 @@ def test_a_rendered_blocks_documents_are_views_of_its_batch():
     assert [c.start for c in out] == np.cumsum([0, *(len(c.ids) for c in out[:-1])]).tolist()
     ids, _, _ = _joined(out)
     assert np.shares_memory(ids, out[0].batch.ids) and ids.tolist() == [i for c in out for i in c.ids.tolist()]
+
+
+@pytest.mark.parametrize("text", ["plain", "caf\u00e9 \u6771\u4eac"])
+def test_conversations_whose_ids_do_not_spell_them_leave_the_others_of_their_run_as_they_are_alone(text):
+    """A document whose tokens do not spell its text (an added token that strips the whitespace after it has no
+    fixed bytes: ``TokenSpans`` gives it no spans) is aligned from tokenizers' offsets; the others of its run are
+    aligned together without it, their spans moved back over its characters (``_token_spans``). Each conversation of
+    a batch that mixes both, ASCII or not, gets what it gets alone, and the ids and weights that tokenizers' own
+    ids and offsets give (``reference_token_weights``)."""
+    from chat_support import reference_char_weights, reference_token_weights
+    from tokenizers import AddedToken
+
+    tok = chat_tokenizer("chatml")
+    tok.add_tokens([AddedToken("<sep>", rstrip=True)])
+    renderer = ChatRenderer(tok)
+    conversations = [
+        [{"role": "user", "content": f"{text} {k}" + (" <sep>   x" if k % 3 == 1 else "")},
+         {"role": "assistant", "content": f"{text} answer {k}", "weight": 1.0 + k}]
+        for k in range(7)
+    ]  # fmt: skip
+    batch = renderer.tokens_batch([chat_record(m) for m in conversations])
+    for messages, got in zip(conversations, batch, strict=True):
+        alone = ChatRenderer(tok).tokens(chat_record(messages))
+        assert (got.ids.tolist(), got.weights.tolist(), got.turns.tolist()) == (
+            alone.ids.tolist(), alone.weights.tolist(), alone.turns.tolist()
+        )
+        rendered = renderer.char_weights(chat_record(messages))[0]
+        enc = tok.backend_tokenizer.encode(rendered, add_special_tokens=False)
+        weights = {"assistant": 1.0}
+        char_w = reference_char_weights(FAMILIES["chatml"], rendered, messages, weights)
+        assert got.ids.tolist() == enc.ids
+        assert got.weights.tolist() == reference_token_weights(enc, char_w)[0].tolist()
+    spans = renderer._spans
+    texts = [renderer.char_weights(chat_record(m))[0] for m in conversations]
+    ids, offsets = renderer.tokenize.documents(texts, lambda i: ("x", i, "m"))
+    assert [found is None for found in spans.spans(texts, ids, offsets)] == [k % 3 == 1 for k in range(7)]

@@ -936,7 +936,7 @@ class ChatRenderer(HistoryModes):
         ends: np.ndarray,
     ) -> Any:  # fmt: skip
         """Step 5 for documents end to end whose spans come from their ids' bytes (``TokenSpans.runs``: ``starts``,
-        ``ends`` from each document's first character; ``tok_base`` cuts ``ids``): ``align_runs`` over their runs
+        ``ends`` among their characters end to end; ``tok_base`` cuts ``ids``): ``align_runs`` over their runs
         put end to end, a few per document, gathered without an array per document."""
         lengths = np.fromiter(map(len, texts), dtype=np.int64, count=len(texts))
         char_base = np.zeros(len(texts) + 1, dtype=np.int64)
@@ -1044,27 +1044,31 @@ class ChatRenderer(HistoryModes):
                 a, b = int(offsets[d]), int(offsets[e])
                 tok_base = offsets[d : e + 1] - a
                 good = np.flatnonzero(ok)
+                if not len(good):
+                    continue
                 if len(good) == e - d:  # every document's spans (the usual case): the run as it is
                     take: Any = slice(None)
                     base = tok_base
-                else:
-                    take = np.repeat(ok, np.diff(tok_base))
+                else:  # those documents alone, their spans moved back over the characters of the others
+                    counts = np.diff(tok_base)
+                    take = np.repeat(ok, counts)
                     base = np.zeros(len(good) + 1, dtype=np.int64)
-                    np.cumsum(np.diff(tok_base)[good], out=base[1:])
-                if len(good):
-                    got = self._align_exact(
-                        [texts[d + k] for k in good], [runs[d + k] for k in good], ids[a:b][take], base,
-                        starts[take], ends[take],
-                    )  # fmt: skip
-                    weights[a:b][take], turns[a:b][take] = got.weights, got.turns
-                    cuts = tok_base.tolist()
-                    for k, two, straddling in zip(good.tolist(), got.double_bos.tolist(), got.straddling.tolist(), strict=True):
-                        x, y = a + cuts[k], a + cuts[k + 1]
-                        if two:  # ``align`` says why
-                            found[d + k] = (ids[x:y], starts[cuts[k] : cuts[k + 1]], ends[cuts[k] : cuts[k + 1]], True)
-                        else:
-                            found[d + k] = ChatTokens(ids[x:y], weights[x:y], none, turns[x:y], None, 0, 0, straddling,
-                                                      batch, x)  # fmt: skip
+                    np.cumsum(counts[good], out=base[1:])
+                    lengths = np.fromiter(map(len, texts[d:e]), dtype=np.int64, count=e - d)
+                    dropped = np.cumsum(np.where(ok, 0, lengths)) - np.where(ok, 0, lengths)  # characters before each
+                    starts, ends = (x[take] - np.repeat(dropped[good], counts[good]) for x in (starts, ends))
+                got = self._align_exact(
+                    [texts[d + k] for k in good], [runs[d + k] for k in good], ids[a:b][take], base, starts, ends
+                )  # fmt: skip
+                weights[a:b][take], turns[a:b][take] = got.weights, got.turns
+                cuts = tok_base.tolist()
+                for k, two, straddling in zip(good.tolist(), got.double_bos.tolist(), got.straddling.tolist(), strict=True):
+                    x, y = a + cuts[k], a + cuts[k + 1]
+                    if two:  # ``align`` says why (its spans from its first character)
+                        found[d + k] = (ids[x:y], *self._spans.spans([texts[d + k]], ids[x:y], np.array([0, y - x]))[0], True)
+                    else:
+                        found[d + k] = ChatTokens(ids[x:y], weights[x:y], none, turns[x:y], None, 0, 0, straddling,
+                                                  batch, x)  # fmt: skip
         missing = [d for d, got in enumerate(found) if got is None]
         for d, enc in zip(missing, tokenize.encodings([texts[d] for d in missing]), strict=True):
             pairs = np.fromiter(itertools.chain.from_iterable(enc.offsets), dtype=np.int64, count=2 * len(enc.ids))

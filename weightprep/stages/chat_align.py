@@ -92,8 +92,11 @@ def align_tokens(
 ) -> Aligned:  # fmt: skip
     """``align_runs`` of documents given a weight and turn code per character (``char_w``, ``char_turns``: the
     documents' characters end to end, ``char_base`` cuts them)."""
+    shift = np.repeat(char_base[:-1], np.diff(tok_base))  # each token's document's first character
     runs = char_runs(char_w, char_turns)
-    return align_runs(char_base, runs, tok_base, ids, starts, ends, bos, within=within)
+    return align_runs(
+        char_base, runs, tok_base, ids, np.asarray(starts) + shift, np.asarray(ends) + shift, bos, within=within
+    )  # fmt: skip
 
 
 def align_runs(
@@ -101,14 +104,14 @@ def align_runs(
     bos: int | None, *, within: bool = False,
 ) -> Aligned:  # fmt: skip
     """The tokens' weights and turns of documents end to end (module docstring): ``char_base`` and ``tok_base``
-    (int64[D + 1]) cut the characters and ``ids``/``starts``/``ends`` into documents; ``runs`` are the runs of all
-    the documents' characters end to end (a run may go on into the next document). ``within``: no token ends past
-    its document's last character (``TokenSpans``' spans), so none is clipped there."""
+    (int64[D + 1]) cut the characters and ``ids``/``starts``/``ends`` into documents, a token's ``(start, end)``
+    counted among all the documents' characters; ``runs`` are the runs of those characters (a run may go on into
+    the next document). ``within``: no token ends past its document's last character (``TokenSpans``' spans), so
+    none is clipped there."""
     n_docs = len(char_base) - 1
     counts = np.diff(tok_base)
-    shift = np.repeat(char_base[:-1], counts)  # each token's document's first character
-    g_starts = np.asarray(starts, dtype=np.int64) + shift
-    g_ends = np.asarray(ends, dtype=np.int64) + shift
+    g_starts = np.asarray(starts, dtype=np.int64)
+    g_ends = np.asarray(ends, dtype=np.int64)
     if not within:
         g_ends = np.minimum(g_ends, np.repeat(char_base[1:], counts))  # within its document
     double_bos = np.zeros(n_docs, dtype=bool)

@@ -115,18 +115,20 @@ class TokenSpans:
         found: list[tuple[np.ndarray, np.ndarray] | None] = []
         for d, e, starts, ends, ok in self.runs(texts, ids, offsets):
             cuts = (offsets[d : e + 1] - offsets[d]).tolist()
-            found += [
-                (starts[cuts[k] : cuts[k + 1]], ends[cuts[k] : cuts[k + 1]]) if good else None
-                for k, good in enumerate(ok.tolist())
-            ]
+            base = 0  # the document's first character among the run's
+            for k, good in enumerate(ok.tolist()):
+                x, y = cuts[k], cuts[k + 1]
+                found.append((starts[x:y] - base, ends[x:y] - base) if good else None)
+                base += len(texts[d + k])
         return found
 
     def runs(
         self, texts: list[str], ids: np.ndarray, offsets: np.ndarray
     ) -> Iterator[tuple[int, int, np.ndarray, np.ndarray, np.ndarray]]:
         """``spans`` run by run (``_CHUNK_TOKENS`` tokens): ``(d, e, starts, ends, ok)``, documents ``d`` to ``e``
-        (exclusive), the (start, end) of each of their tokens (``ids[offsets[d]:offsets[e]]``) in its document's
-        characters, and per document whether those spell its text (where not, its spans are not to be read)."""
+        (exclusive), the (start, end) of each of their tokens (``ids[offsets[d]:offsets[e]]``) among the characters
+        of those documents' texts put end to end, and per document whether its tokens spell its text (where not,
+        its spans are not to be read, and need not go forwards)."""
         ids = np.asarray(ids)  # widened run by run (``_run``): a block's ids as int64 would be fresh pages again
         offsets = np.asarray(offsets, dtype=np.int64)
         d = 0
@@ -184,24 +186,17 @@ class TokenSpans:
             text_base = np.zeros(len(texts), dtype=np.int64)
             np.cumsum(sizes[:-1], out=text_base[1:])
             byte_start = np.minimum(np.maximum(byte_start + np.repeat(text_base - before[offsets[:-1]], counts), 0), len(raw))
-        if all(map(str.isascii, texts)) and aligned.all():  # a character per byte
-            starts = byte_start - np.repeat(before[offsets[:-1]], counts)
-            ends = starts + size
-        else:
-            char_base = np.zeros(len(texts), dtype=np.int64)
-            np.cumsum(np.fromiter(map(len, texts), dtype=np.int64, count=len(texts))[:-1], out=char_base[1:])
-            last = np.minimum(np.maximum(byte_start + size - 1, 0), len(raw))
-            # the character of a byte (len(raw): one past the last character): its position less the UTF-8
-            # continuation bytes up to it; these are few (or none: ASCII text), so counted by a search rather than
-            # over every byte
-            continuation = np.flatnonzero((raw & 0xC0) == 0x80)
-            if len(continuation):
-                byte_start = byte_start - np.searchsorted(continuation, byte_start, side="right")
-                last = last - np.searchsorted(continuation, last, side="right")
-            base = np.repeat(char_base, counts)
-            starts = byte_start - base
-            ends = np.where(size > 0, last + 1 - base, starts)
-        return starts, ends, ok
+        if all(map(str.isascii, texts)) and aligned.all():  # a character per byte: the bytes' places themselves
+            return before[:-1], before[1:], ok
+        last = np.minimum(np.maximum(byte_start + size - 1, 0), len(raw))
+        # the character of a byte (len(raw): one past the last character): its position less the UTF-8
+        # continuation bytes up to it; these are few (or none: ASCII text), so counted by a search rather than
+        # over every byte
+        continuation = np.flatnonzero((raw & 0xC0) == 0x80)
+        if len(continuation):
+            byte_start = byte_start - np.searchsorted(continuation, byte_start, side="right")
+            last = last - np.searchsorted(continuation, last, side="right")
+        return byte_start, np.where(size > 0, last + 1, byte_start), ok
 
     def _misspelled(self, ids: np.ndarray, lens: np.ndarray, first: np.ndarray, text_bytes: np.ndarray) -> np.ndarray:
         """The tokens (indices into ``ids``) whose bytes are not ``text_bytes[first[t]:first[t] + lens[t]]``
