@@ -250,7 +250,7 @@ def test_plain_chat_records_take_the_general_paths_answer(line, monkeypatch):
 
     fast = check_line(line)
     with monkeypatch.context() as m:  # (undone after each example)
-        m.setattr(validate, "_plain_chat", lambda obj: None)
+        m.setattr(validate, "_plain_chat", lambda obj, raw: None)
         general = check_line(line)
     assert fast == general
 
@@ -259,8 +259,8 @@ def test_the_plain_chat_record_is_answered_in_one_pass():
     from weightprep.stages.validate import _DECODER, _plain_chat
 
     line = '{"messages": [{"role": "user", "content": "é"}, {"role": "assistant", "content": "b", "weight": 2}]}'
-    chat = _plain_chat(_DECODER.decode(line))
-    assert chat is not None and chat.messages == json.loads(line)["messages"]
+    chat = _plain_chat(_DECODER.decode(line), line.encode())
+    assert chat is not None and chat.messages == json.loads(line)["messages"] and chat.raw == line.encode()
     for other in ('{"messages": [{"role": "user", "content": "a", "weight": true}]}',
                   '{"messages": [{"role": "user", "content": "a", "weight": 1e39}]}',
                   '{"messages": [{"role": "user", "content": "a", "role": "user"}]}',
@@ -268,7 +268,7 @@ def test_the_plain_chat_record_is_answered_in_one_pass():
                   '{"messages": [{"role": "user", "content": "a", "train": false}]}',
                   '{"messages": [{"role": "", "content": "a"}]}',
                   '{"messages": [{"role": "user", "content": "a"}], "id": 1}'):  # fmt: skip
-        assert _plain_chat(_DECODER.decode(other)) is None, other
+        assert _plain_chat(_DECODER.decode(other), other.encode()) is None, other
 
 
 def test_a_plain_looking_chat_record_still_takes_the_columns_names():

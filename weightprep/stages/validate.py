@@ -355,9 +355,9 @@ def check_line(
     except RecursionError:
         return _check_deep(raw)
     if not columns:
-        chat = _plain_chat(obj)
+        chat = _plain_chat(obj, raw)
         if chat is not None:
-            return chat._replace(raw=raw), None
+            return chat, None
     if isinstance(obj, dict):
         from weightprep.stages.shapes import to_canonical  # (shapes builds on this module's checks)
 
@@ -371,7 +371,7 @@ def check_line(
     return (content._replace(raw=raw) if isinstance(content, Chat) else content), None
 
 
-def _plain_chat(obj: Any) -> Chat | None:
+def _plain_chat(obj: Any, raw: bytes) -> Chat | None:
     """The conversation of a record that is ``{"messages": [...]}`` alone, each message ``{"role", "content"}`` of
     two strings or those and a ``weight`` number, each key once, all valid; None for any other record, which the
     general path (``to_canonical``, ``validate_record``, ``record_content``) then takes. For such a record that path
@@ -392,7 +392,7 @@ def _plain_chat(obj: Any) -> Chat | None:
             return None
         if not content.isascii() and _text_problem("", content) is not None:
             return None
-    return Chat(messages, None, None, b"")
+    return Chat(messages, None, None, raw)
 
 
 def _check_deep(raw: bytes) -> tuple[list[tuple[str, float]] | None, Invalid | None]:
@@ -570,7 +570,7 @@ def _parse_exact(block: Block, columns: Columns | None = None) -> tuple[Records,
         lines.append(line_no)
         if isinstance(pieces, Chat):
             bare = raw[:-1] if raw.endswith(b"\r") else raw
-            chats.append(pieces._replace(raw=bare, offset=line_offset))
+            chats.append(Chat(pieces.messages, pieces.tools, pieces.template_kwargs, bare, line_offset))
         else:
             chats.append(None)
             for t, w in pieces:
