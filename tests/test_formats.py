@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -209,7 +210,8 @@ def test_a_crlf_conversation_keeps_its_line_without_the_carriage_return():
 
 # what a message's values may be: the plain ones (strings, numbers that are weights) and those that are not
 _VALUES = st.one_of(
-    st.text(max_size=6), st.sampled_from(["", "user", "é", "\ud800", "a\udcff"]), st.none(), st.booleans(),
+    st.text(max_size=6), st.sampled_from(["", "user", "é", "\ud800", "a\udcff", 'a": ', '"role":', "a\\"]), st.none(),
+    st.booleans(),
     st.integers(-3, 3), st.sampled_from([10**400, 1e39, 3.5e38, -0.0, 0.5, 2.0]), st.lists(st.integers(), max_size=2),
 )
 _PLAIN = {"role": st.one_of(st.sampled_from(["user", "assistant", ""]), _VALUES), "content": st.one_of(st.text(max_size=5), _VALUES)}
@@ -219,9 +221,17 @@ _MESSAGE_KEYS = st.sampled_from(["role", "content", "weight", "name", "train", "
 @st.composite
 def _chat_lines(draw) -> bytes:
     """A JSON line near the plain chat record: its messages' keys drawn from role/content/weight and others, each
-    key possibly twice, values of every kind; the record's keys ``messages`` and sometimes another."""
+    key possibly twice, written plainly, with space before the colon or escaped (``"r\\u006fle"``), values of every
+    kind (strings that hold a quote before a colon among them); the record's keys ``messages`` and sometimes
+    another."""
+    def key(k):
+        how = draw(st.integers(0, 7))
+        if how == 0:  # every character escaped: the same key to json
+            return '"' + "".join(f"\\u{ord(c):04x}" for c in k) + '"'
+        return json.dumps(k) + (" " if how == 1 else "\t" if how == 2 else "")
+
     def obj(pairs):  # JSON text of an object whose keys may repeat
-        return "{" + ", ".join(f"{json.dumps(k)}: {v}" for k, v in pairs) + "}"
+        return "{" + ", ".join(f"{key(k)}: {v}" for k, v in pairs) + "}"
 
     def value(v):
         return json.dumps(v) if not isinstance(v, int) or abs(v) < 10**300 else str(v)
@@ -250,9 +260,40 @@ def test_plain_chat_records_take_the_general_paths_answer(line, monkeypatch):
 
     fast = check_line(line)
     with monkeypatch.context() as m:  # (undone after each example)
-        m.setattr(validate, "_plain_chat", lambda obj, raw: None)
+        m.setattr(validate, "_plain_chat", lambda obj, raw, keys=None: None)
         general = check_line(line)
     assert fast == general
+
+
+_DUPLICATED = [
+    '{"messages": [{"role": "user", "content": "a", "role": "user"}]}',
+    '{"messages": [{"role": "user", "content": "a", "role" : "assistant"}]}',
+    '{"messages": [{"role": "user", "content": "a", "content"\t:"b"}]}',
+    '{"messages": [{"role": "user", "content": "a", "\\u0072ole": "user"}]}',
+    '{"messages": [{"role": "user", "content": "a"}], "messages": [{"role": "user", "content": "a"}]}',
+    '{"messages": [{"role": "user", "content": "a\\": x", "weight": 1, "weight": 2}]}',
+]
+_NOT_DUPLICATED = [
+    '{"messages": [{"role": "user", "content": "say \\"role\\": no"}, {"role": "assistant", "content": "b"}]}',
+    '{"messages": [{"role" : "user", "content":"a"}, {"\\u0072ole": "assistant", "content": "a\\\\"}]}',
+]
+
+
+@pytest.mark.parametrize("line", _DUPLICATED + _NOT_DUPLICATED)
+def test_a_plain_chat_line_parsed_without_the_hook_repeats_no_key(line, monkeypatch):
+    """The usual chat line is parsed without the per-object hook, its keys counted in its text (``_KEYS``); a key
+    given twice, however written (space or tab before the colon, escaped), is refused as the hooked parse refuses
+    it, and a line whose strings hold a quote before a colon, or whose keys are escaped, is answered as that parse
+    answers it."""
+    from weightprep.stages import validate
+
+    fast = check_line(line.encode())
+    with monkeypatch.context() as m:
+        m.setattr(validate, "_KEYS", re.compile("(?!)"))  # no key found: never answered unhooked
+        general = check_line(line.encode())
+    assert fast == general
+    assert (fast[1] is not None) == (line in _DUPLICATED)
+    assert fast[1] is None or fast[1].reason == "duplicate_key"
 
 
 def test_the_plain_chat_record_is_answered_in_one_pass():
