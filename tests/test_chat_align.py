@@ -446,3 +446,34 @@ def test_a_conversation_longer_than_an_alignment_run_is_aligned_as_its_character
         assert got.ids.tolist() == enc.ids
         assert got.weights.tolist() == reference_token_weights(enc, char_w)[0].tolist()
     assert len(batch[0].ids) + len(batch[2].ids) < spans._CHUNK_TOKENS < len(batch[1].ids)
+
+
+@settings(max_examples=150, deadline=None)
+@given(docs=st.lists(_DOCUMENT, max_size=6), empty=st.lists(st.tuples(st.integers(0, 80), st.sampled_from([0.0, 3.0, 9.0])), max_size=6))
+def test_runs_that_hold_no_character_change_nothing(docs, empty):
+    """``align_runs`` over runs with runs of no character among them (a start repeated, or one at the documents'
+    end: what a template's cuts give for a message it writes nothing for), of any weight, aligns as the runs of the
+    characters alone (``char_runs``): a run of no character is no token's, however heavy."""
+    from weightprep.stages.chat_align import Runs, align_runs, char_runs
+
+    char_w, turns, starts, ends, char_base, tok_base = [], [], [], [], [0], [0]
+    for d, (w, cuts, _, _, _) in enumerate(docs):
+        spans = list(zip(cuts[:-1], cuts[1:], strict=True))
+        char_w += w
+        turns += [10 * d + c for c in range(len(w))]
+        starts += [char_base[-1] + s for s, _ in spans]
+        ends += [char_base[-1] + e for _, e in spans]
+        char_base.append(char_base[-1] + len(w))
+        tok_base.append(tok_base[-1] + len(spans))
+    runs = char_runs(np.array(char_w, dtype=np.float32), np.array(turns, dtype=np.int32))
+    places = [*runs.starts.tolist(), len(char_w)]  # where a run may hold nothing: at a run's start, or at the end
+    rows = [(a, w, t, True) for a, w, t in zip(runs.starts.tolist(), runs.weights.tolist(), runs.turns.tolist(), strict=True)]
+    rows += [(places[at % len(places)], weight, 77, False) for at, weight in empty]
+    rows.sort(key=lambda row: (row[0], row[3]))  # an empty run before the run of characters that starts there
+    padded = Runs([r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows])
+    args = (np.array(tok_base), np.zeros(tok_base[-1], dtype=np.int32), np.array(starts, dtype=np.int64), np.array(ends, dtype=np.int64), None)
+    want = align_runs(np.array(char_base), runs, *args, within=True)
+    got = align_runs(np.array(char_base), padded, *args, within=True)
+    assert got.weights.tolist() == want.weights.tolist()
+    assert got.turns.tolist() == want.turns.tolist()
+    assert got.straddling.tolist() == want.straddling.tolist()

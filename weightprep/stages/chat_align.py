@@ -1,30 +1,37 @@
 """Step 5 of the chat stage: the characters' weights and turn codes put on their tokens, many documents at once.
 
 A token takes the largest weight of its characters, and the turn code of the first character of that weight (a
-token with no characters: weight 0, turn 0). Most tokens hold characters of one weight; one that starts before a
-change of weight and ends after it (the ``\\n\\n`` of Qwen3.5's ``<think>\\n`` prompt and an answer's ``\\n</think>``,
-ERNIE's ``Assistant: `` prompt and an answer's ``It`` as `` It``) is a token of the answer's, as transformers'
+token with no characters, such as an added EOS after the text: weight 0, and the turn of its place, clipped to its
+document's last character). Most tokens hold characters of one weight; one that starts before a change of weight
+and ends after it (the ``\\n\\n`` of Qwen3.5's ``<think>\\n`` prompt and an answer's ``\\n</think>``, ERNIE's
+``Assistant: `` prompt and an answer's ``It`` as `` It``) is a token of the answer's, as transformers'
 ``assistant_masks`` marks it (every token that holds a character of a generation block) and as LLaMA-Factory's
 render comparison counts it. ``straddling`` counts, per document, the tokens that took a larger weight than their
 first character's, so that the build can say so. Two BOS at a document's start mean the template wrote one more
 than the model sees at inference (``double_bos``): ``ChatRenderer.align`` turns that into an error;
-``ChatRenderer.tokens_batch`` aligns a whole batch's documents in one call and asks ``align`` only about the
-documents found wrong.
+``ChatRenderer.tokens_batch`` aligns a run of documents in one call and asks ``align`` only about the documents
+found wrong.
 
-The documents come end to end: characters ``[char_base[d], char_base[d + 1])`` and tokens ``[tok_base[d],
-tok_base[d + 1])`` are document ``d``'s, a token's ``(start, end)`` counted from its document's first character.
-Each document's spans go forwards (both span sources guarantee it: ``TokenSpans`` by construction, tokenizers'
-offsets once ``_check_offsets`` passed), so the spans shifted by ``char_base`` go forwards over the whole block,
-and one ``searchsorted`` finds, for every change of weight, the first token that ends after it: of the tokens
-that reach past the change it starts first, so some token straddles the change iff that one does. (Not the last
-token that starts at or before the change: ``"A"`` merged with the first bytes of ``"東"`` starts before it, and
-the token of the other bytes of ``"東"`` starts at it.) Only where one does, two more ``searchsorted`` find every
-token with a change inside it, and one ``maximum.reduceat`` over those tokens' characters their largest weight. Where a document starts with another weight than the one
-before it ends with, no token crosses that change: each document's tokens lie within its characters. Cost: a few
-NumPy passes over the block's characters and tokens, ~3 µs a document, where a call per document cost ~40 µs.
+The characters come as runs (``Runs``): a run is where one weight and turn go on, so a conversation is a few runs
+(each message's prompt and answer), not an array per character; ``char_runs`` makes them of per-character arrays
+where a renderer has those. The documents come end to end: characters ``[char_base[d], char_base[d + 1])`` and
+tokens ``[tok_base[d], tok_base[d + 1])`` are document ``d``'s, a token's ``(start, end)`` counted among all the
+documents' characters (``TokenSpans.runs`` gives them so). Each document's spans go forwards (both span sources
+guarantee it: ``TokenSpans`` by construction, tokenizers' offsets once ``_check_offsets`` passed), and so do the
+spans over the whole run of documents. The run of each token's first character is a count: one ``searchsorted``
+finds, for each run, the first token that starts in it, and a cumulative sum over the tokens counts the runs
+started. One more ``searchsorted`` finds, for every change of weight, the first token that ends after it: of the
+tokens that reach past the change it starts first, so some token straddles the change iff that one does. (Not the
+last token that starts at or before the change: ``"A"`` merged with the first bytes of ``"東"`` starts before it,
+and the token of the other bytes of ``"東"`` starts at it.) Only where one does, two more ``searchsorted`` find
+every token with a change inside it, and one ``maximum.reduceat`` over those tokens' runs their largest weight.
+Where a document starts with another weight than the one before it ends with, no token crosses that change: each
+document's tokens lie within its characters. Cost: a few NumPy passes over the tokens and a pass over the runs,
+~2 µs a document, where a call per document cost ~40 µs.
 
-Example: ``"Hi!"`` with weights ``[0, 1, 1]`` and tokens ``H`` ``i!`` -> token weights ``[0, 1]``; tokens
-``Hi`` ``!`` -> ``[1, 1]``, ``Hi`` straddling the change at character 1 (one straddling token).
+Example: ``"Hi!"`` with weights ``[0, 1, 1]`` (runs: ``0`` from 0, ``1`` from 1) and tokens ``H`` ``i!`` -> token
+weights ``[0, 1]``; tokens ``Hi`` ``!`` -> ``[1, 1]``, ``Hi`` straddling the change at character 1 (one
+straddling token).
 """
 
 from __future__ import annotations
