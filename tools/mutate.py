@@ -163,9 +163,9 @@ _LAST_PART = "the last part of a '/'-split is the same however many splits are a
 _COPY = "a copy of the same values (astype with copy=True): the same ids, weights and turns"
 _FIRST_COUNT = ("the block's counts are a new Counter and its conversations are counted before its pieces: nothing "
                 "to add to yet, = and += give the same")
-_ALIGN_RUNS = ("any cut of a batch's documents into runs of whole documents aligns each the same (align_tokens is "
-               "exact per document); the run's size is only how much of the arrays stays in the cache")
-_PAD = "the padding is read one past the last character only (safe = len(char_w)): a second zero is never read"
+_EMPTY_SLICE = "w and t are empty there (no characters): any slice of them is empty too"
+_BINCOUNT = ("bincount's result is as long as its largest index + 1 whatever minlength asks beyond that, and only its "
+             "first n counts are read")
 _PRECHECK = ("a quick test for any token across a change: the exact selection under it (across) finds the same tokens, "
              "a looser test only runs it more often")
 _AT_EDGE = ("a token that only begins or ends at a change holds characters of one weight: its heaviest character is its "
@@ -401,13 +401,13 @@ EQUIVALENT: dict[str, str] = {
         _CACHE_KEY,
     "stages/chat.py:ChatRenderer._empty:bool:key = ('', '') if chat.tools is None and chat.template_kwargs is None else (json.dumps(chat.tools...#1":
         _CACHE_KEY,
-    "stages/chat.py:ChatRenderer.char_weights:int-1:owners = assistants if len(tagged_spans) == len(assistants) else [assistants[-1]] * len(tagged_sp...":
+    "stages/chat.py:ChatRenderer.runs:int-1:owners = assistants if len(tagged_spans) == len(assistants) else [assistants[-1]] * len(tagged_sp...":
         "that branch runs only when every assistant weighs the same (in_order): any assistant gives that weight",
-    "stages/chat.py:ChatRenderer.char_weights:bool:for ((a, b), i) in zip(tagged_spans, owners, strict=True):":
+    "stages/chat.py:ChatRenderer.runs:bool:for ((a, b), i) in zip(tagged_spans, owners, strict=True):":
         "owners is assistants where the lengths are equal, else a list of len(tagged_spans): always equal lengths",
-    "stages/chat.py:ChatRenderer.char_weights:compare0:claimed[k] = a < b":
+    "stages/chat.py:ChatRenderer.runs:compare0:claimed[k] = a < b":
         "claimed is read only for blocks with a < b (stray): an empty block's flag is never read",
-    "stages/chat.py:ChatRenderer.char_weights:int+1:probes = [self.render(self.prepare(chat, [*messages[:i], {**m, 'content': p}]), i + 1)[0] for p i...":
+    "stages/chat.py:ChatRenderer.runs:int+1:probes = [self.render(self.prepare(chat, [*messages[:i], {**m, 'content': p}]), i + 1)[0] for p i...":
         "a probe conversation has i + 1 messages: rendering its first i + 2 renders all of them, as i + 1 does",
     "stages/chat_prefixes.py:compile_tracked:int+1:loop.body.insert(0, probe.set_lineno(loop.lineno))":
         "the probe (an if without body) only makes Jinja give the loop a loop object, which it does for a read of "
@@ -448,26 +448,6 @@ EQUIVALENT: dict[str, str] = {
         'a render of more messages than the conversation has is the whole conversation: the extra boundary is never read',
     'stages/chat.py:ChatRenderer._turns:compare0:if a is not None and b is not None and (b > a):#2':
         'b == a: turns[a:b] is empty, so writing it changes nothing',
-    "stages/chat.py:ChatRenderer._cut_weights:compare0:if m['role'] != 'assistant' or not i or start > end or (not text.startswith(generation, a)):#1": (
-        "start == end (the prompt ends where the turn ends): the weight is written nowhere, and the steps the "
-        "mutant hands it to write it nowhere too"
-    ),
-    "stages/chat.py:ChatRenderer._align_exact:int+1:lengths = np.fromiter((len(t[0]) for _, t in items), dtype=np.int64, count=len(items))": (
-        "t[1] is the text's character weights: one per character, as many as the text's characters"
-    ),
-    "stages/chat.py:ChatRenderer._align_exact:int+1:np.cumsum([len(t[3]) for _, t in run], out=tok_base[1:])": (
-        "t[4] is the ids' starts: one per id"
-    ),
-    "stages/chat.py:ChatRenderer._align_exact:binop:b = max(a + 1, int(np.searchsorted(ends, ends[a] - lengths[a] + _ALIGN_CHARS, side='right')))#1": _ALIGN_RUNS,
-    "stages/chat.py:ChatRenderer._align_exact:binop:b = max(a + 1, int(np.searchsorted(ends, ends[a] - lengths[a] + _ALIGN_CHARS, side='right')))#2": _ALIGN_RUNS,
-    "stages/chat.py:ChatRenderer._align_exact:int+1:b = max(a + 1, int(np.searchsorted(ends, ends[a] - lengths[a] + _ALIGN_CHARS, side='right')))": _ALIGN_RUNS,
-    "stages/chat.py:ChatRenderer._align_exact:string:b = max(a + 1, int(np.searchsorted(ends, ends[a] - lengths[a] + _ALIGN_CHARS, side='right')))": _ALIGN_RUNS,
-    "stages/chat.py:ChatRenderer._align_exact:bool:found = align_tokens(char_base, np.concatenate([t[1] for _, t in run]), np.concatenate([t[2] for ...": (
-        "within=False clips the ends to their documents: TokenSpans' spans (the only ones aligned here) end within them"
-    ),
-    "stages/chat.py:ChatRenderer._align_exact:bool:for (k, ((d, _), wrong)) in enumerate(zip(run, found.bad().tolist(), strict=True)):": (
-        "align_tokens says one double_bos per document of the run: strict changes nothing on equal lengths"
-    ),
     'stages/chat.py:ChatRenderer.tokens_batch:bool:for (d, found) in zip(plain, spans, strict=True):':
         '_token_spans returns one result per text: strict changes nothing on equal lengths',
     'stages/chat.py:render_chats:return_none:return records':
@@ -545,15 +525,17 @@ EQUIVALENT: dict[str, str] = {
     "blocks.py:_chat_documents:bool:return Documents(input_ids=ids.astype(np.int32, copy=False), weights=weights.astype(np.float32, c...#2": _COPY,
     "blocks.py:_chat_documents:augassign:counts['weight_accepted'] += float(weights.sum(dtype=np.float64))": _FIRST_COUNT,
     "blocks.py:_chat_documents:augassign:counts['empty_documents'] += int((lengths == 0).sum())": _FIRST_COUNT,
-    "stages/chat_align.py:align_tokens:int+1:padded_w = np.concatenate([char_w, np.zeros(1, np.float32)])": _PAD,
-    "stages/chat_align.py:align_tokens:int+1:padded_t = np.concatenate([char_turns, np.zeros(1, np.int32)])": _PAD,
-    "stages/chat_align.py:align_tokens:bool:weights = np.where(has_chars, padded_w[safe], np.float32(0)).astype(np.float32, copy=False)": _COPY,
-    "stages/chat_align.py:align_tokens:boolop:if len(changes) and len(ids):": "a change of weight needs two characters, and a document with characters has tokens: no batch has changes and no ids",
-    "stages/chat_align.py:align_tokens:binop:if ((g_starts[k] < changes) & (g_ends[k] > changes)).any():": _PRECHECK,
-    "stages/chat_align.py:align_tokens:compare0:if ((g_starts[k] < changes) & (g_ends[k] > changes)).any():": _PRECHECK,
-    "stages/chat_align.py:align_tokens:compare0:if ((g_starts[k] < changes) & (g_ends[k] > changes)).any():#1": _PRECHECK,
-    "stages/chat_align.py:align_tokens:string:across = np.flatnonzero(np.searchsorted(changes, g_ends, side='left') > np.searchsorted(changes, ...": _AT_EDGE,
-    "stages/chat_align.py:align_tokens:string:across = np.flatnonzero(np.searchsorted(changes, g_ends, side='left') > np.searchsorted(changes, ...#1": _AT_EDGE,
+    "stages/chat_align.py:char_runs:int+1:return Runs(np.zeros(0, dtype=np.int64), w[:0], t[:0])#1": _EMPTY_SLICE,
+    "stages/chat_align.py:char_runs:int+1:return Runs(np.zeros(0, dtype=np.int64), w[:0], t[:0])#2": _EMPTY_SLICE,
+    "stages/chat_align.py:char_runs:bool:return Runs(starts.astype(np.int64, copy=False), w[starts], t[starts])": _COPY,
+    "stages/chat_align.py:align_runs:int+1:found = np.bincount(np.searchsorted(g_starts, run_starts, side='left'), minlength=n + 1)": _BINCOUNT,
+    "stages/chat_align.py:align_runs:int-1:found = np.bincount(np.searchsorted(g_starts, run_starts, side='left'), minlength=n + 1)": _BINCOUNT,
+    "stages/chat_align.py:align_runs:boolop:if len(changes) and n:": "a change of weight needs two characters, and a document with characters has tokens: no batch has changes and no ids",
+    "stages/chat_align.py:align_runs:binop:if ((g_starts[k] < changes) & (g_ends[k] > changes)).any():": _PRECHECK,
+    "stages/chat_align.py:align_runs:compare0:if ((g_starts[k] < changes) & (g_ends[k] > changes)).any():": _PRECHECK,
+    "stages/chat_align.py:align_runs:compare0:if ((g_starts[k] < changes) & (g_ends[k] > changes)).any():#1": _PRECHECK,
+    "stages/chat_align.py:align_runs:string:across = np.flatnonzero(np.searchsorted(changes, g_ends, side='left') > np.searchsorted(changes, ...": _AT_EDGE,
+    "stages/chat_align.py:align_runs:string:across = np.flatnonzero(np.searchsorted(changes, g_ends, side='left') > np.searchsorted(changes, ...#1": _AT_EDGE,
     "tokenizer_class.py:load:bool:tok = AutoTokenizer.from_pretrained(name_or_path, use_fast=True, trust_remote_code=trust_remote_c...": "transformers 5 (this suite's) ignores use_fast: AutoTokenizer always builds the fast class; under transformers 4 the slow class it would give is refused by load_tokenizer (is_fast)",
     "stages/json_array.py:ArrayScanner.__init__:int+1:self.last_solid = ord(',') if inside else -1": _NO_SOLID,
     "stages/json_array.py:ArrayScanner.__init__:int-1:self.last_solid = ord(',') if inside else -1": _NO_SOLID,
