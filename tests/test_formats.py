@@ -296,6 +296,23 @@ def test_a_plain_chat_line_parsed_without_the_hook_repeats_no_key(line, monkeypa
     assert fast[1] is None or fast[1].reason == "duplicate_key"
 
 
+@pytest.mark.parametrize("line", [
+    '{"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b", "weight": 2}]}',
+    '{"messages":[{"content":"a","role":"user"},{"weight":0.5,"role":"assistant","content":"b"}]}',
+    '{"messages" : [ {"role" : "user" , "content" : "x\\ny"} ]}',
+])  # fmt: skip
+def test_the_usual_chat_line_is_answered_by_the_parse_without_the_hook(line):
+    """A plain conversation, keys in any order and spacing, escapes in its strings, is answered by the unhooked parse
+    (``_PLAIN_DECODER``: its messages are plain dicts, not the hooked parse's ``_Object``), as the hooked one would."""
+    from weightprep.stages import validate
+
+    chat, problem = check_line(line.encode())
+    assert problem is None and chat.raw == line.encode()
+    assert all(type(m) is dict for m in chat.messages) and chat.messages == json.loads(line)["messages"]
+    hooked = validate._plain_chat(validate._DECODER.decode(line), line.encode())
+    assert hooked == chat and all(type(m) is validate._Object for m in hooked.messages)
+
+
 def test_the_plain_chat_record_is_answered_in_one_pass():
     from weightprep.stages.validate import _DECODER, _plain_chat
 
