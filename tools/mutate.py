@@ -302,6 +302,9 @@ EQUIVALENT: dict[str, str] = {
     "stages/spans.py:TokenSpans._run:int+1:holes = len(lengths) > 0 and int(lengths.min()) < 0#1":
         "a zero-length token then counts as a possible hole: np.maximum(lengths, 0) is lengths, and no length is < 0",
     "stages/spans.py:TokenSpans._run:bool:ids = ids.astype(np.intp, copy=False)": _COPY,
+    "stages/spans.py:TokenSpans.spans:int+1:cuts = (offsets[d:e + 1] - offsets[d]).tolist()": (
+        "cuts is read at k and k + 1 for the run's documents only: an element past them is never read"
+    ),
     "stages/spans.py:TokenSpans._misspelled:compare0:long = np.flatnonzero(lens > _WORD)": (
         "a token of exactly _WORD bytes has no bytes past its word: its byte-by-byte part compares nothing"
     ),
