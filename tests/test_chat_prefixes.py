@@ -211,3 +211,34 @@ def test_weights_from_the_cuts_lengths_are_the_renders(corpus, tmp_path):
     if corpus == "trl":  # ChatML (Qwen2.5's, the benchmark's): cut wherever its answers follow their prompts;
         assert served[template_text("qwen2_5")] > 0.7 and served[_THINK_PROMPT] > 0, served  # the answers that
         # open with ``<think>\n`` follow the reasoning prompt's
+
+
+def test_a_message_the_template_writes_nothing_for_gets_no_turn_code():
+    """Cut from the whole render (``ChatRenderer._cut_runs``), a message the template writes nothing for holds no
+    character: its role gets no turn code (``roles`` grows only with roles that hold text, as the renders' steps
+    give them), and every conversation's tokens are those the steps give from the renders themselves."""
+    from chat_support import chat_record, chat_tokenizer
+
+    from weightprep.stages.chat import ChatRenderer
+
+    template = (
+        "{% for m in messages %}{% if m.role != 'note' %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
+        "{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    tok = chat_tokenizer("chatml")
+    fast, steps = ChatRenderer(tok, template), ChatRenderer(tok, template)
+    steps._cut_runs = lambda *args: None  # type: ignore[method-assign]
+    taken: list[bool] = []
+    cut = fast._cut_runs
+    fast._cut_runs = lambda *args: taken.append(cut(*args) is not None) or cut(*args)  # type: ignore[method-assign]
+    conversations = [
+        [{"role": "note", "content": "n"}, {"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}],
+        [{"role": "user", "content": "q"}, {"role": "note", "content": "m"}, {"role": "assistant", "content": "b"}],
+    ]
+    for messages in conversations:
+        got, want = fast.tokens(chat_record(messages)), steps.tokens(chat_record(messages))
+        assert (got.ids.tolist(), got.weights.tolist(), got.turns.tolist()) == (
+            want.ids.tolist(), want.weights.tolist(), want.turns.tolist()
+        )
+    assert all(taken) and taken  # the cut path served them
+    assert "note" not in fast.roles and fast.roles == steps.roles == ["user", "assistant"]
