@@ -421,7 +421,8 @@ def test_a_marker_prefilled_after_a_text_role_header_is_in_turn():
     assert out.ids.tolist() == tok.apply_chat_template(messages)["input_ids"]
 
 
-def test_a_conversation_longer_than_an_alignment_run_is_aligned_as_its_characters_say():
+@pytest.mark.parametrize("family", ["chatml", "llama3"])  # without BOS, and with one opening every render
+def test_a_conversation_longer_than_an_alignment_run_is_aligned_as_its_characters_say(family):
     """``tokens_batch`` aligns a batch's documents in the runs of about ``_CHUNK_TOKENS`` tokens that their spans
     come in (``TokenSpans.runs``, ``ChatRenderer._align_exact``): a conversation longer than a run is a run of its
     own, and every conversation of the batch gets the tokens tokenizers give its render, each weighing the largest
@@ -430,7 +431,7 @@ def test_a_conversation_longer_than_an_alignment_run_is_aligned_as_its_character
 
     from weightprep.stages import spans
 
-    tok = chat_tokenizer("chatml")
+    tok = chat_tokenizer(family)
     renderer = ChatRenderer(tok)
     long = "word " * spans._CHUNK_TOKENS
     conversations = [
@@ -442,7 +443,7 @@ def test_a_conversation_longer_than_an_alignment_run_is_aligned_as_its_character
     for messages, got in zip(conversations, batch, strict=True):
         text = renderer.char_weights(chat_record(messages))[0]
         enc = tok.backend_tokenizer.encode(text, add_special_tokens=False)
-        char_w = reference_char_weights(FAMILIES["chatml"], text, messages, {"assistant": 1.0})
+        char_w = reference_char_weights(FAMILIES[family], text, messages, {"assistant": 1.0})
         assert got.ids.tolist() == enc.ids
         assert got.weights.tolist() == reference_token_weights(enc, char_w)[0].tolist()
     assert len(batch[0].ids) + len(batch[2].ids) < spans._CHUNK_TOKENS < len(batch[1].ids)
