@@ -626,6 +626,26 @@ def test_a_conversation_that_starts_with_two_bos_is_refused():
     assert ChatRenderer(chat_tokenizer("llama3")).tokens(chat_record(messages)).ids.tolist() == ids[1:]  # one BOS: fine
 
 
+def test_a_conversation_with_two_bos_in_a_batch_is_refused_alone():
+    """In a batch, the conversation whose render starts with two BOS is refused (``double_bos``, found by the run's
+    alignment and said by ``align``), wherever it stands among the others, which keep what they get alone."""
+    fam = FAMILIES["llama3"]
+    tok = chat_tokenizer("llama3", "{% if messages[0].content == 'twice' %}{{ bos_token }}{% endif %}" + fam.template)
+    conversations = [
+        [{"role": "user", "content": c}, {"role": "assistant", "content": f"Hello {k}"}]
+        for k, c in enumerate(["Hi", "twice", "Hey", "twice", "Ho"])
+    ]
+    renderer = ChatRenderer(tok)
+    batch = renderer.tokens_batch([chat_record(m) for m in conversations])
+    for messages, got in zip(conversations, batch, strict=True):
+        if messages[0]["content"] == "twice":
+            assert isinstance(got, ChatError) and got.reason == "double_bos"
+        else:
+            alone = ChatRenderer(tok).tokens(chat_record(messages))
+            assert got.ids.tolist() == alone.ids.tolist() == tok.apply_chat_template(messages)["input_ids"]
+            assert got.weights.tolist() == alone.weights.tolist()
+
+
 def test_offsets_that_go_backwards_or_miss_a_weighted_character_are_refused():
     """tokenizers' offsets (the path for tokenizers whose ids do not spell the text) are checked before use;
     spans from the ids' bytes are exact by construction and skip the check."""
