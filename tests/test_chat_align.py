@@ -309,6 +309,23 @@ def test_each_token_takes_its_first_characters_weight_and_an_empty_token_none():
     assert _align("xy", [1.0, 1.0], [(0, 2), (2, 2)]).weights.tolist() == [1.0, 0.0]
 
 
+def test_a_token_with_no_characters_takes_the_turn_of_its_place():
+    """A token with no characters (an added EOS after the text) weighs nothing and takes the turn of the character
+    it stands after, the document's last; in an empty document, turn 0."""
+    tok = _tok(GREETING)
+    chat = chat_record([{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}])
+    renderer = ChatRenderer(tok)
+    ids = np.array([10, 11], dtype=np.int32)
+    for text, turns in (("x", [5]), ("xy", [5, 6])):
+        runs = char_runs(np.ones(len(text), dtype=np.float32), np.array(turns, dtype=np.int32))
+        n = len(text)
+        out = renderer.align(chat, text, runs, ids, np.array([0, n]), np.array([n, n]))
+        assert (out.weights.tolist(), out.turns.tolist()) == ([1.0, 0.0], [5, turns[-1]])
+    empty = char_runs(np.zeros(0, dtype=np.float32), np.zeros(0, dtype=np.int32))
+    out = renderer.align(chat, "", empty, ids[:1], np.array([0]), np.array([0]))
+    assert (out.weights.tolist(), out.turns.tolist()) == ([0.0], [0])
+
+
 def test_a_token_across_a_turn_boundary_takes_the_turn_of_its_heaviest_character():
     """One token over the user's turn (weight 0) and the answer's (weight 1) is the answer's: its weight and its
     turn code, those of the first character of the answer's weight."""
@@ -431,13 +448,18 @@ def test_a_conversation_longer_than_an_alignment_run_is_aligned_as_its_character
 
     from weightprep.stages import spans
 
+    from tokenizers import AddedToken
+
     tok = chat_tokenizer(family)
+    tok.add_tokens([AddedToken("<sep>", rstrip=True)])  # no fixed bytes: a conversation holding it is left out
     renderer = ChatRenderer(tok)
     long = "word " * spans._CHUNK_TOKENS
     conversations = [
         [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello.", "weight": 2.0}],
         [{"role": "user", "content": long}, {"role": "assistant", "content": long + "end.", "weight": 0.5}],
         [{"role": "user", "content": "Bye"}, {"role": "assistant", "content": "Bye."}],
+        [{"role": "user", "content": "a <sep>   b"}, {"role": "assistant", "content": "Sep.", "weight": 1.5}],
+        [{"role": "user", "content": "Last"}, {"role": "assistant", "content": "One."}],
     ]
     batch = renderer.tokens_batch([chat_record(m) for m in conversations])
     for messages, got in zip(conversations, batch, strict=True):
@@ -446,7 +468,7 @@ def test_a_conversation_longer_than_an_alignment_run_is_aligned_as_its_character
         char_w = reference_char_weights(FAMILIES[family], text, messages, {"assistant": 1.0})
         assert got.ids.tolist() == enc.ids
         assert got.weights.tolist() == reference_token_weights(enc, char_w)[0].tolist()
-    assert len(batch[0].ids) + len(batch[2].ids) < spans._CHUNK_TOKENS < len(batch[1].ids)
+    assert len(batch[0].ids) + sum(len(c.ids) for c in batch[2:]) < spans._CHUNK_TOKENS < len(batch[1].ids)
 
 
 @settings(max_examples=150, deadline=None)

@@ -405,7 +405,8 @@ def test_sanitize_from_the_cli_and_the_config(tmp_path):
     inp = tmp_path / "raw.jsonl"
     messages = [{"role": "user", "content": "end<|im_end|>"}, {"role": "assistant", "content": "<tool_call>\n{}\n</tool_call>"}]
     two = [{"role": "user", "content": "a<|im_end|>b<|im_start|>c"}, {"role": "assistant", "content": "ok"}]
-    inp.write_text(json.dumps({"messages": messages}) + "\n" + json.dumps({"messages": two}) + "\n")
+    plain = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]  # nothing to encode as text
+    inp.write_text("".join(json.dumps({"messages": m}) + "\n" for m in (messages, two, plain)))
     args = ["build", str(inp), "--tokenizer", str(tok_dir), "--seq-len", "256"]
     refused = CliRunner().invoke(main, [*args, "--out", str(tmp_path / "a")])
     assert refused.exit_code == 2 and "raw.jsonl:1: messages[0].content: holds" in refused.output
@@ -413,7 +414,7 @@ def test_sanitize_from_the_cli_and_the_config(tmp_path):
     assert built.exit_code == 0, built.output
     manifest = json.loads((tmp_path / "b" / "weightprep_manifest.json").read_text())
     assert manifest["config"]["chat"]["sanitize_control_tokens"] is True
-    assert manifest["counts"]["documents"] == 2
+    assert manifest["counts"]["documents"] == 3
     # counted over the conversations (<|im_end|> in the first user's content, two in the second's; <tool_call> is
     # an in-turn marker, a token) and warned once
     assert manifest["counts"]["chat_sanitized_control_tokens"] == 3

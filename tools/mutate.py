@@ -164,6 +164,12 @@ _COPY = "a copy of the same values (astype with copy=True): the same ids, weight
 _FIRST_COUNT = ("the block's counts are a new Counter and its conversations are counted before its pieces: nothing "
                 "to add to yet, = and += give the same")
 _EMPTY_SLICE = "w and t are empty there (no characters): any slice of them is empty too"
+_TO_STEPS = ("None hands the conversation to the renders' steps, which give the same runs (tested equal on every "
+             "template of TRL and of the real corpus: test_weights_from_the_cuts_lengths_are_the_renders); only slower")
+_SPAN_SOURCE = ("exact only says whether the spans came from the ids' bytes, so that align skips the check of "
+                "tokenizers' offsets: both sources give these tokens the same spans, and the check passes on them")
+_PART_COUNTS = ("a document's training and sanitized counts are never read: joined gives its conversation's "
+                "ChatTokens the conversation's own")
 _BINCOUNT = ("bincount's result is as long as its largest index + 1 whatever minlength asks beyond that, and only its "
              "first n counts are read")
 _PRECHECK = ("a quick test for any token across a change: the exact selection under it (across) finds the same tokens, "
@@ -451,6 +457,36 @@ EQUIVALENT: dict[str, str] = {
         'a render of more messages than the conversation has is the whole conversation: the extra boundary is never read',
     'stages/chat.py:ChatRenderer._turns:compare0:if a is not None and b is not None and (b > a):#2':
         'b == a: turns[a:b] is empty, so writing it changes nothing',
+    "stages/chat.py:ChatRenderer._cut_runs:compare0:if end < a:": _TO_STEPS,
+    "stages/chat.py:ChatRenderer._cut_runs:compare0:if m['role'] != 'assistant' or not i or start > end or (not text.startswith(generation, a)):#1": _TO_STEPS,
+    "stages/chat.py:ChatRenderer._cut_runs:compare0:if start < a:": _TO_STEPS,
+    "stages/chat.py:ChatRenderer._cut_runs:int+1:turns.append(0)": (
+        "the cuts end where the whole render does (chat_prefixes.Tracker.cuts refuses any other end): the run after "
+        "the last message starts at the text's end and holds no character"
+    ),
+    "stages/chat.py:ChatRenderer._align_exact:bool:return align_runs(char_base, joined_runs, tok_base, ids, starts, ends, self._bos, within=True)": (
+        "within=False clips the ends to their documents: TokenSpans' spans (the only ones aligned here) end within them"
+    ),
+    "stages/chat.py:ChatRenderer._sanitized:int+1:found = self._spans.spans([clean], ids, np.array([0, len(ids)])) if self._spans.supported else [N...": _SPAN_SOURCE,
+    "stages/chat.py:ChatRenderer._sanitized:bool:return (clean, kept, ids, *found[0], True)": _SPAN_SOURCE,
+    "stages/chat.py:ChatRenderer._sanitized:bool:return (clean, kept, ids, *self._marked_offsets(text, ids), False)": _SPAN_SOURCE,
+    "stages/chat.py:ChatRenderer._token_spans:binop:if len(good) == e - d:": (
+        "with every document good the other branch selects them all (take all True, base the same counts, nothing "
+        "dropped): the same arrays, copied"
+    ),
+    "stages/chat.py:ChatRenderer._token_spans:binop:dropped = np.cumsum(np.where(ok, 0, lengths)) - np.where(ok, 0, lengths)": (
+        "dropped is read at the good documents only, where the term added or taken away is 0"
+    ),
+    "stages/chat.py:ChatRenderer._token_spans:bool:for (k, two, straddling) in zip(good.tolist(), got.double_bos.tolist(), got.straddling.tolist(), ...": (
+        "align_runs says one double_bos and one straddling count per document aligned: strict changes nothing on "
+        "equal lengths"
+    ),
+    "stages/chat.py:ChatRenderer._token_spans:bool:found[d + k] = (ids[x:y], *self._spans.spans([texts[d + k]], ids[x:y], np.array([0, y - x]))[0], ...": (
+        "align refuses a document with two leading BOS whether it checks its offsets first or not, and the spans "
+        "from its ids' bytes pass that check"
+    ),
+    "stages/chat.py:ChatRenderer._token_spans:int+1:found[d + k] = ChatTokens(ids[x:y], weights[x:y], none, turns[x:y], None, 0, 0, straddling, batch...": _PART_COUNTS,
+    "stages/chat.py:ChatRenderer._token_spans:int+1:found[d + k] = ChatTokens(ids[x:y], weights[x:y], none, turns[x:y], None, 0, 0, straddling, batch...#1": _PART_COUNTS,
     'stages/chat.py:ChatRenderer.tokens_batch:bool:for (d, found) in zip(plain, spans, strict=True):':
         '_token_spans returns one result per text: strict changes nothing on equal lengths',
     'stages/chat.py:render_chats:return_none:return records':
