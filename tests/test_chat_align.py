@@ -445,10 +445,9 @@ def test_a_conversation_longer_than_an_alignment_run_is_aligned_as_its_character
     own, and every conversation of the batch gets the tokens tokenizers give its render, each weighing the largest
     of its characters' weights (``chat_support.reference_token_weights``)."""
     from chat_support import FAMILIES, chat_tokenizer, reference_char_weights, reference_token_weights
+    from tokenizers import AddedToken
 
     from weightprep.stages import spans
-
-    from tokenizers import AddedToken
 
     tok = chat_tokenizer(family)
     tok.add_tokens([AddedToken("<sep>", rstrip=True)])  # no fixed bytes: a conversation holding it is left out
