@@ -260,7 +260,7 @@ def test_plain_chat_records_take_the_general_paths_answer(line, monkeypatch):
 
     fast = check_line(line)
     with monkeypatch.context() as m:  # (undone after each example)
-        m.setattr(validate, "_plain_chat", lambda obj, raw, keys=None: None)
+        m.setattr(validate, "_plain_chat", lambda obj, raw, text=None: None)
         general = check_line(line)
     assert fast == general
 

@@ -82,7 +82,7 @@ def document_batch(
 
 
 #: a ``ChatTokens``' fields, read over a block's conversations without a Python loop
-_IDS, _WEIGHTS, _TURNS = attrgetter("ids"), attrgetter("weights"), attrgetter("turns")
+_IDS = attrgetter("ids")
 _TRAINING, _SANITIZED, _STRADDLING = attrgetter("training"), attrgetter("sanitized"), attrgetter("straddling")
 
 

@@ -71,7 +71,6 @@ class Runs(NamedTuple):
     turns: Any  # int32[R] (or a list of ints)
 
 
-
 def char_runs(char_w: np.ndarray, char_turns: np.ndarray) -> Runs:
     """The runs of one document's characters, from their weights and turn codes: a run starts where either changes
     (the weights' bits: ``-0.0`` after ``0.0`` is another run)."""
