@@ -8,6 +8,7 @@ computed here, document by document, from the stage's documented contract, not b
 from __future__ import annotations
 
 from collections import Counter
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -16,6 +17,7 @@ from hypothesis import strategies as st
 
 from weightprep.batches import Documents
 from weightprep.constants import IGNORE_INDEX
+from weightprep.stages import pack
 from weightprep.stages.filter import filter_documents
 from weightprep.stages.mask import mask
 from weightprep.stages.pack import Packer, RowBuffers, best_fit_decreasing, chunk_rows, rows_from_bins
@@ -369,6 +371,11 @@ def _rows_reference(docs: Documents, bins: list[list[int]], seq_len: int, pad_id
     return ids, labels, weights, positions, turns, segments
 
 
+#: ``pack._SLICE_TOKENS`` that send every chunk through the slices (0) or through the token index (none reaches it)
+_BOTH_COPIES = pytest.mark.parametrize("slice_tokens", [0, 1 << 40], ids=["slices", "index"])
+
+
+@_BOTH_COPIES
 @settings(max_examples=300, deadline=None)
 @given(
     st.integers(1, 12),
@@ -376,9 +383,9 @@ def _rows_reference(docs: Documents, bins: list[list[int]], seq_len: int, pad_id
     st.randoms(use_true_random=False),
     st.booleans(),
 )
-def test_rows_from_bins_matches_a_row_by_row_copy(seq_len, lengths, rnd, attention_mask):
+def test_rows_from_bins_matches_a_row_by_row_copy(slice_tokens, seq_len, lengths, rnd, attention_mask):
     """Every column, the segments and the pad tails, against plain slice copies; empty documents, full rows,
-    rows of one document and bins in any order included."""
+    rows of one document and bins in any order included; by slices and by the token index alike."""
     lengths = [min(n, seq_len) for n in lengths]
     rng = np.random.default_rng(rnd.randrange(1 << 30))
     total = sum(lengths)
@@ -392,7 +399,8 @@ def test_rows_from_bins_matches_a_row_by_row_copy(seq_len, lengths, rnd, attenti
     )
     bins = best_fit_decreasing(np.array(lengths, dtype=np.int64), seq_len)
     rnd.shuffle(bins)
-    rows = rows_from_bins(docs, bins, seq_len, -7, attention_mask=attention_mask)
+    with mock.patch.object(pack, "_SLICE_TOKENS", slice_tokens):
+        rows = rows_from_bins(docs, bins, seq_len, -7, attention_mask=attention_mask)
     ids, labels, weights_, positions, turns, segments = _rows_reference(docs, bins, seq_len, -7)
     np.testing.assert_array_equal(rows.input_ids, ids)
     np.testing.assert_array_equal(rows.labels, labels)
@@ -433,13 +441,14 @@ def test_documents_where_keeps_the_marked_documents_in_order(marked, with_labels
         assert out.labels.tolist() == [t if w > 0 else IGNORE_INDEX for _, d in kept for t, w in d]
 
 
+@_BOTH_COPIES
 @settings(max_examples=150, deadline=None)
 @given(
     st.integers(1, 12),
     st.lists(st.lists(st.integers(0, 12), max_size=20), min_size=2, max_size=4),
     st.randoms(use_true_random=False),
 )
-def test_rows_from_bins_in_reused_buffers_match_a_row_by_row_copy(seq_len, batches, rnd):
+def test_rows_from_bins_in_reused_buffers_match_a_row_by_row_copy(slice_tokens, seq_len, batches, rnd):
     """Chunks of different sizes made one after the other in the same ``RowBuffers`` (labels made from the weights,
     as the packer's window has none): each equals the row-by-row copy when it is read before the next is made."""
     rng = np.random.default_rng(rnd.randrange(1 << 30))
@@ -455,7 +464,8 @@ def test_rows_from_bins_in_reused_buffers_match_a_row_by_row_copy(seq_len, batch
             lines=np.arange(len(lengths), dtype=np.int64), turns=np.zeros(total, np.int32),
         )  # fmt: skip
         bins = best_fit_decreasing(np.array(lengths, dtype=np.int64), seq_len)
-        rows = rows_from_bins(docs, bins, seq_len, -7, attention_mask=False, buffers=buffers)
+        with mock.patch.object(pack, "_SLICE_TOKENS", slice_tokens):
+            rows = rows_from_bins(docs, bins, seq_len, -7, attention_mask=False, buffers=buffers)
         with_labels = Documents(docs.input_ids, docs.weights, docs.offsets, docs.lines, turns=docs.turns,
                                 labels=np.array([t if w > 0 else IGNORE_INDEX
                                                  for t, w in zip(input_ids, weights, strict=True)], dtype=np.int32))  # fmt: skip
@@ -494,7 +504,6 @@ def test_packer_reusing_its_rows_writes_what_a_fresh_packer_does():
 def test_a_chunk_of_rows_holds_256ki_positions_at_most_1024_rows(seq_len, monkeypatch):
     """A chunk (one ``Rows``, one record batch of a shard) is as many rows as hold 256Ki positions, at most 1,024
     rows: its arrays do not grow with ``seq_len``. The rows are those of chunks of any size, in the same order."""
-    from weightprep.stages import pack
 
     lengths = [(7919 * i) % (seq_len // 2) + 1 for i in range((20 << 20) // seq_len)]  # ~5M tokens: several chunks
 

@@ -43,6 +43,10 @@ __all__ = ["best_fit_decreasing", "rows_from_bins", "Packer", "RowBuffers"]
 #: 30k-record build spent 0.37 s of system time against 0.64 s (docs/performance.md)
 _ROWS_PER_CHUNK = 1024
 _CHUNK_TOKENS = 1 << 18
+#: Documents of this many tokens on average, or more, are copied into a chunk's rows slice by slice (a
+#: ``concatenate``: ~4 ns a token for conversations of ~700 tokens); shorter ones through one token index
+#: (``take``: ~9 ns a token whatever their length, where a slice per document costs more per token below ~150).
+_SLICE_TOKENS = 128
 
 
 def chunk_rows(seq_len: int) -> int:
@@ -123,10 +127,11 @@ def rows_from_bins(
     labels are made from the rows' ids and weights by the mask stage's own rule (``labels_from_weights``): the
     same labels, since the mask stage made them so and a pad has weight 0.
 
-    Vectorized: a row is its segments back to back (its documents, then the pad tail if any), so every column
-    of the ``n x seq_len`` block is one ``take`` from its document column through one token index (a pad
-    position reads any token, then the few pad positions are overwritten), and the positions restart at every
-    segment start (the concatenation of ``arange(segment length)`` over the segments).
+    A row is its segments back to back (its documents, then the pad tail if any), and the positions restart at
+    every segment start (the concatenation of ``arange(segment length)`` over the segments). Where the documents
+    are long (``_SLICE_TOKENS``), every column of the ``n x seq_len`` block is its segments' slices joined
+    (``_Segments``); else it is one ``take`` from its document column through one token index (a pad position
+    reads any token, then the few pad positions are overwritten).
     """
     n_rows = len(bins)
     shape = (n_rows, seq_len)
@@ -154,24 +159,61 @@ def rows_from_bins(
     def buffer(name: str, dtype: Any) -> np.ndarray | None:
         return None if buffers is None else buffers.get(name, size, dtype)
 
-    # n_rows * seq_len token indices; a pad tail's run from 0, clipped to the last token, then overwritten
-    gather = _ranges(seg_sources, seg_lengths, out=buffer("gather", np.int64))
-    pads = _ranges(np.flatnonzero(has_tail) * seq_len + used[has_tail], tail[has_tail])
-
-    input_ids = _column(docs.input_ids, gather, pads, pad_id, shape, buffer("input_ids", docs.input_ids.dtype))
-    weights = _column(docs.weights, gather, pads, 0, shape, buffer("weights", docs.weights.dtype))
-    if docs.labels is None:
-        out = buffer("labels", np.int32)
-        labels = labels_from_weights(input_ids, weights, None if out is None else out.reshape(shape))
+    if n_rows and len(order) and int(used.sum()) >= _SLICE_TOKENS * len(order):
+        # long documents: every column the concatenation of its segments' slices (and the pads'), no token index
+        is_pad = np.zeros(len(seg_lengths), dtype=bool)
+        is_pad[tail_slot] = True
+        column = _Segments(seg_sources.tolist(), seg_lengths.tolist(), is_pad.tolist(), seq_len)
+        input_ids = column(docs.input_ids, pad_id, buffer("input_ids", docs.input_ids.dtype))
+        weights = column(docs.weights, 0, buffer("weights", docs.weights.dtype))
+        if docs.labels is None:
+            out = buffer("labels", np.int32)
+            labels = labels_from_weights(input_ids, weights, out)
+        else:
+            labels = column(docs.labels, IGNORE_INDEX, buffer("labels", docs.labels.dtype))
+        turns = None if docs.turns is None else column(docs.turns, 0, buffer("turns", docs.turns.dtype))
+        position_ids = column.positions(buffer("position_ids", np.int32))
+        input_ids, labels, weights, position_ids = (a.reshape(shape) for a in (input_ids, labels, weights, position_ids))
+        turns = None if turns is None else turns.reshape(shape)
     else:
-        labels = _column(docs.labels, gather, pads, IGNORE_INDEX, shape, buffer("labels", docs.labels.dtype))
-    turns = None if docs.turns is None else _column(docs.turns, gather, pads, 0, shape, buffer("turns", docs.turns.dtype))
-    del gather, pads  # before the positions: the block's two index arrays are not held at once
-    starts = np.zeros(len(seg_lengths), dtype=np.int32)
-    position_ids = _ranges(starts, seg_lengths, np.int32, out=buffer("position_ids", np.int32))
+        # n_rows * seq_len token indices; a pad tail's run from 0, clipped to the last token, then overwritten
+        gather = _ranges(seg_sources, seg_lengths, out=buffer("gather", np.int64))
+        pads = _ranges(np.flatnonzero(has_tail) * seq_len + used[has_tail], tail[has_tail])
+
+        input_ids = _column(docs.input_ids, gather, pads, pad_id, shape, buffer("input_ids", docs.input_ids.dtype))
+        weights = _column(docs.weights, gather, pads, 0, shape, buffer("weights", docs.weights.dtype))
+        if docs.labels is None:
+            out = buffer("labels", np.int32)
+            labels = labels_from_weights(input_ids, weights, None if out is None else out.reshape(shape))
+        else:
+            labels = _column(docs.labels, gather, pads, IGNORE_INDEX, shape, buffer("labels", docs.labels.dtype))
+        turns = None if docs.turns is None else _column(docs.turns, gather, pads, 0, shape, buffer("turns", docs.turns.dtype))
+        del gather, pads  # before the positions: the block's two index arrays are not held at once
+        starts = np.zeros(len(seg_lengths), dtype=np.int32)
+        position_ids = _ranges(starts, seg_lengths, np.int32, out=buffer("position_ids", np.int32)).reshape(shape)
     seq_lengths = np.split(seg_lengths.astype(np.int32), seg_ends[:-1]) if n_rows else []
     mask = (np.arange(seq_len)[None, :] < used[:, None]).astype(np.int8) if attention_mask else None
-    return Rows(input_ids, labels, weights, position_ids.reshape(shape), seq_lengths, used, per_row, mask, turns)
+    return Rows(input_ids, labels, weights, position_ids, seq_lengths, used, per_row, mask, turns)
+
+
+class _Segments:
+    """A chunk's columns made from its segments (``rows_from_bins``): each segment a slice of a document column
+    (``sources``: where it starts; ``lengths``) or, where ``is_pad``, a pad tail; the slices are joined by one
+    ``concatenate``, a copy of each document's tokens as they lie."""
+
+    def __init__(self, sources: list[int], lengths: list[int], is_pad: list[bool], seq_len: int) -> None:
+        self.segments = list(zip(sources, lengths, is_pad, strict=True))
+        self.lengths, self.seq_len = lengths, seq_len
+
+    def __call__(self, values: np.ndarray, pad: Any, out: np.ndarray | None) -> np.ndarray:
+        """``values`` through the segments, ``pad`` in the pad tails (flat; into ``out`` if given)."""
+        filler = np.full(self.seq_len, pad, dtype=values.dtype)
+        return np.concatenate([filler[:n] if tail else values[s : s + n] for s, n, tail in self.segments], out=out)
+
+    def positions(self, out: np.ndarray | None) -> np.ndarray:
+        """Each segment's positions from 0, pad tails included (int32; into ``out`` if given)."""
+        counting = np.arange(self.seq_len, dtype=np.int32)
+        return np.concatenate([counting[:n] for n in self.lengths], out=out)
 
 
 def _column(
