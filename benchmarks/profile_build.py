@@ -111,7 +111,7 @@ def profile_build(data: Path, tokenizer: Path, seq_len: int = 2048) -> dict[str,
         setattr(module, name, _timed(clock, label, fn))
     try:
         out = Path(tempfile.mkdtemp(prefix="profile-build-"))
-        packer = Packer(seq_len, specials.pad, window=cfg.pack.window, reuse=True)  # as a build's job
+        packer = Packer(seq_len, specials.pad, window=cfg.pack.window, reuse=1)  # each chunk written before the next
         writer = ShardWriter(out, seq_len, packed=True, max_shard_bytes=cfg.write.max_shard_bytes)
         counts: dict = defaultdict(int)
         record = InputFile(str(data))

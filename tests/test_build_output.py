@@ -8,6 +8,7 @@ import hashlib
 import json
 import shutil
 
+import numpy as np
 import pytest
 from conftest import SAMPLE_RAW, load_records
 from reference import (
@@ -22,6 +23,7 @@ from reference import (
 
 from weightprep.config import config_from_dict
 from weightprep.constants import FORMAT_VERSION, MANIFEST_NAME
+from weightprep.errors import InputError
 from weightprep.pipeline import build
 
 SEQ = 2048
@@ -358,3 +360,41 @@ def test_trust_remote_code_is_off_unless_asked_for(tmp_path, monkeypatch):
     result = CliRunner().invoke(main, [*args, "--out", str(tmp_path / "trusted"), "--trust-remote-code"])
     assert result.exit_code == 0, result.output
     assert calls and set(calls) == {True}, calls
+
+
+def test_a_write_that_fails_stops_the_build_and_publishes_nothing(sample_tok, tmp_path, monkeypatch):
+    """Rows are written in their own thread while the next chunk is made: a write that fails (a full disk) is the
+    build's error, raised once, with no thread left writing and no dataset published; the chunks written before it
+    were written in order, each as it was made."""
+    import threading
+    import time
+
+    from weightprep.stages import pack, write
+
+    monkeypatch.setattr(pack, "chunk_rows", lambda seq_len: 3)  # many chunks: several in flight at the failure
+    real, written = write.ShardWriter.write, []
+
+    def failing(self, rows, name=None):
+        if len(written) == 5:
+            raise OSError(28, "No space left on device")
+        time.sleep(0.02)  # a slow disk: the chunks made meanwhile must not be made in the arrays being written
+        written.append(rows.input_ids.copy())
+        return real(self, rows, name)
+
+    monkeypatch.setattr(write.ShardWriter, "write", failing)
+    cfg = config_from_dict({"pack": {"seq_len": 256}})
+    with pytest.raises(OSError, match="No space left"):
+        build([str(SAMPLE_RAW)], tmp_path / "out", cfg, tokenizer=sample_tok)
+    assert not (tmp_path / "out" / MANIFEST_NAME).exists()
+    assert not [t for t in threading.enumerate() if t.name.startswith("weightprep-")]
+    monkeypatch.setattr(write.ShardWriter, "write", real)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(SAMPLE_RAW.read_bytes() + b'{"pieces": 3}\n')  # an error elsewhere: the writer is stopped too
+    with pytest.raises(InputError):
+        build([str(bad)], tmp_path / "bad", cfg, tokenizer=sample_tok)
+    assert not [t for t in threading.enumerate() if t.name.startswith("weightprep-")]
+    build([str(SAMPLE_RAW)], tmp_path / "whole", cfg, tokenizer=sample_tok)
+    import datasets
+
+    ids = np.asarray(datasets.load_from_disk(str(tmp_path / "whole"))["input_ids"])
+    assert len(written) == 5 and np.array_equal(np.concatenate(written), ids[: 5 * 3])

@@ -295,7 +295,7 @@ def test_packer_packs_each_window_of_exactly_window_documents(window, batches):
     st.lists(
         st.tuples(st.lists(st.integers(0, 8), min_size=0, max_size=6), st.booleans(), st.booleans()), min_size=1, max_size=7
     ),
-    st.booleans(),
+    st.integers(0, 3),
 )
 def test_packer_windows_are_their_batches_joined(window, batches, reuse):
     """Whatever the batches (with turn codes or without, float64 weights or float32, empty documents, windows across
@@ -478,12 +478,14 @@ def test_rows_from_bins_in_reused_buffers_match_a_row_by_row_copy(slice_tokens, 
         assert rows.input_ids.dtype == rows.labels.dtype == rows.position_ids.dtype == np.int32
 
 
-def test_packer_reusing_its_rows_writes_what_a_fresh_packer_does():
-    """``Packer(reuse=True)``, each chunk read before the next (as the build's writer does), against the default:
-    windows joined in the same arrays, rows made in the same arrays, a last window of several batches flushed."""
+@pytest.mark.parametrize("reuse", [1, 3])
+def test_packer_reusing_its_rows_writes_what_a_fresh_packer_does(reuse):
+    """``Packer(reuse=k)``, each chunk read before the k-th after it is made (as the build's writer reads them),
+    against fresh arrays: windows joined in the same arrays, rows made in k sets of arrays in turn, a last window of
+    several batches flushed."""
     lengths = [(5 * i) % 7 + 1 for i in range(6000)]  # > 1,024 rows of 8 per window: two chunks each, and a flush
 
-    def chunks(reuse: bool) -> tuple[list[tuple[list, list, list]], list[np.ndarray]]:
+    def chunks(reuse: int) -> tuple[list[tuple[list, list, list]], list[np.ndarray]]:
         packer, out, arrays = Packer(8, -1, window=2500, reuse=reuse), [], []
         for start in range(0, len(lengths), 700):
             for rows in packer.add(_numbered(start, lengths[start : start + 700])):
@@ -493,11 +495,14 @@ def test_packer_reusing_its_rows_writes_what_a_fresh_packer_does():
             out.append((rows.input_ids.tolist(), rows.labels.tolist(), rows.position_ids.tolist()))
         return out, arrays
 
-    fresh, _ = chunks(False)
-    reused, arrays = chunks(True)
-    assert len(fresh) > 2
+    fresh, made = chunks(0)
+    reused, arrays = chunks(reuse)
+    assert len(fresh) > reuse + 1
     assert reused == fresh
-    assert np.shares_memory(arrays[0], arrays[1]), "the second chunk was not made in the first one's arrays"
+    assert not np.shares_memory(made[0], made[1]), "fresh arrays for each chunk"
+    for k in range(len(arrays) - reuse):  # the k-th chunk's arrays again for the (k + reuse)-th, none before
+        assert np.shares_memory(arrays[k], arrays[k + reuse]), f"chunk {k + reuse} was not made in chunk {k}'s arrays"
+        assert all(not np.shares_memory(arrays[k], arrays[j]) for j in range(k + 1, k + reuse))
 
 
 @pytest.mark.parametrize("seq_len", [128, 512, 2048, 4096, 65536])

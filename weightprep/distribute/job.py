@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from weightprep import storage
-from weightprep.batches import Documents
+from weightprep.batches import Documents, Rows
 from weightprep.blocks import Chats, count_rows, document_batch, parsed_blocks
 from weightprep.config import BuildConfig
 from weightprep.distribute.mixed import mixed_keys, part_epoch_keys, run_mixed, segment_of
@@ -243,9 +243,10 @@ class PartJob:
         cfg, state = self.cfg, self.worker()
         seq_len, packed = cfg.pack.seq_len, cfg.pack.enabled
         names = (TRAIN, VALIDATION) if self.cut is not None else None
-        # each split's rows in arrays reused from one chunk to the next: the writer writes each before the next
+        # each split's rows in arrays reused from chunk to chunk: three sets in turn, a chunk made while the one
+        # before waits for the writer's thread (a queue of one) and the one before that is written
         packers = {
-            name: Packer(seq_len, state.specials.pad, packed=packed, window=cfg.pack.window, reuse=True)
+            name: Packer(seq_len, state.specials.pad, packed=packed, window=cfg.pack.window, reuse=3)
             for name in (names or (None,))
         }
         writer = ShardWriter(
@@ -255,11 +256,19 @@ class PartJob:
         doc_counts = {name: Counter() for name in packers}  # updated by this thread only
         row_counts = {name: Counter() for name in packers}  # updated by the writer thread only
 
+        def write(item: tuple[Rows, str | None]) -> None:
+            rows, name = item
+            count_rows(rows, row_counts[name])
+            writer.write(rows, name)
+
+        # a chunk of rows is written (its own thread: the IPC write holds no lock) while the next is made, after
+        # the last block too, where one window's rows are made and written with nothing else left to do
+        writing: BackgroundSink[tuple[Rows, str | None]] = BackgroundSink(write, depth=1)
+
         def pack_and_write(item: tuple[str | None, Documents]) -> None:
             name, docs = item
             for rows in packers[name].add(docs):
-                count_rows(rows, row_counts[name])
-                writer.write(rows, name)
+                writing.put((rows, name))
 
         record = InputFile(part.path)
         sink: BackgroundSink[tuple[str | None, Documents]] = BackgroundSink(pack_and_write)
@@ -282,14 +291,15 @@ class PartJob:
             sink.close()
             for name, packer in packers.items():
                 for rows in packer.flush():
-                    count_rows(rows, row_counts[name])
-                    writer.write(rows, name)
+                    writing.put((rows, name))
+            writing.close()
             written = writer.close()
             if rejects is not None:
                 rejects.close()
         except BaseException as exc:
             parsed.close()  # stops and joins the read thread now, not when the traceback is collected
             sink.cancel()
+            writing.cancel()
             writer.abort()
             if rejects is not None:
                 rejects.close()

@@ -308,16 +308,19 @@ class _Window:
 class Packer:
     """Streams masked, filtered documents into fixed-length ``Rows`` (packed or padded).
 
-    ``reuse``: every ``Rows`` is made in the same arrays (``RowBuffers``), valid until the next one is asked for:
-    for a caller that writes each one before taking the next (a build's writer), not one that keeps them. A window's
-    documents are always held in arrays kept from one window to the next (``_Window``); no ``Rows`` shares them."""
+    ``reuse`` (> 0): every ``Rows`` is made in one of ``reuse`` sets of arrays (``RowBuffers``), taken in turn, so it
+    stays valid until ``reuse`` more have been asked for: for a caller that is done with each by then (a build's
+    writer: one ``Rows`` made while the one before waits for the writer and the one before that is written), not one
+    that keeps them; 0: fresh arrays for each. A window's documents are always held in arrays kept from one window
+    to the next (``_Window``); no ``Rows`` shares them."""
 
-    def __init__(self, seq_len: int, pad_id: int, *, packed: bool = True, window: int = 20000, reuse: bool = False) -> None:
+    def __init__(self, seq_len: int, pad_id: int, *, packed: bool = True, window: int = 20000, reuse: int = 0) -> None:
         self.seq_len = seq_len
         self.pad_id = pad_id
         self.packed = packed
         self.window = window
-        self._buffers = RowBuffers() if reuse else None
+        self._buffers = [RowBuffers() for _ in range(reuse)]
+        self._turn = 0  # the set of arrays the next ``Rows`` is made in
         self._held = _Window(window)
 
     def add(self, docs: Documents) -> Iterator[Rows]:
@@ -358,5 +361,13 @@ class Packer:
         for start in range(0, len(bins), rows):
             yield rows_from_bins(
                 docs, bins[start : start + rows], self.seq_len, self.pad_id, attention_mask=not self.packed,
-                buffers=self._buffers,
+                buffers=self._next_buffers(),
             )  # fmt: skip
+
+    def _next_buffers(self) -> RowBuffers | None:
+        """The arrays of the next ``Rows`` (None: fresh ones)."""
+        if not self._buffers:
+            return None
+        buffers = self._buffers[self._turn]
+        self._turn = (self._turn + 1) % len(self._buffers)
+        return buffers
