@@ -167,9 +167,10 @@ _THINK_PROMPT = (
 
 @pytest.mark.parametrize("corpus", ["trl", "real"])
 def test_weights_from_the_cuts_lengths_are_the_renders(corpus, tmp_path):
-    """``ChatRenderer._cut_runs`` (the weights and turns from where the prefixes are cut, no render made) gives
-    what the steps give from the renders themselves, or leaves it to them, on every template of TRL and of the real
-    corpus, for conversations that reach each step; where the prefixes are cut, it serves most of them."""
+    """``ChatRenderer._cut_runs`` (the weights and turns from where the prefixes are cut, no render made), and the
+    plans it leaves for plain conversations (``_plain_runs``), give what the steps give from the renders themselves,
+    or leave it to them, on every template of TRL and of the real corpus, for conversations that reach each step;
+    where the prefixes are cut, they serve most of them."""
     from chat_coverage_support import coverage_tokenizer
     from chat_support import chat_record
 
@@ -194,6 +195,15 @@ def test_weights_from_the_cuts_lengths_are_the_renders(corpus, tmp_path):
             return found
 
         fast._cut_runs = counted  # type: ignore[method-assign]
+        planned = fast._plain_runs
+
+        def served_plain(chat, planned=planned, hits=hits):
+            found = planned(chat)
+            if found is not None:  # else ``runs`` takes its steps, ``_cut_runs`` among them (counted there)
+                hits.append(True)
+            return found
+
+        fast._plain_runs = served_plain  # type: ignore[method-assign]
         records = [{"messages": m} for m in _WEIGHED] + [shape_record(s, template) for s in SHAPES]
         for record in records:
             outs = []
@@ -211,6 +221,66 @@ def test_weights_from_the_cuts_lengths_are_the_renders(corpus, tmp_path):
     if corpus == "trl":  # ChatML (Qwen2.5's, the benchmark's): cut wherever its answers follow their prompts;
         assert served[template_text("qwen2_5")] > 0.7 and served[_THINK_PROMPT] > 0, served  # the answers that
         # open with ``<think>\n`` follow the reasoning prompt's
+
+
+def _plain_conversations(control: str) -> list[list[dict]]:
+    """Plain conversations (``plain_shape``) of a few shapes, each shape several times (the first leaves its plan),
+    among them what a plan must not answer: a weighted user turn, a control token in a string, a weight float32
+    cannot hold, contents before roles and weights first, empty and whitespace-only contents."""
+    def exchange(q: str, a: str, w: float = 1.0) -> list[dict]:
+        return [{"role": "user", "content": q}, {"role": "assistant", "content": a, "weight": w}]
+
+    out = []
+    for k, (q, a) in enumerate([("Hi", "Hello."), ("Why?", "Because."), ("  ", "ok"), ("x", ""), ("Q", f"A{control}B"),
+                                ("Long question here", "<think>\nhm\n</think>\n\nA")]):  # fmt: skip
+        out.append(exchange(q, a))
+        out.append([{"role": "system", "content": "Be brief.", "weight": 0.5}, *exchange(q, a, 2.0), *exchange(a, q, 0.0)])
+        out.append([{"content": q, "role": "user"}, {"weight": 3, "content": a, "role": "assistant"}])
+        out.append([{"role": "user", "content": q, "weight": 1.0}, {"role": "assistant", "content": a}])
+        out.append(exchange(q, a, 1e39 if k == 3 else 1.0))
+    return out
+
+
+@pytest.mark.parametrize("corpus", ["trl", "real"])
+def test_plain_conversations_from_their_shapes_plans_are_the_steps(corpus, tmp_path):
+    """A conversation of plain messages whose shape has a plan (``ChatRenderer._plain_runs``: learnt where
+    ``_cut_runs`` answered one of its shape) gets the text, weights and turns, or the refusal, that the steps give
+    without plans, on every template of TRL and of the real corpus; ChatML's plans serve many of them."""
+    from chat_coverage_support import coverage_tokenizer
+    from chat_support import chat_record
+
+    from weightprep.stages.chat import ChatRenderer
+
+    served: dict[str, int] = {}
+    for name in template_names(corpus=corpus):
+        template = template_text(name)
+        if _GENERATION_TAG.search(template):
+            continue
+        tok = coverage_tokenizer(name, str(tmp_path / name))
+        planned, steps = ChatRenderer(tok, template), ChatRenderer(tok, template)
+        steps._plain_on = False
+        taken, hits = planned._plain_runs, []
+
+        def counted(chat, taken=taken, hits=hits):
+            found = taken(chat)
+            hits.append(found is not None)
+            return found
+
+        planned._plain_runs = counted  # type: ignore[method-assign]
+        control = next(iter(planned.control_tokens()[0]), "<|im_end|>")
+        for messages in _plain_conversations(control) * 2:
+            outs = []
+            for renderer in (planned, steps):
+                try:
+                    text, weights, turns = renderer.char_weights(chat_record(messages))
+                    outs.append((text, weights.tolist(), turns.tolist()))
+                except Exception as exc:  # noqa: BLE001 - the same refusal either way
+                    outs.append((type(exc).__name__, str(exc)))
+            assert outs[0] == outs[1], (name, messages)
+        assert planned.roles == steps.roles, name  # turn codes given in the same order
+        served[name] = sum(hits)
+    if corpus == "trl":
+        assert served["qwen2_5"] > len(_plain_conversations("")) // 2, served  # (of twice as many conversations)
 
 
 def test_a_message_the_template_writes_nothing_for_gets_no_turn_code():

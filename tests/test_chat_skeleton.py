@@ -81,6 +81,58 @@ def test_every_filled_render_is_the_templates_own(path):
                 assert _renders(with_, messages) == _renders(without, messages), (roles, messages)
 
 
+@pytest.mark.parametrize("path", FILES, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_a_compiled_fill_is_its_skeletons_fill(path):
+    """``compiled_fill`` of every skeleton with cuts and no guards that the chat stage makes, on every template, gives
+    ``Skeleton.fill``'s render and cuts for every conversation of its shape (strings that look like template text,
+    marks, spaces and nothing among them); a skeleton with guards has none (its answers are ``fill``'s)."""
+    pair = _templates(path)
+    if pair is None:
+        pytest.skip("{% generation %} spans: rendered by transformers' function")
+    template = pair[0]
+    for roles in SHAPES:
+        for extra in (None, {"name": "Ann"}):
+            for messages in _conversations(roles, extra):
+                _renders(template, messages)
+                skeleton = template._skeletons.made(chat_skeleton.shape_keys(messages), tracked=True)
+                if skeleton is None:
+                    continue
+                fill = chat_skeleton.compiled_fill(skeleton)
+                if skeleton.guards or skeleton.cut_at is None:
+                    assert fill is None
+                elif skeleton.fill(messages) is not None:
+                    assert fill(messages) == skeleton.fill(messages), (roles, messages)
+
+
+_PLAIN_KEYS = st.permutations(["role", "content", "weight"]).map(tuple) | st.permutations(["role", "content"]).map(tuple)
+_PLAIN_MESSAGE = st.tuples(
+    _PLAIN_KEYS, st.sampled_from(["user", "assistant", "", "system"]), st.sampled_from(["", " ", "\n\t", "x", " x "]),
+    st.sampled_from([0, 1.5, 2]),
+).map(lambda t: {k: {"role": t[1], "content": t[2], "weight": t[3]}[k] for k in t[0]})
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_PLAIN_MESSAGE, max_size=4), st.lists(_PLAIN_MESSAGE, max_size=4))
+def test_a_plain_shape_is_one_to_one_with_its_scanned_keys(one, two):
+    """``plain_shape``'s key of two conversations of plain messages is the same exactly where their
+    ``scan_messages(template=True)`` keys are (whatever their keys' order, a weight anywhere), and its strings are
+    the scan's."""
+    a, b = chat_skeleton.plain_shape(one), chat_skeleton.plain_shape(two)
+    scan_a = chat_skeleton.scan_messages(one, template=True)
+    scan_b = chat_skeleton.scan_messages(two, template=True)
+    assert (a[0] == b[0]) == (scan_a[2] == scan_b[2])
+    assert a[1] == scan_a[1] and b[1] == scan_b[1]
+
+
+@pytest.mark.parametrize("messages", [
+    [{"role": "user", "content": "a", "name": "Ann"}], [{"role": "user"}], [{"role": "user", "content": ["a"]}],
+    [{"role": 1, "content": "a"}], [{"role": "user", "content": "a", "weights": 1}], ["user"], ({"role": "u", "content": "a"},),
+    [{"role": "user", "content": "a"}, {"role": "user", "content": None}],
+])  # fmt: skip
+def test_messages_that_are_not_plain_have_no_plain_shape(messages):
+    assert chat_skeleton.plain_shape(messages) is None
+
+
 def _kept(template_text: str, roles=("user", "assistant")) -> bool:
     """Whether a skeleton is kept for the whole render of a conversation's shape under ``template_text``."""
     template = _Template(template_text, False)

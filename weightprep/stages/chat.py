@@ -97,7 +97,15 @@ from weightprep.stages.chat_control import (
 )
 from weightprep.stages.chat_history import HISTORY_MODES, Document, HistoryModes, joined
 from weightprep.stages.chat_jinja import template_utils
-from weightprep.stages.chat_skeleton import Skeletons, compile_skeleton, scan_messages, shape_keys
+from weightprep.stages.chat_skeleton import (
+    MAX_SHAPES,
+    Skeletons,
+    compile_skeleton,
+    compiled_fill,
+    plain_shape,
+    scan_messages,
+    shape_keys,
+)
 from weightprep.stages.chat_spans import answer_start, plain_answer, trailer
 from weightprep.stages.chat_templates import TrlMissing
 from weightprep.stages.spans import TokenSpans
@@ -410,6 +418,10 @@ class ChatRenderer(HistoryModes):
         self._trl_missing: TrlMissing | None = None
         self._added: re.Pattern[str] | None = None  # ``_markers``
         self._turn_codes: dict[tuple[str, int], int] = {}  # ``turn_code`` of (role, message index), as found
+        #: by ``plain_shape`` key: its compiled fill, ``P_0`` and its skeletons, or False (``_plain_runs``), and
+        #: whether this renderer makes such plans (None: not decided yet)
+        self._plain: dict[tuple[Any, ...], Any] = {}
+        self._plain_on: bool | None = None
 
     def check(self) -> None:
         """Refuse, before any work, a tokenizer that cannot render conversations."""
@@ -568,6 +580,10 @@ class ChatRenderer(HistoryModes):
         runs (``chat_align.Runs``). ``derive``: an assistant turn's weight may start where the renders say it does
         where its generation prompt is not a prefix of it (``chat_spans.answer_start``), and a message of weight 0
         may be rewritten."""
+        if not derive and self._plain:
+            found = self._plain_runs(chat)
+            if found is not None:
+                return found
         self._check_kwargs(chat)
         reasoning = self._compiled().reasoning
         # the messages, their strings and shape in one pass where they are plain (``_Template.prepare(scanned=...)``)
@@ -583,6 +599,8 @@ class ChatRenderer(HistoryModes):
         if not derive and not self.tagged:
             cut = self._cut_runs(chat, messages, prepared, text)
             if cut is not None:
+                if scanned is not None and prepared.keys is not None:
+                    self._learn_plain(chat, scanned)
                 return text, cut
         weights = np.zeros(len(text), dtype=np.float32)
         assistants = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
@@ -698,19 +716,72 @@ class ChatRenderer(HistoryModes):
         if found is None or self._trailer():
             return None
         cuts, generation = found
-        a = len(self._empty(chat, prepared, text))
+        return self._runs_of_cuts(chat.messages, messages, cuts, generation, len(self._empty(chat, prepared, text)), text)
+
+    def _learn_plain(self, chat: Chat, scanned: list[tuple[Any, ...]]) -> None:
+        """After ``_cut_runs`` answered a conversation filled from its shape's skeleton: where its messages are plain
+        (``plain_shape``), the plan ``_plain_runs`` follows for every conversation of that shape (once per shape;
+        False where the skeleton has no compiled fill)."""
+        if self._plain_on is None:  # decided once: what the plans take as known for every conversation
+            template = self._compiled()
+            self._plain_on = (
+                not self.sanitize and not self.tagged and self._joins() and template._skeletons is not None
+                and not {"role", "content"} & (template.reasoning or frozenset())
+            )  # fmt: skip
+        if not self._plain_on or chat.tools is not None or chat.template_kwargs is not None:
+            return
+        shape = plain_shape(chat.messages)
+        if shape is None or shape[0] in self._plain or len(self._plain) >= MAX_SHAPES:
+            return
+        skeletons = self._compiled()._skeletons
+        assert skeletons is not None
+        skeleton = skeletons.made(scanned, tracked=True)
+        fill = compiled_fill(skeleton) if skeleton is not None else None
+        self._plain[shape[0]] = False if fill is None else (fill, self._empty_renders[("", "")], skeletons)
+
+    def _plain_runs(self, chat: Chat) -> tuple[str, Runs] | None:
+        """``runs`` of a conversation of a shape ``_learn_plain`` has a plan for: the steps ``runs`` takes for it
+        (the control tokens searched, the render filled from its skeleton and cut, ``_cut_runs``), each known to
+        come out as it did for that shape but where it depends on the strings, which are checked here; None where
+        it has no plan, or a step would not come out so (``runs`` then takes them all)."""
+        if chat.tools is not None or chat.template_kwargs is not None:
+            return None
+        shape = plain_shape(chat.messages)
+        plan = self._plain.get(shape[0]) if shape is not None else None
+        if not plan:
+            return None
+        fill, empty, skeletons = plan
+        if self._control_tokens().search(SEPARATOR.join(shape[1])):  # type: ignore[index]
+            return None  # (``_check_control_tokens`` names it)
+        # a cut per message, the last where the text ends: a template whose prefixes are cut writes nothing after
+        # its loop over the messages but the generation prompt (``chat_prefixes``)
+        text, cuts = fill(chat.messages)
+        generation = self._compiled()._shape.generation  # type: ignore[union-attr]
+        runs = self._runs_of_cuts(chat.messages, chat.messages, cuts, generation, len(empty) if text.startswith(empty) else 0, text)
+        if runs is None:
+            return None
+        skeletons.served()
+        return text, runs
+
+    def _runs_of_cuts(
+        self, originals: list[dict[str, Any]], messages: list[dict[str, Any]], cuts: list[int], generation: str,
+        a: int, text: str,
+    ) -> Runs | None:  # fmt: skip
+        """``_cut_runs`` from the cuts of ``text`` (the messages' ends), the generation prompt and ``a``, where the
+        first message starts (the end of ``P_0``); ``originals``: the record's messages (their weights),
+        ``messages`` the template's."""
         starts, weights, turns = [0], [0.0], [0]  # the text before the first message: no turn's
         codes = self._turn_codes
         unknown: list[tuple[int, str, int]] = []  # (index into turns, role, message): codes given once all is known
-        markers = self._markers()
+        markers, scaled, prompted = self._markers(), self._scaled_weight, len(generation)
         for i, m in enumerate(messages):
             end = cuts[i]
-            w = self._scaled_weight(i, chat.messages[i])
+            w = scaled(i, originals[i])
             if end < a:
                 return None
             start = end
             if w != 0:
-                start = a + len(generation)  # where the generation prompt ``P_i + generation`` ends
+                start = a + prompted  # where the generation prompt ``P_i + generation`` ends
                 if m["role"] != "assistant" or not i or start > end or not text.startswith(generation, a):
                     return None
                 content = m.get("content")
@@ -725,9 +796,9 @@ class ChatRenderer(HistoryModes):
                 code = codes.get((role, i))
                 if code is None:  # a role's code never changes once given (``roles`` only grows)
                     unknown.append((len(turns), role, i))
-                starts += (a, start)
-                weights += (0.0, w)
-                turns += (code, code)
+                starts.extend((a, start))
+                weights.extend((0.0, w))
+                turns.extend((code, code))
             a = end
         for at_, role, i in unknown:  # in message order, as the renders' steps give them (``_turns``)
             code = codes.get((role, i))
@@ -815,14 +886,18 @@ class ChatRenderer(HistoryModes):
             self._eos_trailer = bool(eos) and one.endswith(eos) and two.endswith(eos) and two.startswith(one[: -len(eos)])
         return self._eos_trailer
 
+    def _joins(self) -> bool:
+        """Whether no control token holds ``SEPARATOR``: then no match spans two strings joined by it."""
+        if self._joinable is None:
+            self._joinable = not any(SEPARATOR in t for t in self.control_tokens()[0])
+        return self._joinable
+
     def _check_control_tokens(self, chat: Chat, messages: list[dict[str, Any]], strings: list[str] | None = None) -> None:
         """A string of the record (what ``apply_chat_template(..., sanitize_control_tokens=True)`` would mark: every
         string of the messages, tools and ``chat_template_kwargs``) that holds a control token that opens or closes a
         turn is ``control_token_in_content``; in-turn markers (``control_tokens``) are tokens there, as
         ``apply_chat_template`` makes them."""
-        if self._joinable is None:  # no control token holds the separator: no match spans two strings joined
-            self._joinable = not any(SEPARATOR in t for t in self.control_tokens()[0])
-        found = first_turn_token(self._control_tokens(), chat, messages, self._joinable, strings)
+        found = first_turn_token(self._control_tokens(), chat, messages, self._joins(), strings)
         if found is not None:
             field, hit = found
             raise ChatError(
