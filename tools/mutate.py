@@ -72,7 +72,7 @@ MODULES: dict[str, list[str]] = {
     # prefix renders cut from one render of the whole conversation (split out of chat.py)
     "stages/chat_prefixes.py": ["tests/test_chat_prefixes.py", "tests/test_chat.py", "tests/test_chat_skeleton.py"],
     # a conversation's renders filled in from its shape's skeleton
-    "stages/chat_skeleton.py": ["tests/test_chat_skeleton.py", "tests/test_chat.py"],
+    "stages/chat_skeleton.py": ["tests/test_chat_skeleton.py", "tests/test_chat.py", "tests/test_chat_prefixes.py"],
     "stages/chat_templates.py": ["tests/test_chat_history.py", "tests/test_chat_real_templates.py"],
     # split out of chat.py (issue 32): the turn-token rule, where a turn's weight starts, the history modes
     "stages/chat_control.py": [
@@ -105,6 +105,8 @@ MODULES: dict[str, list[str]] = {
     "distribute/merge.py": ["tests/test_distribute.py", "tests/test_chat_turns.py", "tests/test_sources.py"],
     # test_executors: the workers' own code (_run_local, the Ray actor's class) called in this process
     "distribute/executors.py": ["tests/test_executors.py", "tests/test_distribute.py"],
+    # a part's stages in their threads: the rows written in their own thread while the next are made
+    "distribute/job.py": ["tests/test_build_output.py", "tests/test_stages.py"],
     # a source's weight and epochs, the interleave of mixed parts (Hypothesis over weights and epochs)
     "sources.py": ["tests/test_source_checks.py", "tests/test_sources.py"],
     "distribute/mixed.py": ["tests/test_interleave.py", "tests/test_sources.py"],
