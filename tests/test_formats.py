@@ -296,13 +296,26 @@ def test_a_plain_chat_line_parsed_without_the_hook_repeats_no_key(line, monkeypa
     assert fast[1] is None or fast[1].reason == "duplicate_key"
 
 
+@pytest.mark.parametrize("after", [" x", '{"messages": []}', "]", " \u3000"])
+def test_a_chat_line_with_more_than_its_object_is_malformed_json(after):
+    """What follows a plain conversation's object on its line, but whitespace, makes the line malformed JSON, as
+    ``json.loads`` says: the unhooked parse reads only the object, and leaves the line to the hooked one."""
+    line = '{"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]}' + after
+    chat, problem = check_line(line.encode())
+    assert chat is None and problem.reason == "malformed_json" and "Extra data" in problem.problem
+    with pytest.raises(json.JSONDecodeError, match="Extra data"):
+        json.loads(line)
+
+
 @pytest.mark.parametrize("line", [
     '{"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b", "weight": 2}]}',
     '{"messages":[{"content":"a","role":"user"},{"weight":0.5,"role":"assistant","content":"b"}]}',
     '{"messages" : [ {"role" : "user" , "content" : "x\\ny"} ]}',
+    '{"messages": [{"role": "user", "content": "a"}]} \t\r',
 ])  # fmt: skip
 def test_the_usual_chat_line_is_answered_by_the_parse_without_the_hook(line):
-    """A plain conversation, keys in any order and spacing, escapes in its strings, is answered by the unhooked parse
+    """A plain conversation, keys in any order and spacing, escapes in its strings, whitespace after it, is answered
+    by the unhooked parse
     (``_PLAIN_DECODER``: its messages are plain dicts, not the hooked parse's ``_Object``), as the hooked one would."""
     from weightprep.stages import validate
 

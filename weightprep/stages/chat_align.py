@@ -19,8 +19,9 @@ tokens ``[tok_base[d], tok_base[d + 1])`` are document ``d``'s, a token's ``(sta
 documents' characters (``TokenSpans.runs`` gives them so). Each document's spans go forwards (both span sources
 guarantee it: ``TokenSpans`` by construction, tokenizers' offsets once ``_check_offsets`` passed), and so do the
 spans over the whole run of documents. The run of each token's first character is a count: one ``searchsorted``
-finds, for each run, the first token that starts in it, and a cumulative sum over the tokens counts the runs
-started. One more ``searchsorted`` finds, for every change of weight, the first token that ends after it: of the
+finds, for each run, the first token that starts in it, and each run's weight and turn are repeated over its
+tokens (``np.repeat``: ~1 ns a token, where a cumulative count of the runs started and a gather through it took
+~5). One more ``searchsorted`` finds, for every change of weight, the first token that ends after it: of the
 tokens that reach past the change it starts first, so some token straddles the change iff that one does. (Not the
 last token that starts at or before the change: ``"A"`` merged with the first bytes of ``"東"`` starts before it,
 and the token of the other bytes of ``"東"`` starts at it.) Only where one does, two more ``searchsorted`` find
@@ -135,14 +136,19 @@ def align_runs(
     straddling = np.zeros(n_docs, dtype=np.int64)
     if not len(run_starts):  # no characters: no token has any
         return Aligned(np.zeros(n, dtype=np.float32), np.zeros(n, dtype=np.int32), straddling, double_bos)
-    # the run of each token's first character: the runs that start at or before it, counted through the tokens
-    # (the spans go forwards over the block), less one
-    found = np.bincount(np.searchsorted(g_starts, run_starts, side="left"), minlength=n + 1)
-    first = np.cumsum(found[:n]) - 1
+    # each run's first token: the first that starts on or after it (the spans go forwards over the block)
+    bounds = np.searchsorted(g_starts, run_starts, side="left")
     has_chars = g_ends > g_starts
-    if has_chars.all():  # every token starts on a character of its document: that character's run
-        weights, turns = run_w[first], run_t[first]
+    if has_chars.all():
+        # every token starts on a character of its document, so in a run (the runs start at its first character):
+        # each run's weight and turn repeated over the tokens that start in it
+        per_run = np.diff(bounds, append=n)
+        weights, turns = np.repeat(run_w, per_run), np.repeat(run_t, per_run)
     else:
+        # the run of each token's first character: the runs that start at or before it, counted through the tokens,
+        # less one
+        found = np.bincount(bounds, minlength=n + 1)
+        first = np.cumsum(found[:n]) - 1
         # a token with no characters (an added EOS after the text): weight 0, and the turn of its place, clipped to
         # its document's last character (turn 0 in an empty document)
         none = np.flatnonzero(~has_chars)
@@ -163,7 +169,8 @@ def align_runs(
                 > np.searchsorted(changes, g_starts, side="right")
             )
             last = np.searchsorted(run_starts, g_ends[across] - 1, side="right")  # one past each one's last run
-            top, turn = _heaviest(run_w, run_t, first[across], last)
+            starting = np.searchsorted(run_starts, g_starts[across], side="right") - 1  # the run each starts in
+            top, turn = _heaviest(run_w, run_t, starting, last)
             doc = np.searchsorted(tok_base, across[top > weights[across]], side="right") - 1  # their documents
             straddling = np.bincount(doc, minlength=n_docs).astype(np.int64)
             weights[across], turns[across] = top, turn

@@ -105,6 +105,7 @@ _DECODER = json.JSONDecoder(object_pairs_hook=_object)
 #: the same decoder without the hook (no Python call per object), for a line that looks like a plain conversation:
 #: its keys are counted in its text instead (``_KEYS``), and a line with as many as its objects hold repeats none
 _PLAIN_DECODER = json.JSONDecoder()
+_PLAIN_SCAN = _PLAIN_DECODER.scan_once
 #: where a key ends: a quote, then a colon. Inside a string a quote is escaped, so this finds every key and, at
 #: most, more (an escaped quote before a colon in a string): never fewer than the keys written
 _KEYS = re.compile(r'"[ \t\n\r]*:')
@@ -353,10 +354,13 @@ def check_line(
         # invalid bytes become lone surrogates: rejected if they land in a text, ignored in metadata
         text = raw.decode("utf-8", "surrogateescape")
     if not columns and text.startswith('{"messages"'):  # the usual chat line, without the hook (``_PLAIN_DECODER``)
-        try:
-            plain = _PLAIN_DECODER.decode(text)
-        except (json.JSONDecodeError, RecursionError):
+        try:  # its scanner itself: ``decode`` is it and two searches for the whitespace around the value
+            plain, end = _PLAIN_SCAN(text, 0)
+        except (StopIteration, json.JSONDecodeError, RecursionError):
             plain = None  # the exact path says why
+        else:
+            if end != len(text) and text[end:].strip(" \t\n\r"):
+                plain = None  # more than the value: the exact path says what
         chat = _plain_chat(plain, raw, text) if type(plain) is dict else None
         if chat is not None:
             return chat, None
