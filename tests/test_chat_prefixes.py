@@ -283,6 +283,23 @@ def test_plain_conversations_from_their_shapes_plans_are_the_steps(corpus, tmp_p
         assert served["qwen2_5"] > len(_plain_conversations("")) // 2, served  # (of twice as many conversations)
 
 
+def test_a_plans_renders_count_as_its_skeletons(tmp_path):
+    """Each conversation a plan renders counts as a render its shape's skeleton served (``Skeletons.served``), as one
+    filled by ``Skeletons.fill`` does: a renderer keeps making the skeletons of new shapes while they serve two
+    renders each, whichever way they were filled."""
+    from chat_coverage_support import coverage_tokenizer
+    from chat_support import chat_record
+
+    from weightprep.stages.chat import ChatRenderer
+
+    renderer = ChatRenderer(coverage_tokenizer("qwen2_5", str(tmp_path / "tok")), template_text("qwen2_5"))
+    served = []
+    for n in range(12):
+        renderer.runs(chat_record([{"role": "user", "content": f"Q{n}"}, {"role": "assistant", "content": f"A{n}"}]))
+        served.append(renderer._compiled()._skeletons._filled)
+    assert renderer._plain and served == list(range(1, 13))
+
+
 def test_a_message_the_template_writes_nothing_for_gets_no_turn_code():
     """Cut from the whole render (``ChatRenderer._cut_runs``), a message the template writes nothing for holds no
     character: its role gets no turn code (``roles`` grows only with roles that hold text, as the renders' steps

@@ -4,6 +4,7 @@ with a string but write it keeps no skeleton for that shape."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -122,6 +123,21 @@ def test_a_plain_shape_is_one_to_one_with_its_scanned_keys(one, two):
     scan_b = chat_skeleton.scan_messages(two, template=True)
     assert (a[0] == b[0]) == (scan_a[2] == scan_b[2])
     assert a[1] == scan_a[1] and b[1] == scan_b[1]
+
+
+def test_every_plain_message_has_its_own_part_of_the_plain_shape():
+    """Over every plain message of a small world (two roles, an empty, a whitespace-only and another content, every
+    order of its keys, with a weight and without), and conversations of two of them: two keys are equal exactly where
+    the scanned keys are."""
+    orders = [*itertools.permutations(["role", "content"]), *itertools.permutations(["role", "content", "weight"])]
+    world = [
+        {k: {"role": role, "content": content, "weight": 1.0}[k] for k in order}
+        for role in ("user", "assistant") for content in ("", " \n", "text") for order in orders
+    ]  # fmt: skip
+    conversations = [[m] for m in world] + [[a, b] for a in world[::5] for b in world[::7]]
+    keys = [chat_skeleton.plain_shape(c)[0] for c in conversations]
+    scanned = [tuple(chat_skeleton.scan_messages(c, template=True)[2]) for c in conversations]
+    assert len(set(keys)) == len(set(scanned)) == len(set(zip(keys, scanned, strict=True)))
 
 
 @pytest.mark.parametrize("messages", [

@@ -210,7 +210,13 @@ _SAME_COPY = "a window's column already of its dtype, copied (astype copy=True) 
 _VIEW_OR_COPY = ("a window of exactly the rest of the batch, taken as views or copied into the held window: the same "
                  "documents in the same order either way")
 
+_DISTINCT = ("a plain shape's key needs its messages' content kinds and key orders told apart (one to one with "
+             "scan_messages' keys, tests/test_chat_skeleton.py): any codes serve that stay distinct, as these do")
 EQUIVALENT: dict[str, str] = {
+    # twentieth session: the plain conversations' plans (chat_skeleton.plain_shape)
+    "stages/chat_skeleton.py:plain_shape:binop:key += (role, (0 if not content else 1 if content.isspace() else 2) + (3 if first == 'content' el...": _DISTINCT,
+    "stages/chat_skeleton.py:plain_shape:compare0:key += (role, (0 if not content else 1 if content.isspace() else 2) + (3 if first == 'content' el...": _DISTINCT,
+    "stages/chat_skeleton.py:plain_shape:int+1:key += (role, (0 if not content else 1 if content.isspace() else 2) + (3 if first == 'content' el...#3": _DISTINCT,
     # sixteenth session: a window's documents copied in as their batches arrive (pack._Window)
     'stages/pack.py:Packer.add:compare0:if not held.count and len(docs) - a >= self.window:': _VIEW_OR_COPY,
     'stages/pack.py:_Window._column:binop:grown = np.empty(max(guess, 0 if array is None else len(array) * 3 // 2, end), dtype=dtype)': _ROOM,

@@ -18,7 +18,8 @@ Unpacked: one document per row, in input order, right-padded, plus an ``attentio
 Cost: O(window) memory in documents (8 bytes per token: ids and weights, 12 with turns; a batch's documents are
 copied into the window's arrays as they arrive, or taken as views where a whole window lies in one batch); fill is
 typically > 99% with a window of thousands of documents, since only the last few rows of each window are left
-part-full.
+part-full. A chunk's rows are made by slices of the documents where these are long, through one token index where
+they are short (``rows_from_bins``), ~3.5 and ~9 ns a token.
 """
 
 from __future__ import annotations
