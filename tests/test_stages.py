@@ -478,7 +478,7 @@ def test_rows_from_bins_in_reused_buffers_match_a_row_by_row_copy(slice_tokens, 
         assert rows.input_ids.dtype == rows.labels.dtype == rows.position_ids.dtype == np.int32
 
 
-@pytest.mark.parametrize("reuse", [1, 3])
+@pytest.mark.parametrize("reuse", [1, 2, 3])
 def test_packer_reusing_its_rows_writes_what_a_fresh_packer_does(reuse):
     """``Packer(reuse=k)``, each chunk read before the k-th after it is made (as the build's writer reads them),
     against fresh arrays: windows joined in the same arrays, rows made in k sets of arrays in turn, a last window of
@@ -500,9 +500,10 @@ def test_packer_reusing_its_rows_writes_what_a_fresh_packer_does(reuse):
     assert len(fresh) > reuse + 1
     assert reused == fresh
     assert not np.shares_memory(made[0], made[1]), "fresh arrays for each chunk"
-    for k in range(len(arrays) - reuse):  # the k-th chunk's arrays again for the (k + reuse)-th, none before
-        assert np.shares_memory(arrays[k], arrays[k + reuse]), f"chunk {k + reuse} was not made in chunk {k}'s arrays"
-        assert all(not np.shares_memory(arrays[k], arrays[j]) for j in range(k + 1, k + reuse))
+    for k in range(len(arrays)):  # no chunk made in the arrays of one of the reuse - 1 before it
+        assert all(not np.shares_memory(arrays[k], arrays[j]) for j in range(k + 1, min(k + reuse, len(arrays)))), k
+    # and the arrays of a chunk used again for the reuse-th after it (unless a larger chunk grew them)
+    assert any(np.shares_memory(arrays[k], arrays[k + reuse]) for k in range(len(arrays) - reuse))
 
 
 @pytest.mark.parametrize("seq_len", [128, 512, 2048, 4096, 65536])

@@ -212,7 +212,16 @@ _VIEW_OR_COPY = ("a window of exactly the rest of the batch, taken as views or c
 
 _DISTINCT = ("a plain shape's key needs its messages' content kinds and key orders told apart (one to one with "
              "scan_messages' keys, tests/test_chat_skeleton.py): any codes serve that stay distinct, as these do")
+_EITHER_COPY = ("which way a chunk's rows are copied, by its documents' slices or through one token index: the same "
+                "rows either way (tests/test_stages.py runs the rows' property tests both ways)")
+_SAME_LENGTHS = "the three lists are made from arrays of one length: strict or not, zip pairs them all"
 EQUIVALENT: dict[str, str] = {
+    # twentieth session: a chunk's rows from its documents' slices (pack.rows_from_bins, pack._Segments)
+    "stages/pack.py:rows_from_bins:compare0:if n_rows and len(order) and (int(used.sum()) >= _SLICE_TOKENS * len(order)):": _EITHER_COPY,
+    "stages/pack.py:rows_from_bins:binop:if n_rows and len(order) and (int(used.sum()) >= _SLICE_TOKENS * len(order)):": _EITHER_COPY,
+    "stages/pack.py:_Segments.__init__:bool:self.segments = list(zip(sources, lengths, is_pad, strict=True))": _SAME_LENGTHS,
+    "stages/pack.py:Packer._next_buffers:binop:self._turn = (self._turn + 1) % len(self._buffers)#1": (
+        "the sets of arrays taken in turn backwards: each is used again only after all the others, as forwards"),
     # twentieth session: the plain conversations' plans (chat_skeleton.plain_shape)
     "stages/chat_skeleton.py:plain_shape:binop:key += (role, (0 if not content else 1 if content.isspace() else 2) + (3 if first == 'content' el...": _DISTINCT,
     "stages/chat_skeleton.py:plain_shape:compare0:key += (role, (0 if not content else 1 if content.isspace() else 2) + (3 if first == 'content' el...": _DISTINCT,

@@ -148,7 +148,7 @@ def rows_from_bins(
     segs_per_row = per_row + has_tail
     seg_ends = np.cumsum(segs_per_row)
     seg_first = seg_ends - segs_per_row  # index of each row's first segment
-    seg_lengths = np.empty(int(seg_ends[-1]) if n_rows else 0, dtype=np.int64)
+    seg_lengths = np.empty(int(segs_per_row.sum()), dtype=np.int64)
     seg_sources = np.zeros(len(seg_lengths), dtype=np.int64)  # where each segment's tokens start in ``docs``
     doc_slot = np.repeat(seg_first, per_row) + (np.arange(len(order)) - np.repeat(row_ends + 1 - per_row, per_row))
     seg_lengths[doc_slot] = lengths
