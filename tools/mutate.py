@@ -106,7 +106,10 @@ MODULES: dict[str, list[str]] = {
     # test_executors: the workers' own code (_run_local, the Ray actor's class) called in this process
     "distribute/executors.py": ["tests/test_executors.py", "tests/test_distribute.py"],
     # a part's stages in their threads: the rows written in their own thread while the next are made
-    "distribute/job.py": ["tests/test_build_output.py", "tests/test_stages.py"],
+    "distribute/job.py": [
+        "tests/test_build_output.py", "tests/test_stages.py", "tests/test_bad_input.py", "tests/test_split.py",
+        "tests/test_distribute.py", "tests/test_chat_turns.py",
+    ],
     # a source's weight and epochs, the interleave of mixed parts (Hypothesis over weights and epochs)
     "sources.py": ["tests/test_source_checks.py", "tests/test_sources.py"],
     "distribute/mixed.py": ["tests/test_interleave.py", "tests/test_sources.py"],
