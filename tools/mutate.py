@@ -457,13 +457,13 @@ EQUIVALENT: dict[str, str] = {
     "stages/chat_prefixes.py:_names_ok:return_none:return False#3": _NAMES_TEST,
     "stages/chat.py:ChatRenderer._trails_eos:int+1:one, two = (self.render(prepared, k)[0] for k in (1, 2))#2":
         "the probe conversation has two messages: rendering its first three renders both, as two does",
-    "stages/chat.py:ChatRenderer._check_control_tokens:negate:if self._joinable is None:": _JOINED,
-    "stages/chat.py:ChatRenderer._check_control_tokens:compare0:if self._joinable is None:": _JOINED,
-    "stages/chat.py:ChatRenderer._check_control_tokens:not:self._joinable = not any((SEPARATOR in t for t in self.control_tokens()[0]))":
+    "stages/chat.py:ChatRenderer._joins:negate:if self._joinable is None:": _JOINED,
+    "stages/chat.py:ChatRenderer._joins:compare0:if self._joinable is None:": _JOINED,
+    "stages/chat.py:ChatRenderer._joins:not:self._joinable = not any((SEPARATOR in t for t in self.control_tokens()[0]))":
         _JOINED,
-    "stages/chat.py:ChatRenderer._check_control_tokens:compare0:self._joinable = not any((SEPARATOR in t for t in self.control_tokens()[0]))":
+    "stages/chat.py:ChatRenderer._joins:compare0:self._joinable = not any((SEPARATOR in t for t in self.control_tokens()[0]))":
         _JOINED,
-    "stages/chat.py:ChatRenderer._check_control_tokens:int+1:self._joinable = not any((SEPARATOR in t for t in self.control_tokens()[0]))":
+    "stages/chat.py:ChatRenderer._joins:int+1:self._joinable = not any((SEPARATOR in t for t in self.control_tokens()[0]))":
         _JOINED,
     "stages/chat_control.py:first_turn_token:negate:if joinable:": _JOINED,
     "stages/chat.py:ChatRenderer._marked_offsets:int+1:enc, shift = (backend.encode('\\n' + piece, add_special_tokens=False), 1) if i else (None, 0)#1":
@@ -477,10 +477,10 @@ EQUIVALENT: dict[str, str] = {
         'a render of more messages than the conversation has is the whole conversation: the extra boundary is never read',
     'stages/chat.py:ChatRenderer._turns:compare0:if a is not None and b is not None and (b > a):#2':
         'b == a: turns[a:b] is empty, so writing it changes nothing',
-    "stages/chat.py:ChatRenderer._cut_runs:compare0:if end < a:": _TO_STEPS,
-    "stages/chat.py:ChatRenderer._cut_runs:compare0:if m['role'] != 'assistant' or not i or start > end or (not text.startswith(generation, a)):#1": _TO_STEPS,
-    "stages/chat.py:ChatRenderer._cut_runs:compare0:if start < a:": _TO_STEPS,
-    "stages/chat.py:ChatRenderer._cut_runs:int+1:turns.append(0)": (
+    "stages/chat.py:ChatRenderer._runs_of_cuts:compare0:if end < a:": _TO_STEPS,
+    "stages/chat.py:ChatRenderer._runs_of_cuts:compare0:if m['role'] != 'assistant' or not i or start > end or (not text.startswith(generation, a)):#1": _TO_STEPS,
+    "stages/chat.py:ChatRenderer._runs_of_cuts:compare0:if start < a:": _TO_STEPS,
+    "stages/chat.py:ChatRenderer._runs_of_cuts:int+1:turns.append(0)": (
         "the cuts end where the whole render does (chat_prefixes.Tracker.cuts refuses any other end): the run after "
         "the last message starts at the text's end and holds no character"
     ),
@@ -587,8 +587,8 @@ EQUIVALENT: dict[str, str] = {
     "stages/chat_align.py:char_runs:int+1:return Runs(np.zeros(0, dtype=np.int64), w[:0], t[:0])#1": _EMPTY_SLICE,
     "stages/chat_align.py:char_runs:int+1:return Runs(np.zeros(0, dtype=np.int64), w[:0], t[:0])#2": _EMPTY_SLICE,
     "stages/chat_align.py:char_runs:bool:return Runs(starts.astype(np.int64, copy=False), w[starts], t[starts])": _COPY,
-    "stages/chat_align.py:align_runs:int+1:found = np.bincount(np.searchsorted(g_starts, run_starts, side='left'), minlength=n + 1)": _BINCOUNT,
-    "stages/chat_align.py:align_runs:int-1:found = np.bincount(np.searchsorted(g_starts, run_starts, side='left'), minlength=n + 1)": _BINCOUNT,
+    "stages/chat_align.py:align_runs:int+1:found = np.bincount(bounds, minlength=n + 1)": _BINCOUNT,
+    "stages/chat_align.py:align_runs:int-1:found = np.bincount(bounds, minlength=n + 1)": _BINCOUNT,
     "stages/chat_align.py:align_runs:boolop:if len(changes) and n:": "a change of weight needs two characters, and a document with characters has tokens: no batch has changes and no ids",
     "stages/chat_align.py:align_runs:binop:if ((g_starts[k] < changes) & (g_ends[k] > changes)).any():": _PRECHECK,
     "stages/chat_align.py:align_runs:compare0:if ((g_starts[k] < changes) & (g_ends[k] > changes)).any():": _PRECHECK,

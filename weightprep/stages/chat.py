@@ -418,10 +418,8 @@ class ChatRenderer(HistoryModes):
         self._trl_missing: TrlMissing | None = None
         self._added: re.Pattern[str] | None = None  # ``_markers``
         self._turn_codes: dict[tuple[str, int], int] = {}  # ``turn_code`` of (role, message index), as found
-        #: by ``plain_shape`` key: its compiled fill, ``P_0`` and its skeletons, or False (``_plain_runs``), and
-        #: whether this renderer makes such plans (None: not decided yet)
+        #: by ``plain_shape`` key: its compiled fill, ``P_0`` and its skeletons, or False (``_plain_runs``)
         self._plain: dict[tuple[Any, ...], Any] = {}
-        self._plain_on: bool | None = None
 
     def check(self) -> None:
         """Refuse, before any work, a tokenizer that cannot render conversations."""
@@ -719,22 +717,15 @@ class ChatRenderer(HistoryModes):
         return self._runs_of_cuts(chat.messages, messages, cuts, generation, len(self._empty(chat, prepared, text)), text)
 
     def _learn_plain(self, chat: Chat, scanned: list[tuple[Any, ...]]) -> None:
-        """After ``_cut_runs`` answered a conversation filled from its shape's skeleton: where its messages are plain
+        """After ``_cut_runs`` answered a conversation that ``runs`` scanned and filled from its shape's skeleton (so
+        no tools, no ``chat_template_kwargs``, no sanitizing, no ``{% generation %}``): where its messages are plain
         (``plain_shape``), the plan ``_plain_runs`` follows for every conversation of that shape (once per shape;
         False where the skeleton has no compiled fill)."""
-        if self._plain_on is None:  # decided once: what the plans take as known for every conversation
-            template = self._compiled()
-            self._plain_on = (
-                not self.sanitize and not self.tagged and self._joins() and template._skeletons is not None
-                and not {"role", "content"} & (template.reasoning or frozenset())
-            )  # fmt: skip
-        if not self._plain_on or chat.tools is not None or chat.template_kwargs is not None:
-            return
         shape = plain_shape(chat.messages)
         if shape is None or shape[0] in self._plain or len(self._plain) >= MAX_SHAPES:
             return
         skeletons = self._compiled()._skeletons
-        assert skeletons is not None
+        assert skeletons is not None  # (``prepared.keys`` are made only where the template has skeletons)
         skeleton = skeletons.made(scanned, tracked=True)
         fill = compiled_fill(skeleton) if skeleton is not None else None
         self._plain[shape[0]] = False if fill is None else (fill, self._empty_renders[("", "")], skeletons)
@@ -752,7 +743,7 @@ class ChatRenderer(HistoryModes):
             return None
         fill, empty, skeletons = plan
         if self._control_tokens().search(SEPARATOR.join(shape[1])):  # type: ignore[index]
-            return None  # (``_check_control_tokens`` names it)
+            return None  # ``_check_control_tokens`` names it (or, where a token holds the separator, finds none)
         # a cut per message, the last where the text ends: a template whose prefixes are cut writes nothing after
         # its loop over the messages but the generation prompt (``chat_prefixes``)
         text, cuts = fill(chat.messages)
