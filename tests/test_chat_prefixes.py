@@ -268,7 +268,7 @@ def test_plain_conversations_from_their_shapes_plans_are_the_steps(corpus, tmp_p
 
         planned._plain_runs = counted  # type: ignore[method-assign]
         control = next(iter(planned.control_tokens()[0]), "<|im_end|>")
-        for messages in _plain_conversations(control) * 2:
+        for messages in _plain_conversations(control):
             outs = []
             for renderer in (planned, steps):
                 try:
@@ -280,7 +280,7 @@ def test_plain_conversations_from_their_shapes_plans_are_the_steps(corpus, tmp_p
         assert planned.roles == steps.roles, name  # turn codes given in the same order
         served[name] = sum(hits)
     if corpus == "trl":
-        assert served["qwen2_5"] > len(_plain_conversations("")) // 2, served  # (of twice as many conversations)
+        assert served["qwen2_5"] > len(_plain_conversations("")) // 4, served
 
 
 def test_a_plans_renders_count_as_its_skeletons(tmp_path):
