@@ -226,7 +226,8 @@ def test_weights_from_the_cuts_lengths_are_the_renders(corpus, tmp_path):
 def _plain_conversations(control: str) -> list[list[dict]]:
     """Plain conversations (``plain_shape``) of a few shapes, each shape several times (the first leaves its plan),
     among them what a plan must not answer: a weighted user turn, a control token in a string, a weight float32
-    cannot hold, contents before roles and weights first, empty and whitespace-only contents."""
+    cannot hold, contents before roles and weights first, empty and whitespace-only contents, a system turn where
+    the template's render of no message (``P_0``) writes another."""
     def exchange(q: str, a: str, w: float = 1.0) -> list[dict]:
         return [{"role": "user", "content": q}, {"role": "assistant", "content": a, "weight": w}]
 
@@ -235,10 +236,18 @@ def _plain_conversations(control: str) -> list[list[dict]]:
                                 ("Long question here", "<think>\nhm\n</think>\n\nA")]):  # fmt: skip
         out.append(exchange(q, a))
         out.append([{"role": "system", "content": "Be brief.", "weight": 0.5}, *exchange(q, a, 2.0), *exchange(a, q, 0.0)])
+        out.append([{"role": "system", "content": q}, *exchange(q, a)])  # (not after Qwen2.5's default system turn)
         out.append([{"content": q, "role": "user"}, {"weight": 3, "content": a, "role": "assistant"}])
         out.append([{"role": "user", "content": q, "weight": 1.0}, {"role": "assistant", "content": a}])
         out.append(exchange(q, a, 1e39 if k == 3 else 1.0))
     return out
+
+
+_DEFAULT_SYSTEM = (
+    "{%- if messages[0] is not defined or messages[0]['role'] != 'system' %}{{ '<|im_start|>system\\nDefault.<|im_end|>\\n' }}"
+    "{%- endif %}{%- for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}"
+    "{%- endfor %}{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{%- endif %}"
+)
 
 
 @pytest.mark.parametrize("corpus", ["trl", "real"])
@@ -252,11 +261,13 @@ def test_plain_conversations_from_their_shapes_plans_are_the_steps(corpus, tmp_p
     from weightprep.stages.chat import ChatRenderer
 
     served: dict[str, int] = {}
-    for name in template_names(corpus=corpus):
-        template = template_text(name)
+    cases = [(name, name, template_text(name)) for name in template_names(corpus=corpus)]
+    if corpus == "trl":  # a render of no message (``P_0``) that a conversation with a system turn does not start with
+        cases.append(("default_system", "qwen2_5", _DEFAULT_SYSTEM))
+    for name, family, template in cases:
         if _GENERATION_TAG.search(template):
             continue
-        tok = coverage_tokenizer(name, str(tmp_path / name))
+        tok = coverage_tokenizer(family, str(tmp_path / name))
         planned, steps = ChatRenderer(tok, template), ChatRenderer(tok, template)
         steps._learn_plain = lambda *args: None  # type: ignore[method-assign]  # (no plans: the steps every time)
         taken, hits = planned._plain_runs, []
@@ -280,7 +291,7 @@ def test_plain_conversations_from_their_shapes_plans_are_the_steps(corpus, tmp_p
         assert planned.roles == steps.roles, name  # turn codes given in the same order
         served[name] = sum(hits)
     if corpus == "trl":
-        assert served["qwen2_5"] > len(_plain_conversations("")) // 4, served
+        assert served["qwen2_5"] > len(_plain_conversations("")) // 4 and served["default_system"], served
 
 
 def test_a_plans_renders_count_as_its_skeletons(tmp_path):

@@ -225,7 +225,9 @@ EQUIVALENT: dict[str, str] = {
     "stages/pack.py:_Segments.__init__:bool:self.segments = list(zip(sources, lengths, is_pad, strict=True))": _SAME_LENGTHS,
     "stages/pack.py:Packer._next_buffers:binop:self._turn = (self._turn + 1) % len(self._buffers)#1": (
         "the sets of arrays taken in turn backwards: each is used again only after all the others, as forwards"),
-    # twentieth session: the plain conversations' plans (chat_skeleton.plain_shape)
+    # twentieth session: the plain conversations' plans (chat_skeleton.plain_shape, ChatRenderer._learn_plain)
+    "stages/chat.py:ChatRenderer._learn_plain:compare0:if shape is None or shape[0] in self._plain or len(self._plain) >= MAX_SHAPES:#2": (
+        "the most plans a renderer keeps, one more or not: a shape without a plan takes the steps, which give the same runs"),
     "stages/chat_skeleton.py:plain_shape:binop:key += (role, (0 if not content else 1 if content.isspace() else 2) + (3 if first == 'content' el...": _DISTINCT,
     "stages/chat_skeleton.py:plain_shape:compare0:key += (role, (0 if not content else 1 if content.isspace() else 2) + (3 if first == 'content' el...": _DISTINCT,
     "stages/chat_skeleton.py:plain_shape:int+1:key += (role, (0 if not content else 1 if content.isspace() else 2) + (3 if first == 'content' el...#3": _DISTINCT,
