@@ -226,6 +226,7 @@ EQUIVALENT: dict[str, str] = {
     "stages/pack.py:Packer._next_buffers:binop:self._turn = (self._turn + 1) % len(self._buffers)#1": (
         "the sets of arrays taken in turn backwards: each is used again only after all the others, as forwards"),
     # twentieth session: the plain conversations' plans (chat_skeleton.plain_shape, ChatRenderer._learn_plain)
+    "stages/chat.py:ChatRenderer._joins:return_none:return self._joinable": _JOINED,
     "stages/chat.py:ChatRenderer._learn_plain:compare0:if shape is None or shape[0] in self._plain or len(self._plain) >= MAX_SHAPES:#2": (
         "the most plans a renderer keeps, one more or not: a shape without a plan takes the steps, which give the same runs"),
     "stages/chat_skeleton.py:plain_shape:binop:key += (role, (0 if not content else 1 if content.isspace() else 2) + (3 if first == 'content' el...": _DISTINCT,
