@@ -108,7 +108,7 @@ MODULES: dict[str, list[str]] = {
     # a part's stages in their threads: the rows written in their own thread while the next are made
     "distribute/job.py": [
         "tests/test_build_output.py", "tests/test_stages.py", "tests/test_bad_input.py", "tests/test_split.py",
-        "tests/test_distribute.py", "tests/test_chat_turns.py",
+        "tests/test_distribute.py", "tests/test_chat_turns.py", "tests/test_sources.py", "tests/test_interleave.py",
     ],
     # a source's weight and epochs, the interleave of mixed parts (Hypothesis over weights and epochs)
     "sources.py": ["tests/test_source_checks.py", "tests/test_sources.py"],
@@ -219,6 +219,12 @@ _EITHER_COPY = ("which way a chunk's rows are copied, by its documents' slices o
                 "rows either way (tests/test_stages.py runs the rows' property tests both ways)")
 _SAME_LENGTHS = "the three lists are made from arrays of one length: strict or not, zip pairs them all"
 EQUIVALENT: dict[str, str] = {
+    # twentieth session: a part's rows written in their own thread (job.PartJob._run)
+    "distribute/job.py:PartJob._run:int+1:packers = {name: Packer(seq_len, state.specials.pad, packed=packed, window=cfg.pack.window, reuse...": (
+        "four sets of rows' arrays in turn instead of three: a chunk's arrays are used again later still, as safely"),
+    "distribute/job.py:PartJob._run:boolop:if rejects is not None and block_rejects:": (
+        "a strict build raises its block's first reject before the block reaches here: block_rejects is empty "
+        "wherever rejects is None"),
     # twentieth session: a chunk's rows from its documents' slices (pack.rows_from_bins, pack._Segments)
     "stages/pack.py:rows_from_bins:compare0:if n_rows and len(order) and (int(used.sum()) >= _SLICE_TOKENS * len(order)):": _EITHER_COPY,
     "stages/pack.py:rows_from_bins:binop:if n_rows and len(order) and (int(used.sum()) >= _SLICE_TOKENS * len(order)):": _EITHER_COPY,
