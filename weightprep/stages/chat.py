@@ -418,7 +418,8 @@ class ChatRenderer(HistoryModes):
         self._trl_missing: TrlMissing | None = None
         self._added: re.Pattern[str] | None = None  # ``_markers``
         self._turn_codes: dict[tuple[str, int], int] = {}  # ``turn_code`` of (role, message index), as found
-        #: by ``plain_shape`` key: its compiled fill, ``P_0`` and its skeletons, or False (``_plain_runs``)
+        #: by ``plain_shape`` key: its compiled fill, ``P_0``, the generation prompt and its skeletons, or False
+        #: (``_plain_runs``)
         self._plain: dict[tuple[Any, ...], Any] = {}
 
     def check(self) -> None:
@@ -728,7 +729,8 @@ class ChatRenderer(HistoryModes):
         assert skeletons is not None  # (``prepared.keys`` are made only where the template has skeletons)
         skeleton = skeletons.made(scanned, tracked=True)
         fill = compiled_fill(skeleton) if skeleton is not None else None
-        self._plain[shape[0]] = False if fill is None else (fill, self._empty_renders[("", "")], skeletons)
+        generation = self._compiled()._shape.generation  # type: ignore[union-attr]  (``_cut_runs`` answered: not None)
+        self._plain[shape[0]] = False if fill is None else (fill, self._empty_renders[("", "")], generation, skeletons)
 
     def _plain_runs(self, chat: Chat) -> tuple[str, Runs] | None:
         """``runs`` of a conversation of a shape ``_learn_plain`` has a plan for: the steps ``runs`` takes for it
@@ -741,13 +743,12 @@ class ChatRenderer(HistoryModes):
         plan = self._plain.get(shape[0]) if shape is not None else None
         if not plan:
             return None
-        fill, empty, skeletons = plan
+        fill, empty, generation, skeletons = plan
         if self._control_tokens().search(SEPARATOR.join(shape[1])):  # type: ignore[index]
             return None  # ``_check_control_tokens`` names it (or, where a token holds the separator, finds none)
         # a cut per message, the last where the text ends: a template whose prefixes are cut writes nothing after
         # its loop over the messages but the generation prompt (``chat_prefixes``)
         text, cuts = fill(chat.messages)
-        generation = self._compiled()._shape.generation  # type: ignore[union-attr]
         runs = self._runs_of_cuts(chat.messages, chat.messages, cuts, generation, len(empty) if text.startswith(empty) else 0, text)
         if runs is None:
             return None
