@@ -997,3 +997,36 @@ def test_shifted_lines_are_the_json_of_the_shifted_entries(rows, names, base, fi
     expected = [json.dumps({**e, "row": e["row"] + base}, ensure_ascii=False) + "\n" for e in entries]
     assert list(_shift(iter(lines), "row", base)) == expected
     assert list(_shift(iter(lines), "row", 0)) == lines
+
+
+def test_a_parts_progress_counts_each_block_and_its_rejects_file_is_closed_by_the_job(tmp_path):
+    """The job reports each block's records as they are accepted (the progress line's counts: a total so far, not the
+    last block's), ending at the part's own counts; the rejects file it kept is closed when it returns, not left to
+    the garbage collector (an unclosed file warns, and may hold unwritten lines)."""
+    import gc
+    import warnings
+
+    from weightprep.distribute.job import PartJob
+
+    lines = SAMPLE_RAW.read_text().splitlines()
+    raw = tmp_path / "raw.jsonl"
+    raw.write_text("\n".join([*lines[:60], "{not json", *lines[60:120]]) + "\n")
+    cfg = _cfg(read={"part_bytes": 1 << 30, "block_bytes": 4096}, validate={"on_invalid": "skip"})
+    part = plan_parts([str(raw)], 1 << 30, "line")[0]
+    seen: list[tuple[int, int, int]] = []
+    (tmp_path / "work").mkdir()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = PartJob(cfg, None, tmp_path / "work")(
+            part, lambda consumed, counts: seen.append((consumed, counts["accepted"], counts["tokens"]))
+        )
+        gc.collect()
+    assert result["error"] is None and result["rejected"] == {"malformed_json": 1}
+    assert len(seen) > 3  # a line for each block
+    steps = zip(seen, seen[1:], strict=False)
+    assert all(x <= y for a, b in steps for x, y in zip(a, b, strict=True))  # bytes, records, tokens so far: never back
+    counts = result["counts"][""]
+    assert seen[-1][1:] == (counts["accepted"], counts["tokens_accepted"]) == (120, seen[-1][2])
+    assert not [w for w in caught if issubclass(w.category, ResourceWarning)]
+    (kept,) = (tmp_path / "work").glob(f"*/{result['rejects_file']}")
+    assert kept.read_text().count("\n") == 1
