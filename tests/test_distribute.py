@@ -1032,9 +1032,11 @@ def test_a_parts_progress_counts_each_block_and_its_rejects_file_is_closed_by_th
     assert kept.read_text().count("\n") == 1
 
 
-def test_a_part_that_fails_after_writing_rows_closes_what_it_wrote(tmp_path, monkeypatch):
-    """A bad line after rows were written (strict mode): the job returns the line's error and closes its open shard
-    and turns file (``ShardWriter.abort``) instead of leaving them to the garbage collector."""
+@pytest.mark.parametrize("on_invalid", ["error", "skip"])
+def test_a_part_that_fails_after_writing_rows_closes_what_it_wrote(tmp_path, monkeypatch, on_invalid):
+    """Input that cannot be read after rows were written (either mode: a line past reading stops a skipping build
+    too): the job returns the line's error and closes its open shard, turns file (``ShardWriter.abort``) and rejects
+    file instead of leaving them to the garbage collector."""
     import gc
     import warnings
 
@@ -1043,29 +1045,29 @@ def test_a_part_that_fails_after_writing_rows_closes_what_it_wrote(tmp_path, mon
 
     tok_dir, records = _conversations(tmp_path, 400)
     raw = tmp_path / "chats.jsonl"
-    raw.write_text("".join(json.dumps(r) + "\n" for r in records) + '{"messages": 7}\n')
+    raw.write_text("".join(json.dumps(r) + "\n" for r in records))
     cfg = config_from_dict({"tokenizer": {"name": str(tok_dir)}, "pack": {"seq_len": 256, "window": 16},
-                            "read": {"part_bytes": 1 << 30, "block_bytes": 2048}})  # fmt: skip
+                            "read": {"part_bytes": 1 << 30, "block_bytes": 2048}, "validate": {"on_invalid": on_invalid}})  # fmt: skip
     work = tmp_path / "work"
     work.mkdir()
     real = job_module.parsed_blocks
     opened: list[Path] = []
 
-    def rows_written_before_the_last_block(*args: Any) -> Any:
+    def unreadable_after_rows_were_written(*args: Any) -> Any:
         blocks = real(*args)
         yield next(blocks)
         deadline = time.monotonic() + 30
         while not opened and time.monotonic() < deadline:
             time.sleep(0.01)  # the first block's rows reach the writer's thread
             opened.extend(work.rglob(TURNS_NAME))
-        yield from blocks
+        raise InputError(str(raw), 200, "messages", "cannot be read", reason="unreadable")
 
-    monkeypatch.setattr(job_module, "parsed_blocks", rows_written_before_the_last_block)
+    monkeypatch.setattr(job_module, "parsed_blocks", unreadable_after_rows_were_written)
     part = plan_parts([str(raw)], 1 << 30, "line")[0]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         result = job_module.PartJob(cfg, None, work)(part)
         gc.collect()
-    assert opened  # the premise: a turns file was open when the bad line came
-    assert result["error"]["line"] == 401 and result["error"]["field"] == "messages"
+    assert opened  # the premise: a turns file was open when the error came
+    assert (result["error"]["line"], result["error"]["problem"]) == (200, "cannot be read")
     assert not [w for w in caught if issubclass(w.category, ResourceWarning)]

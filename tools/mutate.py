@@ -222,6 +222,9 @@ EQUIVALENT: dict[str, str] = {
     # twentieth session: a part's rows written in their own thread (job.PartJob._run)
     "distribute/job.py:PartJob._run:int+1:packers = {name: Packer(seq_len, state.specials.pad, packed=packed, window=cfg.pack.window, reuse...": (
         "four sets of rows' arrays in turn instead of three: a chunk's arrays are used again later still, as safely"),
+    "distribute/job.py:PartJob._run:bool:docs, batch_counts = document_batch(subset, state.tokenize, state.specials, cfg, labels=False)": (
+        "the documents' labels made for the queue as well: the rows make theirs from ids and weights (rows_from_bins) "
+        "and never read the documents'; the same bytes, only slower"),
     "distribute/job.py:PartJob._run:boolop:if rejects is not None and block_rejects:": (
         "a strict build raises its block's first reject before the block reaches here: block_rejects is empty "
         "wherever rejects is None"),
