@@ -256,3 +256,21 @@ def test_the_turn_lines_of_a_chunk_are_its_rows_runs(runs, first_row):
             at += n
     assert turn_lines(turns, first_row, roles) == _reference_lines(turns, first_row, roles)
     assert turn_lines(turns[:, :0], first_row, roles) == []
+
+
+def test_a_turn_code_holds_65534_messages_and_16382_roles_and_anything_beyond_is_template_text():
+    """``turn_code`` packs a role's index and a message's into an int32; past what it holds (a message index of
+    65,535 or more, a new role once 16,383 are known) the code is 0, the template text's, and no role is added."""
+    from weightprep.batches import split_turn_code, turn_code
+
+    roles: list[str] = []
+    last = (1 << 16) - 2  # the largest message index a code holds
+    code = turn_code(roles, "assistant", last)
+    assert code > 0 and split_turn_code(code) == (0, last) and roles == ["assistant"]
+    assert turn_code(roles, "assistant", last + 1) == 0 and roles == ["assistant"]
+    roles = [f"role{i}" for i in range((1 << 14) - 2)]
+    code = turn_code(roles, "new", 3)  # the last role a code holds
+    assert split_turn_code(code) == ((1 << 14) - 2, 3) and len(roles) == (1 << 14) - 1
+    assert np.int32(code) == code  # an int32 holds it (the turns column's type)
+    assert turn_code(roles, "another", 0) == 0 and len(roles) == (1 << 14) - 1 and "another" not in roles
+    assert split_turn_code(turn_code(roles, "role0", 5)) == (0, 5)  # a role already known keeps its code

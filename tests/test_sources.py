@@ -178,23 +178,25 @@ def test_three_sources_write_the_same_bytes_for_every_executor(kind, tmp_path, t
 _part = st.tuples(
     st.lists(st.integers(0, 5), min_size=1, max_size=6),  # document lengths (0: an empty document)
     st.booleans(),  # with turns
+    st.booleans(),  # with labels
 )
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(parts=st.lists(_part, min_size=1, max_size=4), seed=st.integers(0, 2**32 - 1))
 def test_the_interleaves_merge_is_concat_then_take_in_any_order(parts, seed):
     # Documents.merge scatters each block straight into the interleaved order (one copy instead of concat + take):
-    # every column, a block without turns (zeros, as concat gives) and empty documents included
+    # every column, a block without turns (zeros, as concat gives), blocks without labels (none, where any lacks
+    # them, as concat gives) and empty documents included
     rng = np.random.default_rng(seed)
     batches, line = [], 0
-    for lengths, with_turns in parts:
+    for lengths, with_turns, with_labels in parts:
         offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
         n = int(offsets[-1])
         batches.append(Documents(
             input_ids=rng.integers(0, 1000, n, dtype=np.int32), weights=rng.random(n, dtype=np.float32),
             offsets=offsets, lines=np.arange(line, line + len(lengths), dtype=np.int64),
-            labels=rng.integers(-100, 1000, n, dtype=np.int32),
+            labels=rng.integers(-100, 1000, n, dtype=np.int32) if with_labels else None,
             turns=rng.integers(1, 9, n, dtype=np.int32) if with_turns else None,
         ))  # fmt: skip
         line += len(lengths)

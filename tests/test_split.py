@@ -226,3 +226,36 @@ def test_cli_split_inspect_and_train_loader(tmp_path):
     assert bad.exit_code != 0 and "no split 'test'" in bad.output
     both = CliRunner().invoke(main, [*args, "--overwrite", "--validation-records", "5"])
     assert both.exit_code == 2 and "not both" in both.output
+
+
+def test_a_records_key_is_the_documented_digest_of_its_pieces_or_its_canonical_conversation():
+    """The key (module docstring of ``stages/split.py``) is computable without weightprep: BLAKE2b-64 of the seed
+    (int64, little-endian), then each piece's UTF-8 length (uint64), weight (float64) and bytes; for a
+    conversation, ``chat\\0`` and its canonical JSON: keys sorted, no spaces, characters as themselves in UTF-8
+    (so a conversation whose keys come in another order, or with its characters escaped, keeps its split)."""
+    import hashlib
+    import struct
+
+    import numpy as np
+
+    from weightprep.batches import Chat, Records
+    from weightprep.stages.split import record_keys
+    from weightprep.stages.validate import check_line
+
+    seed = -7
+    pieces = Records("x.jsonl", np.array([1]), ["a", "é!"], np.array([1.0, 2.5]), np.array([0, 2]))
+    h = hashlib.blake2b(struct.pack("<q", seed), digest_size=8)
+    for text, weight in (("a", 1.0), ("é!", 2.5)):
+        h.update(struct.pack("<Qd", len(text.encode()), weight) + text.encode())
+    assert record_keys(pieces, seed).tolist() == [int.from_bytes(h.digest(), "little")]
+
+    lines = [
+        '{"messages": [{"role": "user", "content": "h\\u00e9llo", "weight": 0}], "tools": null}',
+        '{"tools": null, "messages": [{"weight": 0, "content": "héllo", "role": "user"}]}',
+    ]
+    chats = [check_line(line.encode())[0] for line in lines]
+    assert all(isinstance(c, Chat) for c in chats)
+    canonical = '{"chat_template_kwargs":null,"messages":[{"content":"héllo","role":"user","weight":0}],"tools":null}'
+    h = hashlib.blake2b(struct.pack("<q", seed) + b"chat\0" + canonical.encode(), digest_size=8)
+    records = Records("x.jsonl", np.array([1, 2]), [], np.zeros(0), np.zeros(3, dtype=np.int64), chats)
+    assert record_keys(records, seed).tolist() == [int.from_bytes(h.digest(), "little")] * 2

@@ -53,7 +53,7 @@ MODULES: dict[str, list[str]] = {
     ],
     "batches.py": [
         "tests/test_stages.py", "tests/test_properties.py", "tests/test_build_output.py", "tests/test_chat_turns.py",
-        "tests/test_interleave.py",
+        "tests/test_interleave.py", "tests/test_sources.py", "tests/test_split.py",
     ],
     # which tokenizer a build runs: the class AutoTokenizer chose, remembered; fastokens' early load
     "tokenizer_class.py": ["tests/test_tokenizer_files.py"],
@@ -219,6 +219,14 @@ _EITHER_COPY = ("which way a chunk's rows are copied, by its documents' slices o
                 "rows either way (tests/test_stages.py runs the rows' property tests both ways)")
 _SAME_LENGTHS = "the three lists are made from arrays of one length: strict or not, zip pairs them all"
 EQUIVALENT: dict[str, str] = {
+    # twenty-first session: batches.py's first run
+    "batches.py:Records.where:bool:pieces = [p for s, n in zip(starts, counts.tolist(), strict=True) for p in range(s, s + n)]": (
+        "the records' starts and piece counts come from one index: strict or not, zip pairs them all"),
+    "batches.py:Documents.concat:int-1:if len(parts) == 1:": (
+        "one part concatenated alone is a copy equal to it in every column: only the shortcut is lost"),
+    "batches.py:_ranges:int+1:prev_last = np.concatenate([[0], (starts + lengths - 1)[nonempty][:-1]])": (
+        "the first range's step is overwritten by its start (step[0]) whatever prev_last's first value: the first "
+        "non-empty range always starts at slot 0"),
     # twentieth session: a part's rows written in their own thread (job.PartJob._run)
     "distribute/job.py:PartJob._run:int+1:packers = {name: Packer(seq_len, state.specials.pad, packed=packed, window=cfg.pack.window, reuse...": (
         "four sets of rows' arrays in turn instead of three: a chunk's arrays are used again later still, as safely"),

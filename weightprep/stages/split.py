@@ -2,7 +2,8 @@
 
 A record's split depends only on its content and ``split.seed``: the key of a record is an 8-byte BLAKE2b
 digest of the seed and its pieces (each text's UTF-8 bytes and its weight, length-prefixed), read as an
-unsigned integer (a conversation: of its canonical JSON). A record goes to ``validation`` when its key is below a cut:
+unsigned integer (a conversation: of ``chat\\0`` and its canonical JSON, ``Chat.canonical``: keys sorted, no spaces,
+characters as themselves in UTF-8). A record goes to ``validation`` when its key is below a cut:
 
 - ``--validation-fraction F``: the cut is ``F * 2**64``, so each record lands there with probability F,
   independently of the others;
