@@ -607,3 +607,62 @@ def test_cli_training_template_and_history_flags(tmp_path):
     assert bad.exit_code == 2
     with pytest.raises(Exception, match="chat.history"):
         config_from_dict({"chat": {"history": "sometimes"}})
+
+
+# a template that writes the generation prompt "A: " but renders an answer without it (so the renders decide
+# where an answer starts: ``derive``), and, with ``_BRACKETS``, an answer followed by more messages in brackets
+# (so it rewrites a weighted turn: ``auto`` builds such a conversation per turn); no TRL training template
+_PLAIN_PROMPT = "{% for m in messages %}{{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}A: {% endif %}"
+_BRACKETS = (
+    "{% for m in messages %}{% if m['role'] == 'assistant' and not loop.last %}[{{ m['content'] }}]{% else %}"
+    "{{ m['content'] }}{% endif %}{{ '\\n' }}{% endfor %}{% if add_generation_prompt %}A: {% endif %}"
+)
+
+
+@pytest.mark.parametrize("history", ["full", "auto"])
+def test_an_answer_placed_by_the_renders_is_one_document_not_per_turn_ones(history):
+    """A conversation whose answer starts where the renders say (``derive``: the generation prompt is not how the
+    template renders an answer) is still one document: no per-turn offsets, no history counted."""
+    tok = family_tokenizer("qwen3")
+    messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo there"}]
+    out = ChatRenderer(tok, _PLAIN_PROMPT, history=history).tokens(chat_record(messages))
+    assert out.offsets is None and out.training == 0
+    assert tok.decode(out.ids[out.weights > 0]).strip() == "Yo there"
+
+
+def test_auto_builds_a_rewritten_conversation_per_turn_with_each_turn_placed_by_its_renders():
+    """``auto`` on a template that rewrites an answer once more messages follow (not prefix-preserving) and renders
+    each answer without its generation prompt: per-turn documents, each answer placed by its renders (``_turn``'s
+    ``derive``: there is no training template to take instead)."""
+    tok = family_tokenizer("qwen3")
+    messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "One"},
+                {"role": "user", "content": "Q"}, {"role": "assistant", "content": "Two", "weight": 2.0}]  # fmt: skip
+    with pytest.raises(ChatError) as err:
+        ChatRenderer(tok, _BRACKETS, history="full").tokens(chat_record(messages))
+    assert err.value.reason == "not_prefix_preserving"  # the premise
+    out = ChatRenderer(tok, _BRACKETS, history="auto").tokens(chat_record(messages))
+    assert out.offsets is not None and len(out.offsets) == 3 and out.training == 0
+    (a, b, c) = out.offsets.tolist()
+    first, second = slice(a, b), slice(b, c)
+    for part, text in ((first, "Hi\nOne\n"), (second, "Hi\n[One]\nQ\nTwo\n")):  # each as inference renders it
+        assert out.ids[part].tolist() == tok(text, add_special_tokens=False)["input_ids"]
+    assert tok.decode(out.ids[first][out.weights[first] > 0]).strip() == "One"
+    assert set(out.weights[first].tolist()) == {0.0, 1.0}
+    assert tok.decode(out.ids[second][out.weights[second] > 0]).strip() == "Two"
+    assert set(out.weights[second].tolist()) == {0.0, 2.0}
+
+
+def test_auto_refuses_with_the_renders_reason_where_they_cannot_place_an_answer_either():
+    """``auto`` where the generation prompt is not how the template renders an answer and the renders cannot place
+    it (the generation prompt rewrites what comes before it): refused with the renders' own reason, not taken to
+    per-turn documents (which the same template cannot render either) nor to TRL's training template."""
+    odd = (
+        "{% if add_generation_prompt %}PROMPT:{% for m in messages %}{{ m['content'] }}{% endfor %}{% else %}"
+        "{% for m in messages %}{{ m['content'] }}\n{% endfor %}{% endif %}"
+    )
+    tok = family_tokenizer("qwen3")
+    messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo"}]
+    with pytest.raises(ChatError) as err:
+        ChatRenderer(tok, odd, history="auto").tokens(chat_record(messages))
+    assert (err.value.reason, err.value.field) == ("generation_prompt_mismatch", "messages[1]")
+    assert "cannot be aligned (chat_spans)" in err.value.problem and "training template" not in err.value.problem

@@ -217,8 +217,16 @@ _DISTINCT = ("a plain shape's key needs its messages' content kinds and key orde
              "scan_messages' keys, tests/test_chat_skeleton.py): any codes serve that stay distinct, as these do")
 _EITHER_COPY = ("which way a chunk's rows are copied, by its documents' slices or through one token index: the same "
                 "rows either way (tests/test_stages.py runs the rows' property tests both ways)")
+_FALSY = "its only callers read it as a condition (``and``): None is as false as False"
 _SAME_LENGTHS = "the three lists are made from arrays of one length: strict or not, zip pairs them all"
 EQUIVALENT: dict[str, str] = {
+    # twenty-first session: chat_history.py's first whole run
+    "stages/chat_history.py:HistoryModes._has_training:return_none:return False": _FALSY,
+    "stages/chat_history.py:HistoryModes._has_training:return_none:return False#1": _FALSY,
+    "stages/chat_history.py:HistoryModes._has_training:bool:return False": (
+        "with --chat-template training (original set) the renderer's template is TRL's training one, whose "
+        "{% generation %} tags place every answer: runs never refuses it with generation_prompt_mismatch (the one "
+        "caller in documents), and _turn returns through _spliced before its own call"),
     # twenty-first session: batches.py's first run
     "batches.py:Records.where:bool:pieces = [p for s, n in zip(starts, counts.tolist(), strict=True) for p in range(s, s + n)]": (
         "the records' starts and piece counts come from one index: strict or not, zip pairs them all"),
