@@ -442,3 +442,45 @@ def test_sanitize_with_a_tokenizer_that_adds_bos_itself_encodes_pieces_without_i
     out = ChatRenderer(tok, sanitize_control_tokens=True).tokens(chat_record(messages))
     assert out.ids.tolist() == _ids(tok, messages, sanitize_control_tokens=True)
     np.testing.assert_array_equal(out.weights, prefix_reference(tok, messages, sanitize_control_tokens=True))
+
+
+def _fake_template(header: dict[str, str], end: str = "<|e|>", first: str = "", refuse=lambda msgs: False):
+    """A template as ``turn_structure`` calls it: each message its role's ``header``, its content, ``end``; the
+    generation prompt the assistant's header; ``first`` before everything; ``refuse(messages)``: raises for those."""
+
+    def render(messages, k, generation, tools):
+        if refuse(messages[:k]):
+            raise ValueError("refused")
+        text = first + "".join(header[m["role"]] + m["content"] + end for m in messages[:k])
+        return text + (header["assistant"] if generation else "")
+
+    return render
+
+
+def test_an_assistant_header_counts_only_the_control_tokens_its_turn_starts_with():
+    """The rule (module docstring): an assistant's header tokens are the first control tokens of its generation
+    prompt, as many as the user's header has, and only those the turn starts with (BOS and such not counted): after
+    text (``A`` below), a control token is an in-turn marker."""
+    from weightprep.stages.chat_control import turn_structure
+
+    control = ("<s>", "<|u|>", "<|v|>", "<|a|>", "<|t|>", "<|e|>")
+    two = {"system": "<|u|><|v|>", "user": "<|u|><|v|>", "assistant": "<s><|a|>A<|t|>"}  # a BOS, a token, text, one
+    assert turn_structure(_fake_template(two), control, {"<s>"}) == {"<|u|>", "<|v|>", "<|a|>", "<|e|>"}
+    one = {"system": "<|u|>", "user": "<|u|>", "assistant": "A<|a|>"}  # a single character before the token
+    assert turn_structure(_fake_template(one), control, {"<s>"}) == {"<|u|>", "<|e|>"}
+
+
+def test_a_prefix_the_template_refuses_ends_the_turn_before_it_after_that_turns_content():
+    """A template that cannot render some prefix (Nemotron Nano v2 refuses a lone system message): the turn before
+    the refused prefix ends after its content, so the shapes with a system turn are still read and its header
+    (written nowhere else) is a turn token; the empty conversation refused too changes nothing."""
+    from weightprep.stages.chat_control import turn_structure
+
+    control = ("<|s|>", "<|u|>", "<|a|>", "<|e|>", "<|m|>")
+    header = {"system": "<|s|>", "user": "<|u|>", "assistant": "<|a|><|m|>"}  # <|m|>: prefilled after the header
+    expected = {"<|s|>", "<|u|>", "<|a|>", "<|e|>"}
+    assert turn_structure(_fake_template(header), control, set()) == expected
+    lone_system = _fake_template(header, refuse=lambda msgs: bool(msgs) and all(m["role"] == "system" for m in msgs))
+    assert turn_structure(lone_system, control, set()) == expected
+    nothing = _fake_template(header, refuse=lambda msgs: not msgs or all(m["role"] == "system" for m in msgs))
+    assert turn_structure(nothing, control, set()) == expected

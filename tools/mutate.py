@@ -77,7 +77,7 @@ MODULES: dict[str, list[str]] = {
     # split out of chat.py (issue 32): the turn-token rule, where a turn's weight starts, the history modes
     "stages/chat_control.py": [
         "tests/test_chat_control.py", "tests/test_chat_real_templates.py", "tests/test_tokenizer_files.py",
-        "tests/test_tokenizer_snapshot.py",
+        "tests/test_tokenizer_snapshot.py", "tests/test_chat_render.py",
     ],
     "stages/chat_spans.py": ["tests/test_chat_spans.py", "tests/test_chat_real_templates.py", "tests/test_chat_align.py"],
     "stages/chat_history.py": ["tests/test_chat_history.py", "tests/test_chat_fallbacks.py", "tests/test_chat.py"],
@@ -217,9 +217,17 @@ _DISTINCT = ("a plain shape's key needs its messages' content kinds and key orde
              "scan_messages' keys, tests/test_chat_skeleton.py): any codes serve that stay distinct, as these do")
 _EITHER_COPY = ("which way a chunk's rows are copied, by its documents' slices or through one token index: the same "
                 "rows either way (tests/test_stages.py runs the rows' property tests both ways)")
+_FIRST_CHARACTER = ("a turn's span one character later only where a render shares no first character with the whole "
+                    "one (the empty render, or a refused one): a control token there is moved back to its start "
+                    "(the boundary inside a token), and any other character is no header's or end's token")
 _FALSY = "its only callers read it as a condition (``and``): None is as false as False"
 _SAME_LENGTHS = "the three lists are made from arrays of one length: strict or not, zip pairs them all"
 EQUIVALENT: dict[str, str] = {
+    # twenty-first session: chat_control.py's first whole run
+    "stages/chat_control.py:_lcp:int+1:i = 0": _FIRST_CHARACTER,
+    "stages/chat_control.py:turn_structure:int+1:bounds = [0]": _FIRST_CHARACTER,
+    "stages/chat_control.py:turn_structure:binop:bounds[k] = text.find(messages[k - 1]['content']) + len(messages[k - 1]['content'])#2": (
+        "the probes' contents all have one length (a one-digit number each): any message's length is the same"),
     # twenty-first session: chat_history.py's first whole run
     "stages/chat_history.py:HistoryModes._has_training:return_none:return False": _FALSY,
     "stages/chat_history.py:HistoryModes._has_training:return_none:return False#1": _FALSY,
