@@ -444,14 +444,16 @@ def test_sanitize_with_a_tokenizer_that_adds_bos_itself_encodes_pieces_without_i
     np.testing.assert_array_equal(out.weights, prefix_reference(tok, messages, sanitize_control_tokens=True))
 
 
-def _fake_template(header: dict[str, str], end: str = "<|e|>", first: str = "", refuse=lambda msgs: False):
-    """A template as ``turn_structure`` calls it: each message its role's ``header``, its content, ``end``; the
-    generation prompt the assistant's header; ``first`` before everything; ``refuse(messages)``: raises for those."""
+def _fake_template(header: dict[str, str], end: str | dict[str, str] = "<|e|>", first: str = "", refuse=lambda msgs: False):
+    """A template as ``turn_structure`` calls it: each message its role's ``header``, its content, ``end`` (or its
+    role's); the generation prompt the assistant's header; ``first`` before everything; ``refuse(messages)``: raises
+    for those."""
+    ends = end if isinstance(end, dict) else dict.fromkeys(header, end)
 
     def render(messages, k, generation, tools):
         if refuse(messages[:k]):
             raise ValueError("refused")
-        text = first + "".join(header[m["role"]] + m["content"] + end for m in messages[:k])
+        text = first + "".join(header[m["role"]] + m["content"] + ends[m["role"]] for m in messages[:k])
         return text + (header["assistant"] if generation else "")
 
     return render
@@ -484,3 +486,34 @@ def test_a_prefix_the_template_refuses_ends_the_turn_before_it_after_that_turns_
     assert turn_structure(lone_system, control, set()) == expected
     nothing = _fake_template(header, refuse=lambda msgs: not msgs or all(m["role"] == "system" for m in msgs))
     assert turn_structure(nothing, control, set()) == expected
+
+
+def test_a_preamble_s_first_and_last_control_tokens_are_turn_tokens_and_a_text_header_counts_as_one():
+    """What a template writes before the first message (a default system turn) is a turn of its own: its first
+    control tokens (as many as the user's header) and its last (as many as the user's turn ends with) are turn
+    tokens, found nowhere else here; and a user header written as text still lets the assistant's header have
+    one control token (the count is at least one)."""
+    from weightprep.stages.chat_control import turn_structure
+
+    control = ("<|d|>", "<|f|>", "<|u|>", "<|a|>", "<|e|>", "<|x|>")
+    header = {"system": "<|u|>", "user": "<|u|>", "assistant": "<|a|>"}
+    preamble = _fake_template(header, first="<|d|>default<|x|>prompt<|f|>")  # <|x|>: an in-turn marker
+    assert turn_structure(preamble, control, set()) == {"<|d|>", "<|f|>", "<|u|>", "<|a|>", "<|e|>"}
+    text_user = {"system": "S: ", "user": "U: ", "assistant": "<|a|>"}
+    assert turn_structure(_fake_template(text_user), control, set()) == {"<|a|>", "<|e|>"}
+
+
+def test_the_last_answer_s_end_counts_where_no_answer_is_followed_and_a_text_end_counts_as_one_token():
+    """Where the shapes read hold no answer that another message follows (a template that refuses two answers),
+    what follows the last answer is its end of turn: its tokens are turn tokens. And where the user's turn ends
+    with text, not a control token, the preamble's end still counts one token, not all of them."""
+    from weightprep.stages.chat_control import turn_structure
+
+    control = ("<|u|>", "<|a|>", "<|e|>", "<|ae|>", "<|d|>", "<|x|>", "<|f|>")
+    header = {"system": "<|u|>", "user": "<|u|>", "assistant": "<|a|>"}
+    one_answer = _fake_template(header, end={"system": "<|e|>", "user": "<|e|>", "assistant": "<|ae|>"},
+                                refuse=lambda msgs: sum(m["role"] == "assistant" for m in msgs) > 1)  # fmt: skip
+    assert turn_structure(one_answer, control, set()) == {"<|u|>", "<|a|>", "<|e|>", "<|ae|>"}
+    text_end = _fake_template(header, end={"system": "\n", "user": "\n", "assistant": "<|e|>"},
+                              first="<|d|>default<|x|>prompt<|f|>")  # fmt: skip
+    assert turn_structure(text_end, control, set()) == {"<|d|>", "<|f|>", "<|u|>", "<|a|>", "<|e|>"}

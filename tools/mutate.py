@@ -220,14 +220,30 @@ _EITHER_COPY = ("which way a chunk's rows are copied, by its documents' slices o
 _FIRST_CHARACTER = ("a turn's span one character later only where a render shares no first character with the whole "
                     "one (the empty render, or a refused one): a control token there is moved back to its start "
                     "(the boundary inside a token), and any other character is no header's or end's token")
+_PROBE_LENGTHS = "the probes' contents all have one length (a one-digit number each): any message's length is the same"
+_BACKWARDS = ("a bound that goes backwards leaves the turn before it empty, raised to the bound before or not: that "
+              "turn's content is not found in it and the shape is skipped either way")
+_SHAPES_END = ("every probe shape ends with a user message and an answer (PROBE_SHAPES): the message before the last "
+               "is never an answer, so leaving it out of the count changes nothing")
 _FALSY = "its only callers read it as a condition (``and``): None is as false as False"
 _SAME_LENGTHS = "the three lists are made from arrays of one length: strict or not, zip pairs them all"
 EQUIVALENT: dict[str, str] = {
     # twenty-first session: chat_control.py's first whole run
     "stages/chat_control.py:_lcp:int+1:i = 0": _FIRST_CHARACTER,
     "stages/chat_control.py:turn_structure:int+1:bounds = [0]": _FIRST_CHARACTER,
-    "stages/chat_control.py:turn_structure:binop:bounds[k] = text.find(messages[k - 1]['content']) + len(messages[k - 1]['content'])#2": (
-        "the probes' contents all have one length (a one-digit number each): any message's length is the same"),
+    "stages/chat_control.py:turn_structure:binop:bounds[k] = text.find(messages[k - 1]['content']) + len(messages[k - 1]['content'])#2": _PROBE_LENGTHS,
+    "stages/chat_control.py:turn_structure:int+1:bounds[k] = text.find(messages[k - 1]['content']) + len(messages[k - 1]['content'])#1": _PROBE_LENGTHS,
+    "stages/chat_control.py:turn_structure:int-1:bounds[k] = text.find(messages[k - 1]['content']) + len(messages[k - 1]['content'])#1": _PROBE_LENGTHS,
+    "stages/chat_control.py:turn_structure:int+1:inner = any((m['role'] == 'assistant' for messages, *_ in read for m in messages[:-1]))": _SHAPES_END,
+    "stages/chat_control.py:turn_structure:int+1:if k < len(messages) - 1 or not inner:": _SHAPES_END,
+    "stages/chat_control.py:turn_structure:int+1:bounds.append(0)": (
+        "a placeholder: every bound appended is set before it is read (the next message's, or the text's end)"),
+    "stages/chat_control.py:turn_structure:compare0:if m.start() < b < m.end():": (
+        "a bound at a token's start is moved to that same start: no change"),
+    "stages/chat_control.py:turn_structure:int+1:for k in range(1, len(bounds)):": _BACKWARDS,
+    "stages/chat_control.py:turn_structure:int-1:bounds[k] = max(bounds[k], bounds[k - 1])": _BACKWARDS,
+    "stages/chat_control.py:turn_structure:bool:ats = [turn.find(m['content']) for turn, m in zip(turns, messages, strict=True)]": (
+        "a turn per message, made from the messages: strict or not, zip pairs them all"),
     # twenty-first session: chat_history.py's first whole run
     "stages/chat_history.py:HistoryModes._has_training:return_none:return False": _FALSY,
     "stages/chat_history.py:HistoryModes._has_training:return_none:return False#1": _FALSY,
