@@ -517,3 +517,16 @@ def test_the_last_answer_s_end_counts_where_no_answer_is_followed_and_a_text_end
     text_end = _fake_template(header, end={"system": "\n", "user": "\n", "assistant": "<|e|>"},
                               first="<|d|>default<|x|>prompt<|f|>")  # fmt: skip
     assert turn_structure(text_end, control, set()) == {"<|d|>", "<|f|>", "<|u|>", "<|a|>", "<|e|>"}
+
+
+def test_a_user_turn_s_end_is_counted_after_its_content_however_long_its_header():
+    """The turn-end count is read after the user's content: a header longer than the content (its control tokens
+    past the content's length from the turn's start) adds none to it, so only a preamble's last token is an end."""
+    from weightprep.stages.chat_control import turn_structure
+
+    control = ("<|u|>", "<|v|>", "<|a|>", "<|e|>", "<|d|>", "<|p|>", "<|y|>", "<|f|>")
+    long_user = "<|u|>" + "h" * 40 + "<|v|>"  # longer than a probe's content (28 characters)
+    header = {"system": long_user, "user": long_user, "assistant": "<|a|>"}
+    template = _fake_template(header, first="<|d|>a<|p|>b<|y|>c<|f|>")  # a preamble of four tokens
+    # the preamble's first two (the user's header has two) and its last; <|y|> is an in-turn marker
+    assert turn_structure(template, control, set()) == {"<|d|>", "<|p|>", "<|f|>", "<|u|>", "<|v|>", "<|a|>", "<|e|>"}
