@@ -32,6 +32,7 @@ from tokenizer_factory import _byte_level_bpe, _sentencepiece
 
 from weightprep.config import config_from_dict
 from weightprep.stages.chat import ChatError, ChatRenderer
+from weightprep.stages.chat_control import turn_structure
 
 ROLE_WEIGHTS = {"assistant": 1.0}
 
@@ -463,8 +464,6 @@ def test_an_assistant_header_counts_only_the_control_tokens_its_turn_starts_with
     """The rule (module docstring): an assistant's header tokens are the first control tokens of its generation
     prompt, as many as the user's header has, and only those the turn starts with (BOS and such not counted): after
     text (``A`` below), a control token is an in-turn marker."""
-    from weightprep.stages.chat_control import turn_structure
-
     control = ("<s>", "<|u|>", "<|v|>", "<|a|>", "<|t|>", "<|e|>")
     two = {"system": "<|u|><|v|>", "user": "<|u|><|v|>", "assistant": "<s><|a|>A<|t|>"}  # a BOS, a token, text, one
     assert turn_structure(_fake_template(two), control, {"<s>"}) == {"<|u|>", "<|v|>", "<|a|>", "<|e|>"}
@@ -476,8 +475,6 @@ def test_a_prefix_the_template_refuses_ends_the_turn_before_it_after_that_turns_
     """A template that cannot render some prefix (Nemotron Nano v2 refuses a lone system message): the turn before
     the refused prefix ends after its content, so the shapes with a system turn are still read and its header
     (written nowhere else) is a turn token; the empty conversation refused too changes nothing."""
-    from weightprep.stages.chat_control import turn_structure
-
     control = ("<|s|>", "<|u|>", "<|a|>", "<|e|>", "<|m|>")
     header = {"system": "<|s|>", "user": "<|u|>", "assistant": "<|a|><|m|>"}  # <|m|>: prefilled after the header
     expected = {"<|s|>", "<|u|>", "<|a|>", "<|e|>"}
@@ -493,8 +490,6 @@ def test_a_preamble_s_first_and_last_control_tokens_are_turn_tokens_and_a_text_h
     control tokens (as many as the user's header) and its last (as many as the user's turn ends with) are turn
     tokens, found nowhere else here; and a user header written as text still lets the assistant's header have
     one control token (the count is at least one)."""
-    from weightprep.stages.chat_control import turn_structure
-
     control = ("<|d|>", "<|f|>", "<|u|>", "<|a|>", "<|e|>", "<|x|>")
     header = {"system": "<|u|>", "user": "<|u|>", "assistant": "<|a|>"}
     preamble = _fake_template(header, first="<|d|>default<|x|>prompt<|f|>")  # <|x|>: an in-turn marker
@@ -507,8 +502,6 @@ def test_the_last_answer_s_end_counts_where_no_answer_is_followed_and_a_text_end
     """Where the shapes read hold no answer that another message follows (a template that refuses two answers),
     what follows the last answer is its end of turn: its tokens are turn tokens. And where the user's turn ends
     with text, not a control token, the preamble's end still counts one token, not all of them."""
-    from weightprep.stages.chat_control import turn_structure
-
     control = ("<|u|>", "<|a|>", "<|e|>", "<|ae|>", "<|d|>", "<|x|>", "<|f|>")
     header = {"system": "<|u|>", "user": "<|u|>", "assistant": "<|a|>"}
     one_answer = _fake_template(header, end={"system": "<|e|>", "user": "<|e|>", "assistant": "<|ae|>"},
@@ -522,8 +515,6 @@ def test_the_last_answer_s_end_counts_where_no_answer_is_followed_and_a_text_end
 def test_a_user_turn_s_end_is_counted_after_its_content_however_long_its_header():
     """The turn-end count is read after the user's content: a header longer than the content (its control tokens
     past the content's length from the turn's start) adds none to it, so only a preamble's last token is an end."""
-    from weightprep.stages.chat_control import turn_structure
-
     control = ("<|u|>", "<|v|>", "<|a|>", "<|e|>", "<|d|>", "<|p|>", "<|y|>", "<|f|>")
     long_user = "<|u|>" + "h" * 40 + "<|v|>"  # longer than a probe's content (28 characters)
     header = {"system": long_user, "user": long_user, "assistant": "<|a|>"}

@@ -999,13 +999,25 @@ def test_shifted_lines_are_the_json_of_the_shifted_entries(rows, names, base, fi
     assert list(_shift(iter(lines), "row", 0)) == lines
 
 
+@contextlib.contextmanager
+def _left_to_the_collector():
+    """The ResourceWarnings of what runs inside: files it left open for the garbage collector to close (collected
+    here, at the end)."""
+    import gc
+    import warnings
+
+    found: list[warnings.WarningMessage] = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        yield found
+        gc.collect()
+    found.extend(w for w in caught if issubclass(w.category, ResourceWarning))
+
+
 def test_a_parts_progress_counts_each_block_and_its_rejects_file_is_closed_by_the_job(tmp_path):
     """The job reports each block's records as they are accepted (the progress line's counts: a total so far, not the
     last block's), ending at the part's own counts; the rejects file it kept is closed when it returns, not left to
     the garbage collector (an unclosed file warns, and may hold unwritten lines)."""
-    import gc
-    import warnings
-
     from weightprep.distribute.job import PartJob
 
     lines = SAMPLE_RAW.read_text().splitlines()
@@ -1015,19 +1027,17 @@ def test_a_parts_progress_counts_each_block_and_its_rejects_file_is_closed_by_th
     part = plan_parts([str(raw)], 1 << 30, "line")[0]
     seen: list[tuple[int, int, int]] = []
     (tmp_path / "work").mkdir()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
+    with _left_to_the_collector() as unclosed:
         result = PartJob(cfg, None, tmp_path / "work")(
             part, lambda consumed, counts: seen.append((consumed, counts["accepted"], counts["tokens"]))
         )
-        gc.collect()
     assert result["error"] is None and result["rejected"] == {"malformed_json": 1}
     assert len(seen) > 3  # a line for each block
     steps = zip(seen, seen[1:], strict=False)
     assert all(x <= y for a, b in steps for x, y in zip(a, b, strict=True))  # bytes, records, tokens so far: never back
     counts = result["counts"][""]
     assert seen[-1][1:] == (counts["accepted"], counts["tokens_accepted"]) == (120, seen[-1][2])
-    assert not [w for w in caught if issubclass(w.category, ResourceWarning)]
+    assert not unclosed
     (kept,) = (tmp_path / "work").glob(f"*/{result['rejects_file']}")
     assert kept.read_text().count("\n") == 1
 
@@ -1037,9 +1047,6 @@ def test_a_part_that_fails_after_writing_rows_closes_what_it_wrote(tmp_path, mon
     """Input that cannot be read after rows were written (either mode: a line past reading stops a skipping build
     too): the job returns the line's error and closes its open shard, turns file (``ShardWriter.abort``) and rejects
     file instead of leaving them to the garbage collector."""
-    import gc
-    import warnings
-
     from weightprep.constants import TURNS_NAME
     from weightprep.distribute import job as job_module
 
@@ -1064,10 +1071,8 @@ def test_a_part_that_fails_after_writing_rows_closes_what_it_wrote(tmp_path, mon
 
     monkeypatch.setattr(job_module, "parsed_blocks", unreadable_after_rows_were_written)
     part = plan_parts([str(raw)], 1 << 30, "line")[0]
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
+    with _left_to_the_collector() as unclosed:
         result = job_module.PartJob(cfg, None, work)(part)
-        gc.collect()
     assert opened  # the premise: a turns file was open when the error came
     assert (result["error"]["line"], result["error"]["problem"]) == (200, "cannot be read")
-    assert not [w for w in caught if issubclass(w.category, ResourceWarning)]
+    assert not unclosed
