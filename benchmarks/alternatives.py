@@ -49,7 +49,8 @@ def _report(start: float, **extra) -> None:
 def weightprep_build(
     path: str, tokenizer: str, out: str, seq_len: int, backend: str = "auto", executor: str = "local"
 ) -> None:
-    """``weightprep build`` as a user runs it: its command line, in this process (its summary on stdout dropped);
+    """``weightprep build`` as a user runs it: its command line, in this process (its summary on stdout dropped), the
+    process then ended as the command line's is (``weightprep.cli.run``: without the interpreter's teardown);
     ``BENCH_PART_BYTES`` sets ``--part-bytes``. Its ``seconds`` start where the command starts, so they include the
     build's own imports, which the command overlaps with loading the tokenizer."""
     import contextlib
@@ -67,6 +68,9 @@ def weightprep_build(
         main(args, standalone_mode=False)
     c = json.loads((Path(out) / MANIFEST_NAME).read_text())["counts"]
     _report(start, tokens=c["piece_tokens"], rows=c["rows"], fill=c["fill_ratio"])
+    from weightprep.commands import _ending
+
+    _ending.end(0)  # as the command line's process (weightprep.cli.run) ends after its build
 
 
 def limit(path: str, tokenizer: str, out: str, seq_len: int) -> None:

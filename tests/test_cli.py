@@ -327,3 +327,73 @@ def test_a_build_that_fails_before_taking_its_early_load_leaves_none_behind(tmp_
     result = CliRunner().invoke(main, ["build", str(SAMPLE_RAW), "--out", str(tmp_path / "o"), "--seq-len", "0"])
     assert result.exit_code == 2, result.output
     assert set(prefetch._started) == before
+
+
+#: a command line run as ``weightprep.cli.run`` runs it, with an exit function and an object whose ``__del__`` runs
+#: only in the interpreter's teardown, each leaving a line in the file named by the first argument
+_ENDING = """
+import atexit, os, sys
+log = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_APPEND)  # no file object: none is closed before the end
+atexit.register(os.write, log, b"exit functions\\n")
+class Torn:
+    def __init__(self, write, fd):
+        self.write, self.fd = write, fd
+    def __del__(self):
+        self.write(self.fd, b"teardown\\n")
+torn = Torn(os.write, log)
+sys.stdout.write("no newline")  # still in the buffer (a pipe) when the command ends
+sys.argv = ["weightprep", *sys.argv[2:]]
+from weightprep.cli import run
+run()
+"""
+
+
+@pytest.mark.parametrize("command", ["build", "help", "failed build"])
+def test_a_command_line_build_ends_its_process_without_the_teardown_after_its_exit_functions(tmp_path, command):
+    """A build that succeeded ends its process at once (``commands._ending``: no object freed one by one, ~20 ms),
+    its exit functions run and its streams flushed first; any other command, and a build that fails, end as
+    usual."""
+    out, log = tmp_path / "out", tmp_path / "log"
+    args = {
+        "build": ["build", str(SAMPLE_RAW), "--out", str(out)],
+        "help": ["--help"],
+        "failed build": ["build", str(SAMPLE_RAW), "--out", str(out), "--seq-len", "0"],
+    }[command]  # fmt: skip
+    proc = subprocess.run([sys.executable, "-c", _ENDING, str(log), *args], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == (2 if command == "failed build" else 0), proc.stderr
+    assert proc.stdout.startswith("no newline")
+    ran = log.read_text().splitlines()
+    assert ran == (["exit functions"] if command == "build" else ["exit functions", "teardown"])
+    if command == "build":
+        assert "wrote" in proc.stdout and (out / MANIFEST_NAME).is_file()
+
+
+_ENDING_DIRECTLY = """
+import sys, threading, time
+from weightprep.commands import _ending
+how = sys.argv[2]
+if how == "thread":  # not a daemon: the usual end waits for it
+    def late():
+        time.sleep(0.3)
+        open(sys.argv[1], "w").write("done")
+    threading.Thread(target=late).start()
+if how == "unflushable":
+    class Closed:
+        def write(self, text): return len(text)
+        def flush(self): raise OSError("closed pipe")
+    sys.stdout = Closed()
+sys.stderr.write("in the buffer")  # no newline: a pipe's buffer holds it until a flush
+_ending.end_at_once()
+_ending.end(2 if how == "failed" else 0)
+sys.__stderr__.write(" / ended as usual")
+"""
+
+
+@pytest.mark.parametrize("how", ["plain", "thread", "unflushable", "failed"])
+def test_a_process_ends_at_once_only_with_success_no_thread_running_and_its_streams_flushed(tmp_path, how):
+    marker = tmp_path / "marker"
+    proc = subprocess.run([sys.executable, "-c", _ENDING_DIRECTLY, str(marker), how], capture_output=True, text=True,
+                          timeout=60)  # fmt: skip
+    assert proc.returncode == (120 if how == "unflushable" else 0), proc.stderr  # 120: the interpreter's own
+    assert proc.stderr.startswith("in the buffer" + ("" if how == "plain" else " / ended as usual"))
+    assert (proc.stderr == "in the buffer") == (how == "plain") and marker.is_file() == (how == "thread")

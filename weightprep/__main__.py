@@ -1,5 +1,5 @@
 """``python -m weightprep`` (and ``torchrun -m weightprep`` / ``accelerate launch -m weightprep``)."""
 
-from weightprep.cli import main
+from weightprep.cli import run
 
-main()
+run()

@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-__all__ = ["main"]
+__all__ = ["main", "run"]
 
 #: subcommand name -> (module, attribute holding the click command, one-line help)
 _COMMANDS = {
@@ -57,5 +57,17 @@ def main() -> None:
     """weightprep: token-weighted data for causal LM fine-tuning."""
 
 
+def run() -> None:
+    """The ``weightprep`` command (the console script, ``python -m weightprep``): ``main``, then, where the command
+    asked for it, the process ends without the interpreter's teardown (``commands._ending``)."""
+    try:
+        main()
+    except SystemExit as exc:
+        from weightprep.commands import _ending
+
+        _ending.end(exc.code)  # returns where the process is to end as usual
+        raise
+
+
 if __name__ == "__main__":
-    main()
+    run()

@@ -12,6 +12,7 @@ import click
 
 from weightprep import storage
 from weightprep.accounting import dropped_warnings
+from weightprep.commands._ending import end_at_once
 from weightprep.commands._errors import reports_errors
 from weightprep.commands._rerun import KeepsArguments, rerun_command
 from weightprep.commands._storage import storage_options
@@ -406,3 +407,4 @@ def build(
     for warning in dropped_warnings(manifest["counts"], cfg.max_length):
         click.echo(f"warning: {warning}", err=True)
     click.echo(format_summary(manifest, out.rstrip("/")))
+    end_at_once()  # a command line's build: its process ends without the interpreter's teardown (commands._ending)
