@@ -95,7 +95,7 @@ class RecordingJob:
 
 #: the modules a fork server may import before it forks a worker (``executors.prestart``); a spawned worker that
 #: runs ``RecordingJob`` imports neither
-PRELOADED = ("weightprep.distribute.job", "weightprep.stages.chat")
+PRELOADED = ("weightprep.distribute.forkserver", "weightprep.distribute.job", "weightprep.stages.chat")
 
 
 #: what ``MarkingWarmup`` sets in a worker's environment: the threads it was given

@@ -176,6 +176,27 @@ def test_a_pool_forked_from_the_prestarted_server_runs_as_a_spawned_one(tmp_path
     assert executors._forkserver is None and executors._fork_context() is None
 
 
+@pytest.mark.parametrize("at_once", [True, False])
+def test_a_stopped_fork_server_ends_without_the_teardown(tmp_path, monkeypatch, at_once):
+    """The build's driver waits for the fork server it stops; the server ends at once (``distribute.forkserver``,
+    first of its preload), without freeing what it imported object by object (``tests/teardown_marker.py`` tells
+    the teardown); without that module it tears down as usual."""
+    from multiprocessing import forkserver
+
+    marker = tmp_path / "teardown"
+    monkeypatch.setenv("WEIGHTPREP_TEST_TEARDOWN", str(marker))  # before the server starts: it inherits it
+    monkeypatch.setenv("PYTHONPATH", os.path.dirname(__file__))  # where the server finds teardown_marker
+    monkeypatch.setattr(executors, "_forkserver", None)
+    preload = executors._PRELOAD if at_once else tuple(m for m in executors._PRELOAD if not m.endswith(".forkserver"))
+    monkeypatch.setattr(executors, "_PRELOAD", (*preload, "teardown_marker"))
+    assert executors.prestart(chat=False)
+    server = forkserver._forkserver._forkserver_pid
+    assert server is not None and os.waitpid(server, os.WNOHANG) == (0, 0)  # running
+    executors.stop_prestarted()  # stopped, waited for
+    assert forkserver._forkserver._forkserver_pid is None
+    assert marker.read_text() == ("" if at_once else "teardown\n")  # (made by the server's import of the module)
+
+
 def test_no_fork_server_no_prestart(monkeypatch):
     """Where the platform has no fork server (multiprocessing's ``get_context("forkserver")`` raises ValueError, as
     on Windows), ``prestart`` says so and starts nothing: pools spawn their processes."""

@@ -296,8 +296,9 @@ def _run_here(job: Any, part: InputPart, stop: threading.Event, task: Task | Non
 _LOCAL_JOB: Any = None
 _LOCAL_JOBS: Any = None  # where this pool process reads the job, at its first part
 
-#: what a pool process imports for its part (``prestart``); a build of conversations, their stage too
-_PRELOAD = ("weightprep.distribute.job",)
+#: what a pool process imports for its part (``prestart``); a build of conversations, their stage too. First: the
+#: module that ends the server itself at once when the build stops it (``weightprep.distribute.forkserver``)
+_PRELOAD = ("weightprep.distribute.forkserver", "weightprep.distribute.job")
 _PRELOAD_CHAT = ("weightprep.stages.chat",)
 #: the fork server's context, once ``prestart`` started it, with this process's environment and ``sys.path`` then
 _forkserver: tuple[Any, dict[str, str], list[str]] | None = None
