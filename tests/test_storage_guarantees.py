@@ -234,4 +234,4 @@ def test_a_kill_9_during_the_commit_leaves_a_loadable_build_that_the_next_build_
 
 def test_the_cli_module_runs_as_a_script():
     """``python -m weightprep.cli`` (what the kill test starts) is the console script's command line."""
-    assert Path(REPO / "weightprep" / "cli.py").read_text().rstrip().endswith("main()")
+    assert Path(REPO / "weightprep" / "cli.py").read_text().rstrip().endswith("run()")
