@@ -377,11 +377,17 @@ if how == "thread":  # not a daemon: the usual end waits for it
         time.sleep(0.3)
         open(sys.argv[1], "w").write("done")
     threading.Thread(target=late).start()
-if how == "unflushable":
+if how in ("unflushable", "unflushable at the end"):  # at once, or only once the exit functions have run
     class Closed:
+        flushes = 0
         def write(self, text): return len(text)
-        def flush(self): raise OSError("closed pipe")
+        def flush(self):
+            self.flushes += 1
+            if how == "unflushable" or self.flushes > 1:
+                raise OSError("closed pipe")
     sys.stdout = Closed()
+if how == "no stdout":  # as under pythonw
+    sys.stdout = None
 sys.stderr.write("in the buffer")  # no newline: a pipe's buffer holds it until a flush
 _ending.end_at_once()
 _ending.end(2 if how == "failed" else 0)
@@ -389,11 +395,13 @@ sys.__stderr__.write(" / ended as usual")
 """
 
 
-@pytest.mark.parametrize("how", ["plain", "thread", "unflushable", "failed"])
+@pytest.mark.parametrize("how", ["plain", "no stdout", "thread", "unflushable", "unflushable at the end", "failed"])
 def test_a_process_ends_at_once_only_with_success_no_thread_running_and_its_streams_flushed(tmp_path, how):
     marker = tmp_path / "marker"
     proc = subprocess.run([sys.executable, "-c", _ENDING_DIRECTLY, str(marker), how], capture_output=True, text=True,
                           timeout=60)  # fmt: skip
-    assert proc.returncode == (120 if how == "unflushable" else 0), proc.stderr  # 120: the interpreter's own
-    assert proc.stderr.startswith("in the buffer" + ("" if how == "plain" else " / ended as usual"))
-    assert (proc.stderr == "in the buffer") == (how == "plain") and marker.is_file() == (how == "thread")
+    at_once = how in ("plain", "no stdout", "unflushable at the end")
+    # 120: the interpreter's own exit code where a flush at the end fails, which os._exit then gives as well
+    assert proc.returncode == (120 if how.startswith("unflushable") else 0), proc.stderr
+    assert proc.stderr.startswith("in the buffer" + ("" if at_once else " / ended as usual"))
+    assert (proc.stderr == "in the buffer") == at_once and marker.is_file() == (how == "thread")

@@ -105,8 +105,6 @@ MODULES: dict[str, list[str]] = {
     "distribute/merge.py": ["tests/test_distribute.py", "tests/test_chat_turns.py", "tests/test_sources.py"],
     # test_executors: the workers' own code (_run_local, the Ray actor's class) called in this process
     "distribute/executors.py": ["tests/test_executors.py", "tests/test_distribute.py"],
-    "distribute/forkserver.py": ["tests/test_executors.py"],
-    "commands/_ending.py": ["tests/test_cli.py"],
     # a part's stages in their threads: the rows written in their own thread while the next are made
     "distribute/job.py": [
         "tests/test_build_output.py", "tests/test_stages.py", "tests/test_bad_input.py", "tests/test_split.py",
