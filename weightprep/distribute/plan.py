@@ -149,20 +149,8 @@ def _file_plan(
     targets = _targets(path, size, part_bytes, columns)
     if not targets:
         return [0, size], [None]
-    array = _array_cuts(path, targets, exact)
-    if array is not None:
-        return [0, *array[0], size], array[1]
-    cuts = [0]
-    with storage.open_input(path) as f:  # an object: a range request at each cut point, nothing else
-        for target in targets:
-            if target <= cuts[-1]:  # a line longer than a part passed it
-                continue
-            cut = _next_line_start(f, target - 1, size)
-            if cut >= size:
-                break
-            cuts.append(cut)  # past target - 1, which is at or past the last cut: always a new one
-    cuts.append(size)
-    return cuts, [None] * (len(cuts) - 1)
+    inner, checks = _cuts_at(path, size, targets, exact)
+    return [0, *inner, size], checks
 
 
 def _targets(path: str, size: int, part_bytes: int, columns: Columns | None) -> list[int]:
@@ -195,8 +183,8 @@ def plan_parts(
     parts: list[InputPart] = []
     for i, path in enumerate(paths):
         cuts, checks = _file_plan(path, part_bytes, text_sample_by, exact, columns)
-        for number, (start, end) in enumerate(zip(cuts[:-1], cuts[1:], strict=True)):
-            parts.append(InputPart(len(parts), i, path, start, end, number, len(cuts) == 2, checks[number]))
+        for number, (start, end, check) in enumerate(zip(cuts[:-1], cuts[1:], checks, strict=True)):
+            parts.append(InputPart(len(parts), i, path, start, end, number, len(cuts) == 2, check))
     return parts
 
 
@@ -236,11 +224,12 @@ def _cuts_at(path: str, size: int, targets: list[int], exact: bool) -> tuple[lis
     cuts: list[int] = []
     with storage.open_input(path) as f:  # an object: a range request at each cut point, nothing else
         for target in targets:
-            if cuts and cuts[-1] >= target:
-                continue  # a long line already took the cut past this target
+            if cuts and target <= cuts[-1]:  # a line longer than a part passed it
+                continue
             cut = _next_line_start(f, target - 1, size)
-            if 0 < cut < size and (not cuts or cut > cuts[-1]):
-                cuts.append(cut)
+            if cut >= size:
+                break  # the last line holds this target and every later one
+            cuts.append(cut)  # past target - 1, which is at or past the last cut: always a new one
     return cuts, [None] * (len(cuts) + 1)
 
 
@@ -271,8 +260,8 @@ def plan_mixed(
             plain = not is_whole(path, text_sample_by)
             inner, checks = _cuts_at(path, size, inside, exact) if plain and inside else ([], [None])
             cuts = [0, *inner, size]
-            for number, (start, end) in enumerate(zip(cuts[:-1], cuts[1:], strict=True)):
-                part = InputPart(-1, file_index, path, start, end, number, len(cuts) == 2, checks[number])
+            for number, (start, end, check) in enumerate(zip(cuts[:-1], cuts[1:], checks, strict=True)):
+                part = InputPart(-1, file_index, path, start, end, number, len(cuts) == 2, check)
                 ranges[bisect.bisect_right(targets, base + start)].append((s, part))
             base += size
             file_index += 1
