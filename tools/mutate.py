@@ -314,10 +314,6 @@ EQUIVALENT: dict[str, str] = {
     "distribute/plan.py:_file_plan:compare0:if size <= chat_part_bytes(part_bytes) or is_whole(path, text_sample_by):":
         "a file of exactly chat_part_bytes has no target below its size either way (one part): the early return "
         "only spares the read of its first record",
-    "distribute/plan.py:_file_plan:binop:return (cuts, [None] * (len(cuts) - 1))#1":
-        "plan_parts reads one check per part (checks[number]): two more never read",
-    "distribute/plan.py:_file_plan:int-1:return (cuts, [None] * (len(cuts) - 1))":
-        "plan_parts reads one check per part (checks[number]): one more never read",
     # eleventh session: the turns file's lines of a chunk at once
     "stages/write.py:turn_lines:bool:texts = [f'[{a}, {b}, {names[c]}, {m}]' for a, b, c, m in zip(starts.tolist(), lengths.tolist(), ...":
         "strict=False: the four lists are one array each of the same spans, equal lengths by construction",
@@ -701,16 +697,13 @@ EQUIVALENT: dict[str, str] = {
     "distribute/plan_array.py:_find:int-1:step = min(2 * step, chunk_bytes)": _READ_SIZE,
     "distribute/plan_array.py:_find:binop:held = window[max(0, len(window) - len(gap) + 1):]": "held keeps two bytes more than a gap spanning two reads needs, and base counts what it keeps: a gap wholly inside it was found in the window before",
     "distribute/plan_array.py:layout:int+1:at = head.find(gap, at + 1)": "a gap cannot start one byte into another: its first byte is a ',', its second a newline",
-    "distribute/plan.py:_array_cuts:int+1:return (cuts, [None] * (len(cuts) + 1))": "checks are read by each part's index (plan_parts, plan_mixed): one more None is never read",
-    'distribute/plan.py:plan_parts:bool:for (number, (start, end)) in enumerate(zip(cuts[:-1], cuts[1:], strict=True)):': _STRICT,
-    'distribute/plan.py:plan_mixed:bool:for (number, (start, end)) in enumerate(zip(cuts[:-1], cuts[1:], strict=True)):': _STRICT,
+    'distribute/plan.py:plan_parts:bool:for (number, (start, end, check)) in enumerate(zip(cuts[:-1], cuts[1:], checks, strict=True)):': _STRICT,
+    'distribute/plan.py:plan_mixed:bool:for (number, (start, end, check)) in enumerate(zip(cuts[:-1], cuts[1:], checks, strict=True)):': _STRICT,
     'distribute/plan.py:plan_mixed:bool:for (s, (paths, file_sizes)) in enumerate(zip(sources, sizes, strict=True)):': _STRICT,
     'distribute/plan.py:plan_mixed:bool:for (path, size) in zip(paths, file_sizes, strict=True):': _STRICT,
-    'distribute/plan.py:plan_mixed:int+1:part = InputPart(-1, file_index, path, start, end, number, len(cuts) == 2, checks[number])': _PLACEHOLDER,
-    'distribute/plan.py:plan_mixed:int-1:part = InputPart(-1, file_index, path, start, end, number, len(cuts) == 2, checks[number])': _PLACEHOLDER,
+    'distribute/plan.py:plan_mixed:int+1:part = InputPart(-1, file_index, path, start, end, number, len(cuts) == 2, check)': _PLACEHOLDER,
+    'distribute/plan.py:plan_mixed:int-1:part = InputPart(-1, file_index, path, start, end, number, len(cuts) == 2, check)': _PLACEHOLDER,
     'distribute/plan.py:plan_mixed:compare1:inside = [t - base for t in targets if base < t < base + size]': "a target at a file's end finds no line start inside it: the cut at its size is dropped",
-    'distribute/plan.py:_cuts_at:compare0:if cuts and cuts[-1] >= target:': "a target at the last cut gets that cut again (line starts are monotone in the target), which cut > cuts[-1] drops",
-    'distribute/plan.py:_cuts_at:compare0:if 0 < cut < size and (not cuts or cut > cuts[-1]):': "a cut is just past a newline at or after an offset >= 0: never 0",
     "distribute/plan_array.py:_find:int-1:held = window[max(0, len(window) - len(gap) + 1):]": "held keeps one byte more than a gap spanning two reads needs, and base counts what it keeps: a gap wholly inside it was found in the window before",
     "distribute/plan_array.py:layout:int+1:while at >= 0:": _NO_GAP_AT_0,
     "distribute/plan_array.py:layout:bool:scanner = ArrayScanner(check=False)": "an empty element in the head gives a gap that ends in ',' beside the others, so no layout either way (the part that holds it names it)",
